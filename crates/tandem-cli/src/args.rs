@@ -1,0 +1,117 @@
+//! Flags shared by several subcommands, and turning them into engine settings.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tandem_engine::{EngineConfig, EngineHandle, SamplingParams};
+
+/// Which model to load and how to run it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model: GGUF file, HF directory, HF cache repo id (org/name) or catalogue alias.
+    #[arg(short = 'm', long = "model", default_value = "smollm2-135m")]
+    pub model: String,
+    /// Context length override (0 = the model's own).
+    #[arg(long = "ctx-size", default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Do not fetch a missing catalogue model automatically.
+    #[arg(long)]
+    pub no_pull: bool,
+    /// Worker threads for the CPU kernels (0 = all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl ModelArgs {
+    /// Resolves the model argument to a path, fetching a catalogue alias if needed.
+    pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        let reporter = crate::progress::pull_reporter();
+        let src = tandem_model::resolve::resolve(&self.model, !self.no_pull, &reporter)
+            .with_context(|| format!("cannot find model `{}`", self.model))?;
+        Ok(src.path().to_path_buf())
+    }
+
+    /// Loads the model and starts an engine on it.
+    pub fn start_engine(&self, mut cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
+        set_threads(self.threads);
+        let path = self.resolve()?;
+        cfg.context_length = self.ctx_size;
+        if cfg.model_id == "default" {
+            cfg.model_id = model_id(&self.model);
+        }
+        EngineHandle::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))
+    }
+}
+
+/// The id clients see: the alias or the file/directory name.
+pub fn model_id(arg: &str) -> String {
+    let p = std::path::Path::new(arg);
+    if p.exists() {
+        p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| arg.to_string())
+    } else {
+        arg.to_string()
+    }
+}
+
+/// Sizes the CPU thread pool used by the kernels.
+pub fn set_threads(n: usize) {
+    if n > 0 {
+        // Candle's CPU kernels use rayon's global pool, which reads this on first use.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}
+
+/// Sampling flags.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set of tokens with this total probability (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise tokens already seen: logits divided (positive) or multiplied (negative) by this (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Subtract this from the logit of every token already seen.
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtract this times the count of each token already seen.
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties consider (0 = all).
+    #[arg(long, default_value_t = 64)]
+    pub penalty_last_n: usize,
+    /// RNG seed: the same seed gives the same output.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this string appears (repeatable); it is not printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    pub max_tokens: usize,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed: self.seed,
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! `tandem`: the command-line front end (run, chat, serve, inspect, pull, bench).
+
+mod args;
+mod cmd_bench;
+mod cmd_chat;
+mod cmd_inspect;
+mod cmd_pull;
+mod cmd_run;
+mod cmd_serve;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// tandem: a local LLM inference engine and OpenAI-compatible server.
+///
+/// MODEL arguments accept a GGUF file, a Hugging Face model directory, a repo id found in the
+/// local Hugging Face cache (org/name), or a catalogue alias (see `tandem pull --list`); a
+/// missing alias is fetched automatically into $TANDEM_HOME (default ~/.cache/tandem).
+#[derive(Parser)]
+#[command(name = "tandem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for one prompt, streaming it to stdout, then print timings.
+    Run(cmd_run::RunArgs),
+    /// Interactive multi-turn chat using the model's chat template.
+    Chat(cmd_chat::ChatArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(cmd_serve::ServeArgs),
+    /// Show a model's architecture, size, tensor types, context length and chat template.
+    Inspect(cmd_inspect::InspectArgs),
+    /// Fetch a catalogue model into $TANDEM_HOME/models, verifying its SHA-256.
+    Pull(cmd_pull::PullArgs),
+    /// Measure prefill and decode speed (like llama-bench's pp/tg).
+    Bench(cmd_bench::BenchArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Command::Run(a) => cmd_run::run(a),
+        Command::Chat(a) => cmd_chat::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
+        Command::Inspect(a) => cmd_inspect::run(a),
+        Command::Pull(a) => cmd_pull::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,203 @@
+//! The engine handle: validates and queues requests, owns the thread that runs the model.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tandem_model::chat_template::ChatTemplate;
+use tandem_model::loader::{LoadedModel, ModelSummary};
+use tandem_model::tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::request::{GenerateRequest, GenerationEvent, SubmitError};
+use crate::sampler::Sampler;
+use crate::scheduler::{Scheduler, Submission};
+
+/// Static facts about the loaded model that API layers report.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The name clients use in the `model` field.
+    pub id: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// Unix time the model was loaded.
+    pub created: u64,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Name reported as the model id.
+    pub model_id: String,
+    /// Maximum number of requests waiting to be admitted.
+    pub max_queue: usize,
+    /// Maximum sequences decoded together.
+    pub max_running: usize,
+    /// Prompt tokens processed per sequence per step (chunked prefill).
+    pub prefill_chunk: usize,
+    /// Token budget of one forward step (prefill chunks plus decodes).
+    pub max_batch_tokens: usize,
+    /// Override of the context length (0 = the model's own).
+    pub context_length: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model_id: "default".into(),
+            max_queue: 64,
+            max_running: 16,
+            prefill_chunk: 512,
+            max_batch_tokens: 2048,
+            context_length: 0,
+        }
+    }
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] tandem_model::ModelError),
+    #[error("invalid engine config: {0}")]
+    Config(String),
+    #[error("cannot start the engine thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Counters the engine keeps for metrics and tests.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub finished: AtomicUsize,
+    pub cancelled: AtomicUsize,
+    /// Bytes of KV currently held by live sequences.
+    pub kv_bytes: AtomicUsize,
+}
+
+/// A cheap, cloneable handle to the running engine. The engine thread stops when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    info: ModelInfo,
+    summary: ModelSummary,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+    tx: std_mpsc::SyncSender<Submission>,
+    stats: Arc<EngineStats>,
+    eos_ids: Vec<u32>,
+}
+
+impl EngineHandle {
+    /// Loads a model from a GGUF file or HF directory on the default device and starts it.
+    pub fn load(path: &Path, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let device = tandem_model::device::default_device()?;
+        let loaded = tandem_model::loader::load(path, &device)?;
+        Self::start(loaded, cfg)
+    }
+
+    /// Starts the engine thread on an already loaded model.
+    pub fn start(loaded: LoadedModel, cfg: EngineConfig) -> Result<Self, EngineError> {
+        if cfg.max_queue == 0 || cfg.max_running == 0 || cfg.prefill_chunk == 0 || cfg.max_batch_tokens == 0 {
+            return Err(EngineError::Config("max_queue, max_running, prefill_chunk and max_batch_tokens must be positive".into()));
+        }
+        let LoadedModel { model, tokenizer, chat_template, summary } = loaded;
+        let context_length = if cfg.context_length > 0 { cfg.context_length.min(model.context_length()) } else { model.context_length() };
+        let info = ModelInfo {
+            id: cfg.model_id.clone(),
+            context_length,
+            vocab_size: model.vocab_size(),
+            created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let template = match chat_template {
+            Some(src) => match ChatTemplate::new(&src, tokenizer.bos_token(), tokenizer.eos_token()) {
+                Ok(t) => Some(Arc::new(t)),
+                Err(e) => {
+                    tracing::warn!("the model's chat template does not compile ({e}); using ChatML");
+                    None
+                }
+            },
+            None => None,
+        };
+        let template = match template {
+            Some(t) => Some(t),
+            None => ChatTemplate::new(tandem_model::chat_template::CHATML_TEMPLATE, tokenizer.bos_token(), tokenizer.eos_token())
+                .ok()
+                .map(Arc::new),
+        };
+        let tokenizer = Arc::new(tokenizer);
+        let eos_ids = tokenizer.eos_ids().to_vec();
+        let stats = Arc::new(EngineStats::default());
+        let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
+        let scheduler = Scheduler::new(model, tokenizer.clone(), cfg.clone(), context_length, stats.clone());
+        std::thread::Builder::new()
+            .name("tandem-engine".into())
+            .spawn(move || scheduler.run(rx))
+            .map_err(EngineError::Thread)?;
+        Ok(Self { inner: Arc::new(Inner { info, summary, tokenizer, template, tx, stats, eos_ids }) })
+    }
+
+    /// Validates and queues a request; events arrive on the returned receiver. Dropping the
+    /// receiver cancels the request and frees everything it held.
+    pub fn submit(&self, req: GenerateRequest) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
+        let ctx = self.inner.info.context_length;
+        let n = req.prompt_ids.len();
+        if n == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if n >= ctx {
+            return Err(SubmitError::PromptTooLong { prompt: n, context: ctx });
+        }
+        if n + req.stop.max_tokens > ctx {
+            return Err(SubmitError::MaxTokensTooLarge { prompt: n, max_tokens: req.stop.max_tokens, context: ctx });
+        }
+        if req.stop.max_tokens == 0 {
+            return Err(SubmitError::InvalidParam("max_tokens must be at least 1".into()));
+        }
+        if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= self.inner.info.vocab_size) {
+            return Err(SubmitError::InvalidToken(bad));
+        }
+        let sampler = Sampler::new(req.sampling.clone()).map_err(SubmitError::InvalidParam)?;
+        // Capacity covers every event the request can produce, so the engine never blocks.
+        let (etx, erx) = mpsc::channel(req.stop.max_tokens + 2);
+        let mut stop_ids = req.stop.stop_token_ids.clone();
+        if !req.stop.ignore_eos {
+            stop_ids.extend_from_slice(&self.inner.eos_ids);
+        }
+        let sub = Submission { req, sampler, stop_ids, events: etx, submitted: Instant::now() };
+        self.inner.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        match self.inner.tx.try_send(sub) {
+            Ok(()) => Ok(erx),
+            Err(e) => {
+                self.inner.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+                Err(match e {
+                    std_mpsc::TrySendError::Full(_) => SubmitError::QueueFull,
+                    std_mpsc::TrySendError::Disconnected(_) => SubmitError::Stopped,
+                })
+            }
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+    pub fn summary(&self) -> &ModelSummary {
+        &self.inner.summary
+    }
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.inner.tokenizer
+    }
+    pub fn chat_template(&self) -> Option<&Arc<ChatTemplate>> {
+        self.inner.template.as_ref()
+    }
+    pub fn stats(&self) -> &EngineStats {
+        &self.inner.stats
+    }
+}

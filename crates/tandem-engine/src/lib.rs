@@ -1,0 +1,18 @@
+//! `tandem-engine`: sequences and their lifecycle, the scheduler loop, sampling and stop rules.
+//!
+//! Requests enter through [`EngineHandle::submit`] as token ids plus [`SamplingParams`] and
+//! [`StopParams`]; the engine thread batches every running sequence into one forward pass per
+//! step (chunked prefill under a token budget, then decodes) and streams
+//! [`GenerationEvent`]s back over a channel. Dropping the receiving end cancels the request
+//! and frees its state. Nothing here knows about HTTP or file formats.
+
+pub mod engine;
+pub mod request;
+pub mod sampler;
+mod scheduler;
+mod sequence;
+pub mod stop;
+
+pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, ModelInfo};
+pub use request::*;
+pub use sampler::Sampler;

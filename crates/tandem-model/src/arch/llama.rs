@@ -1,0 +1,198 @@
+//! The Llama family in one implementation: pre-norm decoder layers of grouped-query attention
+//! (optional qkv bias, optional per-head q/k RMSNorm, RoPE with scaling) and a SwiGLU MLP.
+
+use candle_core::{Device, Tensor};
+
+use crate::arch::CausalLm;
+use crate::batch::{LogitsWanted, SeqChunk};
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::kv::LayerCacheSpec;
+use crate::loader::{layer_progress, Embedding, Linear, WeightSource};
+use crate::ops::{causal_attention, Rope};
+
+struct Layer {
+    attn_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    ffn_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded Llama-family model.
+pub struct Llama {
+    cfg: LlamaConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: Rope,
+    device: Device,
+}
+
+impl Llama {
+    pub fn load(cfg: &LlamaConfig, ws: &dyn WeightSource) -> Result<Self> {
+        cfg.validate()?;
+        let embed = ws.embedding("token_embd.weight")?;
+        let pb = layer_progress(cfg.num_layers, "loading");
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let opt = |s: &str| -> Result<Option<Tensor>> {
+                let name = n(s);
+                if ws.has(&name) {
+                    Ok(Some(ws.tensor_f32(&name)?))
+                } else {
+                    Ok(None)
+                }
+            };
+            let q_norm = if cfg.qk_norm { opt("attn_q_norm.weight")? } else { None };
+            let k_norm = if cfg.qk_norm { opt("attn_k_norm.weight")? } else { None };
+            if cfg.qk_norm && (q_norm.is_none() || k_norm.is_none()) {
+                return Err(ModelError::MissingTensor(n("attn_q_norm.weight / attn_k_norm.weight")));
+            }
+            layers.push(Layer {
+                attn_norm: ws.tensor_f32(&n("attn_norm.weight"))?,
+                q: ws.linear(&n("attn_q.weight"))?,
+                k: ws.linear(&n("attn_k.weight"))?,
+                v: ws.linear(&n("attn_v.weight"))?,
+                o: ws.linear(&n("attn_output.weight"))?,
+                q_norm,
+                k_norm,
+                ffn_norm: ws.tensor_f32(&n("ffn_norm.weight"))?,
+                gate: ws.linear(&n("ffn_gate.weight"))?,
+                up: ws.linear(&n("ffn_up.weight"))?,
+                down: ws.linear(&n("ffn_down.weight"))?,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let norm = ws.tensor_f32("output_norm.weight")?;
+        let lm_head = if ws.has("output.weight") { ws.linear("output.weight")? } else { embed.as_linear()? };
+        let freq_factors = if ws.has("rope_freqs.weight") {
+            Some(ws.tensor_f32("rope_freqs.weight")?.flatten_all()?.to_vec1::<f32>()?)
+        } else {
+            None
+        };
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_style, freq_factors.as_deref());
+        Ok(Self { cfg: cfg.clone(), embed, layers, norm, lm_head, rope, device: ws.device().clone() })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, w, self.cfg.rms_norm_eps as f32)?)
+    }
+}
+
+impl CausalLm for Llama {
+    fn cache_spec(&self) -> Vec<LayerCacheSpec> {
+        (0..self.cfg.num_layers)
+            .map(|_| LayerCacheSpec::Attention { kv_heads: self.cfg.num_kv_heads, head_dim: self.cfg.head_dim })
+            .collect()
+    }
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+    fn context_length(&self) -> usize {
+        self.cfg.max_position_embeddings
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let mut ids = Vec::new();
+        let mut tables = Vec::with_capacity(chunks.len());
+        for c in chunks.iter() {
+            if c.tokens.is_empty() {
+                return Err(ModelError::Input("empty chunk in forward batch".into()));
+            }
+            if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
+            }
+            ids.extend_from_slice(c.tokens);
+            let start = c.cache.position();
+            let positions: Vec<usize> = (start..start + c.tokens.len()).collect();
+            tables.push(self.rope.tables(&positions, &self.device)?);
+        }
+        let total = ids.len();
+        let ids = Tensor::from_vec(ids, total, &self.device)?;
+        let mut x = self.embed.forward(&ids)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = self.rms(&x, &layer.attn_norm)?;
+            let q = layer.q.forward(&h)?;
+            let k = layer.k.forward(&h)?;
+            let v = layer.v.forward(&h)?;
+            let mut outs = Vec::with_capacity(chunks.len());
+            let mut off = 0;
+            for (ci, c) in chunks.iter_mut().enumerate() {
+                let t = c.tokens.len();
+                let mut qc = q.narrow(0, off, t)?.reshape((t, nh, hd))?;
+                let mut kc = k.narrow(0, off, t)?.reshape((t, nkv, hd))?;
+                if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                    qc = self.rms(&qc.contiguous()?, qn)?;
+                    kc = self.rms(&kc.contiguous()?, kn)?;
+                }
+                let (cos, sin) = &tables[ci];
+                let qc = self.rope.apply(&qc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+                let kc = self.rope.apply(&kc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+                let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
+                let layer_cache = c
+                    .cache
+                    .layers
+                    .get_mut(li)
+                    .ok_or_else(|| ModelError::Input("sequence cache has fewer layers than the model".into()))?;
+                let (k_all, v_all) = layer_cache.append(&kc, &vc)?;
+                let att = causal_attention(&qc, &k_all, &v_all, scale)?;
+                outs.push(att.transpose(0, 1)?.reshape((t, nh * hd))?);
+                off += t;
+            }
+            let att = if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
+            x = (x + layer.o.forward(&att)?)?;
+            let h = self.rms(&x, &layer.ffn_norm)?;
+            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+            let u = layer.up.forward(&h)?;
+            x = (x + layer.down.forward(&(g * u)?)?)?;
+        }
+        // Only the rows someone asked for go through the final norm and the LM head.
+        let mut rows = Vec::new();
+        let mut off = 0u32;
+        for c in chunks.iter_mut() {
+            let t = c.tokens.len() as u32;
+            match c.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => rows.push(off + t - 1),
+                LogitsWanted::All => rows.extend(off..off + t),
+            }
+            off += t;
+            c.cache.advance(t as usize);
+        }
+        let mut result = Vec::with_capacity(chunks.len());
+        if rows.is_empty() {
+            result.resize(chunks.len(), None);
+            return Ok(result);
+        }
+        let n_rows = rows.len();
+        let sel = x.index_select(&Tensor::from_vec(rows, n_rows, &self.device)?, 0)?;
+        let logits = self.lm_head.forward(&self.rms(&sel, &self.norm)?)?;
+        let mut off = 0;
+        for c in chunks.iter() {
+            let r = c.logit_rows();
+            result.push(if r == 0 { None } else { Some(logits.narrow(0, off, r)?) });
+            off += r;
+        }
+        Ok(result)
+    }
+}

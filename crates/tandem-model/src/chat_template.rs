@@ -1,0 +1,2 @@
+//! Placeholder; being written.
+pub struct ChatTemplate;

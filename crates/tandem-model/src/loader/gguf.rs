@@ -1,0 +1,135 @@
+//! GGUF files: memory-mapped, tensors read by name in whatever type the file stores.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::{self, Content};
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+
+use super::{Embedding, LoadedModel, ModelSummary, WeightSource};
+use crate::arch::llama::Llama;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::tokenizer::Tokenizer;
+
+/// An open GGUF file.
+pub struct GgufSource {
+    mmap: Mmap,
+    pub content: Content,
+    device: Device,
+}
+
+impl GgufSource {
+    pub fn open(path: &Path, device: &Device) -> Result<Self> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        // SAFETY: the file is opened read-only; tandem never writes model files while serving.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+        let content = Content::read(&mut Cursor::new(&mmap[..]))
+            .map_err(|e| ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display())))?;
+        // Refuse files whose tensors point past the end (truncated downloads).
+        for (name, info) in &content.tensor_infos {
+            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > mmap.len() as u64 {
+                return Err(ModelError::Config(format!(
+                    "{}: tensor `{name}` ends at byte {end} but the file has {} bytes (truncated download?)",
+                    path.display(),
+                    mmap.len()
+                )));
+            }
+        }
+        Ok(Self { mmap, content, device: device.clone() })
+    }
+
+    fn qtensor(&self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        Ok(info.read(&mut Cursor::new(&self.mmap[..]), self.content.tensor_data_offset, &self.device)?)
+    }
+
+    pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
+        &self.content.metadata
+    }
+
+    pub fn tensor_types(&self) -> (BTreeMap<String, usize>, u64) {
+        let mut types = BTreeMap::new();
+        let mut params = 0u64;
+        for info in self.content.tensor_infos.values() {
+            *types.entry(format!("{:?}", info.ggml_dtype)).or_insert(0) += 1;
+            params += info.shape.elem_count() as u64;
+        }
+        (types, params)
+    }
+}
+
+impl WeightSource for GgufSource {
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+    fn qmatmul(&self, name: &str) -> Result<QMatMul> {
+        Ok(QMatMul::from_qtensor(self.qtensor(name)?)?)
+    }
+    fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
+    }
+    fn embedding(&self, name: &str) -> Result<Embedding> {
+        let q = self.qtensor(name)?;
+        Ok(match q.dtype() {
+            candle_core::quantized::GgmlDType::F32
+            | candle_core::quantized::GgmlDType::F16
+            | candle_core::quantized::GgmlDType::BF16 => Embedding::Dense(q.dequantize(&self.device)?.to_dtype(DType::F32)?),
+            _ => Embedding::Quantized(Arc::new(q)),
+        })
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+/// Reads only the metadata and builds the config (no weights): for `inspect` and estimates.
+pub fn read_config(src: &GgufSource) -> Result<LlamaConfig> {
+    LlamaConfig::from_gguf(
+        src.metadata(),
+        src.has("output.weight"),
+        src.has("blk.0.attn_q.bias"),
+        src.has("blk.0.attn_q_norm.weight"),
+    )
+}
+
+pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
+    let src = GgufSource::open(path, device)?;
+    let cfg = read_config(&src)?;
+    let tokenizer = Tokenizer::from_gguf(&src.content)?;
+    let model = Llama::load(&cfg, &src)?;
+    let summary = summary_of(&src, &cfg, path);
+    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+}
+
+/// Describes a GGUF file from its metadata alone (no weights are read).
+pub fn summarize(path: &Path) -> Result<ModelSummary> {
+    let src = GgufSource::open(path, &Device::Cpu)?;
+    let cfg = read_config(&src)?;
+    Ok(summary_of(&src, &cfg, path))
+}
+
+fn summary_of(src: &GgufSource, cfg: &LlamaConfig, path: &Path) -> ModelSummary {
+    let chat_template = src.metadata().get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
+    let (tensor_types, parameters) = src.tensor_types();
+    ModelSummary {
+        path: path.display().to_string(),
+        format: "gguf".into(),
+        parameters,
+        file_bytes: src.mmap.len() as u64,
+        tensor_types,
+        chat_template,
+        ..ModelSummary::from_config(cfg)
+    }
+}

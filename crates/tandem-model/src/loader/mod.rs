@@ -1,0 +1,122 @@
+//! Weight loading: a [`WeightSource`] hands out tensors by GGUF-style name
+//! (`blk.N.attn_q.weight`) whatever the file format, and [`load`] builds a ready model,
+//! tokenizer and chat template from a GGUF file or a Hugging Face directory.
+
+pub mod gguf;
+pub mod safetensors;
+pub mod summary;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use crate::arch::CausalLm;
+use crate::error::{ModelError, Result};
+use crate::tokenizer::Tokenizer;
+pub use summary::ModelSummary;
+
+/// A linear layer `y = x Wᵀ (+ b)`, with W quantised or dense.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: QMatMul,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = candle_core::Module::forward(&self.weight, x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// A token-embedding table.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    Quantized(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    /// Rows for `ids` as f32, `[ids.len(), hidden]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(candle_core::DType::F32)?,
+            Embedding::Dense(t) => t.index_select(ids, 0)?,
+        })
+    }
+
+    /// The same table as an output projection (tied embeddings).
+    pub fn as_linear(&self) -> Result<Linear> {
+        let weight = match self {
+            Embedding::Quantized(q) => QMatMul::from_arc(q.clone())?,
+            Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
+        };
+        Ok(Linear { weight, bias: None })
+    }
+}
+
+/// Tensors by GGUF-style name, whatever the container format.
+pub trait WeightSource {
+    fn has(&self, name: &str) -> bool;
+    /// A weight for a matmul, kept quantised where the file is quantised.
+    fn qmatmul(&self, name: &str) -> Result<QMatMul>;
+    /// Any tensor, dequantised to f32 (norm weights, biases).
+    fn tensor_f32(&self, name: &str) -> Result<Tensor>;
+    fn embedding(&self, name: &str) -> Result<Embedding>;
+    fn device(&self) -> &Device;
+
+    fn linear(&self, name: &str) -> Result<Linear> {
+        let bias_name = name.strip_suffix(".weight").map(|p| format!("{p}.bias"));
+        let bias = match bias_name {
+            Some(b) if self.has(&b) => Some(self.tensor_f32(&b)?),
+            _ => None,
+        };
+        Ok(Linear { weight: self.qmatmul(name)?, bias })
+    }
+}
+
+/// A model ready to run, with everything needed to talk to it.
+pub struct LoadedModel {
+    pub model: Box<dyn CausalLm>,
+    pub tokenizer: Tokenizer,
+    /// Jinja chat template shipped with the model, if any.
+    pub chat_template: Option<String>,
+    pub summary: ModelSummary,
+}
+
+/// Loads a GGUF file or a Hugging Face directory (config.json + safetensors + tokenizer.json).
+pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
+    if path.is_dir() {
+        safetensors::load_hf_dir(path, device)
+    } else if path.is_file() {
+        gguf::load_gguf(path, device)
+    } else {
+        Err(ModelError::NotFound(format!("{} is neither a GGUF file nor a model directory", path.display())))
+    }
+}
+
+/// Describes a checkpoint without loading its weights.
+pub fn summarize(path: &Path) -> Result<ModelSummary> {
+    if path.is_dir() {
+        safetensors::summarize(path)
+    } else if path.is_file() {
+        gguf::summarize(path)
+    } else {
+        Err(ModelError::NotFound(format!("{} is neither a GGUF file nor a model directory", path.display())))
+    }
+}
+
+/// A spinner-style progress bar over `n` layers on stderr (hidden when stderr is not a TTY).
+pub(crate) fn layer_progress(n: usize, what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(n as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} layers") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(what.to_string());
+    pb
+}

@@ -1,0 +1,214 @@
+//! Hugging Face directories: `config.json`, one or many `*.safetensors` (memory-mapped, with
+//! `model.safetensors.index.json` for sharded checkpoints), `tokenizer.json`, and the chat
+//! template from `chat_template.jinja` or `tokenizer_config.json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::QMatMul;
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use super::{Embedding, LoadedModel, ModelSummary, WeightSource};
+use crate::arch::llama::Llama;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::tokenizer::Tokenizer;
+
+/// Safetensors shards of one checkpoint.
+pub struct SafetensorsSource {
+    st: MmapedSafetensors,
+    names: std::collections::HashSet<String>,
+    device: Device,
+    /// Prefix of the text model's weights (`model.` or `model.language_model.`).
+    prefix: String,
+}
+
+/// Maps a GGUF-style tensor name to the Hugging Face name.
+pub fn hf_name(gguf: &str, prefix: &str) -> String {
+    let map_tail = |tail: &str| -> String {
+        let (stem, suffix) = match tail.rsplit_once('.') {
+            Some((s, suf)) => (s, suf),
+            None => (tail, ""),
+        };
+        let hf = match stem {
+            "attn_norm" => "input_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            other => other,
+        };
+        format!("{hf}.{suffix}")
+    };
+    match gguf {
+        "token_embd.weight" => format!("{prefix}embed_tokens.weight"),
+        "output_norm.weight" => format!("{prefix}norm.weight"),
+        "output.weight" => "lm_head.weight".to_string(),
+        _ => match gguf.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+            Some((layer, tail)) => format!("{prefix}layers.{layer}.{}", map_tail(tail)),
+            None => gguf.to_string(),
+        },
+    }
+}
+
+impl SafetensorsSource {
+    pub fn open(dir: &Path, device: &Device) -> Result<Self> {
+        let files = shard_files(dir)?;
+        // SAFETY: read-only mapping of files tandem does not modify.
+        let st = unsafe { MmapedSafetensors::multi(&files) }
+            .map_err(|e| ModelError::Config(format!("cannot read safetensors in {}: {e}", dir.display())))?;
+        let names: std::collections::HashSet<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+        let prefix = if names.iter().any(|n| n.starts_with("model.language_model.")) {
+            "model.language_model."
+        } else {
+            "model."
+        };
+        Ok(Self { st, names, device: device.clone(), prefix: prefix.into() })
+    }
+
+    fn load(&self, gguf: &str) -> Result<Tensor> {
+        let name = hf_name(gguf, &self.prefix);
+        if !self.names.contains(&name) {
+            return Err(ModelError::MissingTensor(name));
+        }
+        Ok(self.st.load(&name, &self.device)?.to_dtype(DType::F32)?)
+    }
+
+    pub fn tensor_types(&self) -> (BTreeMap<String, usize>, u64) {
+        let mut types = BTreeMap::new();
+        let mut params = 0u64;
+        for (_, view) in self.st.tensors() {
+            *types.entry(format!("{:?}", view.dtype())).or_insert(0) += 1;
+            params += view.shape().iter().product::<usize>() as u64;
+        }
+        (types, params)
+    }
+}
+
+impl WeightSource for SafetensorsSource {
+    fn has(&self, name: &str) -> bool {
+        self.names.contains(&hf_name(name, &self.prefix))
+    }
+    fn qmatmul(&self, name: &str) -> Result<QMatMul> {
+        Ok(QMatMul::Tensor(self.load(name)?))
+    }
+    fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        self.load(name)
+    }
+    fn embedding(&self, name: &str) -> Result<Embedding> {
+        Ok(Embedding::Dense(self.load(name)?))
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::Config(format!("{}: no weight_map", index.display())))?;
+        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+        files.sort();
+        files.dedup();
+        return Ok(files.into_iter().map(|f| dir.join(f)).collect());
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::NotFound(format!("no *.safetensors in {}", dir.display())));
+    }
+    Ok(files)
+}
+
+/// Reads `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template` (a string, or a
+/// list of named templates of which `default` is used).
+pub fn hf_chat_template(dir: &Path) -> Option<String> {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
+    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    match v.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(|t| t.as_str())
+            .map(String::from),
+        _ => None,
+    }
+}
+
+pub fn read_config(dir: &Path) -> Result<LlamaConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+    LlamaConfig::from_hf_json(&v)
+}
+
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<LoadedModel> {
+    let cfg = read_config(dir)?;
+    let src = SafetensorsSource::open(dir, device)?;
+    let tokenizer = Tokenizer::from_hf_dir(dir)?;
+    let model = Llama::load(&cfg, &src)?;
+    let summary = summary_of(&src, &cfg, dir)?;
+    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+}
+
+/// Describes a Hugging Face directory from its config and safetensors headers.
+pub fn summarize(dir: &Path) -> Result<ModelSummary> {
+    let cfg = read_config(dir)?;
+    let src = SafetensorsSource::open(dir, &Device::Cpu)?;
+    summary_of(&src, &cfg, dir)
+}
+
+fn summary_of(src: &SafetensorsSource, cfg: &LlamaConfig, dir: &Path) -> Result<ModelSummary> {
+    let (tensor_types, parameters) = src.tensor_types();
+    let file_bytes = shard_files(dir)?.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    Ok(ModelSummary {
+        path: dir.display().to_string(),
+        format: "safetensors".into(),
+        parameters,
+        file_bytes,
+        tensor_types,
+        chat_template: hf_chat_template(dir),
+        ..ModelSummary::from_config(cfg)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hf_name;
+
+    #[test]
+    fn maps_names() {
+        assert_eq!(hf_name("blk.3.attn_q.bias", "model."), "model.layers.3.self_attn.q_proj.bias");
+        assert_eq!(hf_name("blk.0.ffn_norm.weight", "model."), "model.layers.0.post_attention_layernorm.weight");
+        assert_eq!(hf_name("token_embd.weight", "model.language_model."), "model.language_model.embed_tokens.weight");
+        assert_eq!(hf_name("output.weight", "model."), "lm_head.weight");
+    }
+}

@@ -1,0 +1,8 @@
+//! Kernels the architectures run on. Each has a plain reference beside it where a fused or
+//! tiled version exists.
+
+pub mod attention;
+pub mod rope;
+
+pub use attention::causal_attention;
+pub use rope::Rope;

@@ -1,0 +1,189 @@
+//! Server-sent-event framing of a generation: the route supplies a [`ChunkFormat`] that turns
+//! engine events into JSON chunks, this module turns the event channel into `data: …` frames,
+//! then the optional usage chunk and `data: [DONE]`. A failure midway sends one error frame
+//! (the OpenAI error body) and ends the stream. The stream owns the engine receiver, so when the
+//! client disconnects and axum drops the body, the receiver is dropped and the request cancelled.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use tandem_engine::{FinishReason, GenerationEvent, PositionLogprobs, Usage};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+
+/// Formats one route's chunks (each a serialised JSON object).
+pub trait ChunkFormat: Send + 'static {
+    /// Chunk sent before the first token (the chat role delta), if any.
+    fn opening(&mut self) -> Option<String>;
+    /// Chunk for one generated token; `None` skips it (nothing to report yet).
+    fn token(&mut self, id: u32, text: &str, logprobs: Option<&PositionLogprobs>) -> Option<String>;
+    /// The final chunk, carrying the finish reason and any held-back text.
+    fn finish(&mut self, reason: FinishReason, text: &str) -> String;
+    /// The usage chunk (empty `choices`), sent only when the client asked for it.
+    fn usage(&mut self, usage: &Usage) -> String;
+}
+
+/// Waits for the first engine event, so that a failure before any token can still be answered
+/// with a plain JSON error instead of a stream.
+pub async fn first_event(rx: &mut mpsc::Receiver<GenerationEvent>) -> Result<GenerationEvent, ApiError> {
+    match rx.recv().await {
+        Some(GenerationEvent::Error(msg)) => Err(ApiError::internal(format!("Generation failed: {msg}"))),
+        Some(ev) => Ok(ev),
+        None => Err(ApiError::internal("The engine ended the request without finishing it.")),
+    }
+}
+
+/// The `text/event-stream` response for a request whose first event is `first`.
+pub fn sse_response<F: ChunkFormat>(
+    first: GenerationEvent,
+    rx: mpsc::Receiver<GenerationEvent>,
+    fmt: F,
+    include_usage: bool,
+) -> Response {
+    use futures::StreamExt;
+    let events = frames(first, rx, fmt, include_usage).map(|data| Ok::<_, Infallible>(Event::default().data(data)));
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+struct State<F> {
+    rx: Option<mpsc::Receiver<GenerationEvent>>,
+    first: Option<GenerationEvent>,
+    pending: VecDeque<String>,
+    fmt: F,
+    include_usage: bool,
+}
+
+impl<F: ChunkFormat> State<F> {
+    fn apply(&mut self, event: Option<GenerationEvent>) {
+        match event {
+            Some(GenerationEvent::Token { id, text, logprobs }) => {
+                self.pending.extend(self.fmt.token(id, &text, logprobs.as_ref()));
+            }
+            Some(GenerationEvent::Finished { reason, text, usage, .. }) => {
+                self.pending.push_back(self.fmt.finish(reason, &text));
+                if self.include_usage {
+                    self.pending.push_back(self.fmt.usage(&usage));
+                }
+                self.pending.push_back("[DONE]".to_string());
+                self.rx = None;
+            }
+            Some(GenerationEvent::Error(msg)) => self.fail(format!("Generation failed: {msg}")),
+            None => self.fail("The engine ended the request without finishing it.".to_string()),
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.pending.push_back(ApiError::internal(msg).body().to_string());
+        self.rx = None;
+    }
+}
+
+/// The `data:` payloads of the stream, in order.
+pub fn frames<F: ChunkFormat>(
+    first: GenerationEvent,
+    rx: mpsc::Receiver<GenerationEvent>,
+    mut fmt: F,
+    include_usage: bool,
+) -> impl Stream<Item = String> + Send {
+    let pending: VecDeque<String> = fmt.opening().into_iter().collect();
+    let state = State { rx: Some(rx), first: Some(first), pending, fmt, include_usage };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(data) = s.pending.pop_front() {
+                return Some((data, s));
+            }
+            let rx = s.rx.as_mut()?;
+            let event = match s.first.take() {
+                Some(e) => Some(e),
+                None => rx.recv().await,
+            };
+            s.apply(event);
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use tandem_engine::Timings;
+
+    struct Plain;
+    impl ChunkFormat for Plain {
+        fn opening(&mut self) -> Option<String> {
+            Some("open".into())
+        }
+        fn token(&mut self, id: u32, text: &str, _: Option<&PositionLogprobs>) -> Option<String> {
+            (!text.is_empty()).then(|| format!("{id}:{text}"))
+        }
+        fn finish(&mut self, reason: FinishReason, text: &str) -> String {
+            format!("fin:{}:{text}", reason.as_str())
+        }
+        fn usage(&mut self, usage: &Usage) -> String {
+            format!("usage:{}", usage.completion_tokens)
+        }
+    }
+
+    fn tok(id: u32, text: &str) -> GenerationEvent {
+        GenerationEvent::Token { id, text: text.into(), logprobs: None }
+    }
+
+    fn finished() -> GenerationEvent {
+        let usage = Usage { prompt_tokens: 1, completion_tokens: 3, cached_tokens: 0 };
+        GenerationEvent::Finished { reason: FinishReason::Stop, text: "!".into(), usage, timings: Timings::default() }
+    }
+
+    #[tokio::test]
+    async fn full_stream_with_usage() {
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(tok(2, "")).await.unwrap();
+        tx.send(tok(3, "c")).await.unwrap();
+        tx.send(finished()).await.unwrap();
+        let out: Vec<String> = frames(tok(1, "a"), rx, Plain, true).collect().await;
+        assert_eq!(out, ["open", "1:a", "3:c", "fin:stop:!", "usage:3", "[DONE]"]);
+    }
+
+    #[tokio::test]
+    async fn no_usage_when_not_asked() {
+        let (_tx, rx) = mpsc::channel(1);
+        let out: Vec<String> = frames(finished(), rx, Plain, false).collect().await;
+        assert_eq!(out, ["open", "fin:stop:!", "[DONE]"]);
+    }
+
+    #[tokio::test]
+    async fn midstream_error_ends_with_error_frame() {
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(GenerationEvent::Error("boom".into())).await.unwrap();
+        let out: Vec<String> = frames(tok(1, "a"), rx, Plain, true).collect().await;
+        assert_eq!(out.len(), 3);
+        let err: serde_json::Value = serde_json::from_str(&out[2]).unwrap();
+        assert!(err["error"]["message"].as_str().unwrap().contains("boom"));
+
+        let (tx, rx) = mpsc::channel::<GenerationEvent>(8);
+        drop(tx);
+        let out: Vec<String> = frames(tok(1, "a"), rx, Plain, true).collect().await;
+        assert!(out.last().unwrap().contains("\"error\""));
+    }
+
+    #[tokio::test]
+    async fn dropping_the_stream_drops_the_receiver() {
+        let (tx, rx) = mpsc::channel(8);
+        let stream = frames(tok(1, "a"), rx, Plain, true);
+        assert!(!tx.is_closed());
+        drop(stream);
+        assert!(tx.is_closed());
+    }
+
+    #[tokio::test]
+    async fn first_event_errors() {
+        let (tx, mut rx) = mpsc::channel(8);
+        tx.send(GenerationEvent::Error("x".into())).await.unwrap();
+        assert_eq!(first_event(&mut rx).await.unwrap_err().status.as_u16(), 500);
+        drop(tx);
+        assert_eq!(first_event(&mut rx).await.unwrap_err().status.as_u16(), 500);
+    }
+}
