@@ -1,24 +1,13 @@
 //! [`Backend`] for the real engine: model facts from [`EngineHandle::info`], tokenisation through
-//! its tokenizer, rendering through the model's chat template (ChatML when it has none).
-
-use std::sync::{Arc, OnceLock};
+//! its tokenizer, rendering through its chat template (the engine substitutes ChatML when the
+//! model has none or its own does not compile).
 
 use serde_json::Value;
-use tandem_engine::engine::ModelInfo;
-use tandem_engine::{EngineHandle, GenerateRequest, GenerationEvent, SubmitError};
-use tandem_model::chat_template::{ChatTemplate, RenderOptions, CHATML_TEMPLATE};
+use tandem_engine::{EngineHandle, GenerateRequest, GenerationEvent, ModelInfo, SubmitError};
+use tandem_model::chat_template::RenderOptions;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, ChatRenderOptions, RenderedChat};
-
-/// The ChatML fallback, built once.
-fn chatml() -> Result<&'static Arc<ChatTemplate>, String> {
-    static CHATML: OnceLock<Result<Arc<ChatTemplate>, String>> = OnceLock::new();
-    CHATML
-        .get_or_init(|| ChatTemplate::new(CHATML_TEMPLATE).map(Arc::new).map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(Clone::clone)
-}
 
 impl Backend for EngineHandle {
     fn info(&self) -> &ModelInfo {
@@ -38,10 +27,7 @@ impl Backend for EngineHandle {
     }
 
     fn render_chat(&self, messages: &[Value], opts: &ChatRenderOptions) -> Result<RenderedChat, String> {
-        let template = match self.chat_template() {
-            Some(t) => t,
-            None => chatml()?,
-        };
+        let template = self.chat_template().ok_or("the model has no usable chat template")?;
         let opts = RenderOptions {
             add_generation_prompt: opts.add_generation_prompt,
             tools: opts.tools.clone(),

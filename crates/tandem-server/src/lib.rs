@@ -14,7 +14,6 @@ pub mod backend;
 pub mod chat;
 pub mod completions;
 pub mod config;
-#[cfg(feature = "engine-api")]
 mod engine_backend;
 pub mod error;
 pub mod extract;

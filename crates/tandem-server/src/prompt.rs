@@ -47,16 +47,12 @@ pub fn chat_prompt(backend: &dyn Backend, messages: &[Value], opts: &ChatRenderO
     Ok(Prompt { ids, message_boundaries })
 }
 
+type Tokenize<'a> = dyn Fn(&str, bool) -> Result<Vec<u32>, ApiError> + 'a;
+
 /// Token offsets of byte offsets `cuts`. Tokenises each segment on its own (linear cost); when
 /// the segments' tokens concatenate to exactly `ids` the offsets are exact. Otherwise (a merge
 /// across a cut) falls back to tokenising each prefix.
-fn boundaries(
-    text: &str,
-    cuts: &[usize],
-    ids: &[u32],
-    add_bos: bool,
-    tokenize: &dyn Fn(&str, bool) -> Result<Vec<u32>, ApiError>,
-) -> Result<Vec<usize>, ApiError> {
+fn boundaries(text: &str, cuts: &[usize], ids: &[u32], add_bos: bool, tokenize: &Tokenize) -> Result<Vec<usize>, ApiError> {
     let mut joined = Vec::with_capacity(ids.len());
     let mut offsets = Vec::with_capacity(cuts.len());
     let mut start = 0;
@@ -134,10 +130,13 @@ mod tests {
         }
         fn tokenize(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, String> {
             let mut ids = if add_bos { vec![1] } else { vec![] };
-            let text = text.strip_prefix("<s>").map(|t| {
-                ids.push(1);
-                t
-            }).unwrap_or(text);
+            let text = match text.strip_prefix("<s>") {
+                Some(t) => {
+                    ids.push(1);
+                    t
+                }
+                None => text,
+            };
             let chars: Vec<char> = text.chars().collect();
             let mut i = 0;
             while i < chars.len() {

@@ -198,7 +198,8 @@ async fn bad_input_is_refused_with_json_errors() {
     let long = "x".repeat(CONTEXT + 10);
     let chat = "/v1/chat/completions";
     let cmpl = "/v1/completions";
-    let cases: Vec<(&str, String, u16, Option<&str>, Option<&str>)> = vec![
+    type Case<'a> = (&'a str, String, u16, Option<&'a str>, Option<&'a str>);
+    let cases: Vec<Case> = vec![
         // (path, raw body, status, code, param)
         (chat, "{not json".into(), 400, Some("invalid_json"), None),
         (chat, "".into(), 400, Some("invalid_json"), None),

@@ -281,6 +281,93 @@ pub(super) fn add_typed_tokens(tok: &mut tokenizers::Tokenizer, tokens: &[String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::IncrementalDecoder;
+    use candle_core::quantized::gguf_file::VersionedMagic;
+    use std::collections::HashMap;
+
+    /// A tiny SentencePiece GGUF: <unk>, <s>, </s>, 256 byte tokens, then scored pieces.
+    fn tiny_spm(add_space_prefix: bool) -> Content {
+        let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
+        let mut scores = vec![0.0f32; 3];
+        let mut types = vec![TYPE_UNKNOWN, TYPE_CONTROL, TYPE_CONTROL];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            scores.push(0.0);
+            types.push(6);
+        }
+        let pieces: [(&str, f32); 9] = [
+            ("▁", -10.0), ("a", -10.0), ("b", -10.0), ("c", -10.0), ("d", -10.0),
+            ("ab", -5.0), ("bc", -2.0), ("cd", -1.0), ("▁a", -3.0),
+        ];
+        for (p, s) in pieces {
+            tokens.push(p.to_string());
+            scores.push(s);
+            types.push(TYPE_NORMAL);
+        }
+        let mut md = HashMap::new();
+        md.insert("tokenizer.ggml.model".to_string(), Value::String("llama".into()));
+        md.insert(
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        );
+        md.insert("tokenizer.ggml.scores".to_string(), Value::Array(scores.into_iter().map(Value::F32).collect()));
+        md.insert("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect()));
+        md.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
+        md.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
+        md.insert("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(add_space_prefix));
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata: md,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    fn id(t: &Tokenizer, s: &str) -> u32 {
+        t.token_to_id(s).unwrap_or_else(|| panic!("no token {s}"))
+    }
+
+    #[test]
+    fn sentencepiece_merges_highest_score_first() {
+        let t = Tokenizer::from_gguf(&tiny_spm(true)).unwrap();
+        // "▁abcd": cd (-1) first, then ▁a (-3); "ab" (-5) never gets its chance.
+        let ids = t.encode("abcd", false).unwrap();
+        assert_eq!(ids, vec![id(&t, "▁a"), id(&t, "b"), id(&t, "cd")]);
+        assert_eq!(t.decode(&ids, false), "abcd");
+        // Without the dummy prefix: bc (-2) beats ab (-5).
+        let t2 = Tokenizer::from_gguf(&tiny_spm(false)).unwrap();
+        assert_eq!(t2.encode("abc", false).unwrap(), vec![id(&t2, "a"), id(&t2, "bc")]);
+        assert_eq!(t2.encode("a b", false).unwrap(), vec![id(&t2, "a"), id(&t2, "▁"), id(&t2, "b")]);
+    }
+
+    #[test]
+    fn sentencepiece_byte_fallback_and_specials() {
+        let t = Tokenizer::from_gguf(&tiny_spm(true)).unwrap();
+        let ids = t.encode("aé", true).unwrap();
+        assert_eq!(ids, vec![1, id(&t, "▁a"), id(&t, "<0xC3>"), id(&t, "<0xA9>")]);
+        assert_eq!(t.decode(&ids, true), "aé");
+        assert_eq!(t.decode(&ids, false), "<s> aé"); // like HF and llama.cpp
+        // Literal control tokens are parsed; text after them gets the dummy prefix again.
+        let ids = t.encode("<s>ab</s>", false).unwrap();
+        assert_eq!(ids, vec![1, id(&t, "▁a"), id(&t, "b"), 2]);
+        assert_eq!(t.bos_id(), Some(1));
+        assert!(t.add_bos_by_default());
+        assert_eq!(t.eos_ids(), &[2]);
+        assert_eq!(t.bos_token().as_deref(), Some("<s>"));
+        assert_eq!(t.eos_token().as_deref(), Some("</s>"));
+        assert_eq!(t.vocab_size(), 3 + 256 + 9);
+    }
+
+    #[test]
+    fn sentencepiece_streaming_keeps_leading_space_and_joins_bytes() {
+        let t = Tokenizer::from_gguf(&tiny_spm(true)).unwrap();
+        assert_eq!(t.token_text(id(&t, "▁a")), " a");
+        let ids = [id(&t, "▁a"), id(&t, "<0xC3>"), id(&t, "<0xA9>"), id(&t, "▁"), id(&t, "cd"), 2];
+        let mut dec = IncrementalDecoder::new(true);
+        let pieces: Vec<String> = ids.iter().map(|&i| dec.push(&t, i)).collect();
+        assert_eq!(pieces, vec![" a", "", "é", " ", "cd", ""]);
+        assert_eq!(dec.flush(&t), "");
+    }
 
     #[test]
     fn merges_follow_merged_piece_score() {

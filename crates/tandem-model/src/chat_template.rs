@@ -1,2 +1,0 @@
-//! Placeholder; being written.
-pub struct ChatTemplate;

@@ -1,0 +1,237 @@
+//! The server on the real engine with the tiny Qwen2 fixture (random weights, context 256,
+//! vocabulary 384), over real sockets: whole and streamed chat and completions agree for greedy
+//! decoding, usage matches the token ids, log-probability shapes, every refusal, cancellation on
+//! disconnect, and that a good request is served after the bad ones.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{assert_error, chunks, Server};
+use serde_json::{json, Value};
+use tandem_engine::{EngineConfig, EngineHandle};
+use tandem_server::ServerConfig;
+
+const MODEL: &str = "tiny-qwen2";
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen2")
+}
+
+async fn start() -> (Server, EngineHandle) {
+    let cfg = EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() };
+    let engine = EngineHandle::load(&fixture(), cfg).expect("load the tiny qwen2 fixture");
+    let server_cfg = ServerConfig { port: 0, max_body_bytes: 64 * 1024, default_max_tokens: 32, ..ServerConfig::default() };
+    (Server::start(engine.clone(), server_cfg).await, engine)
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}],
+        "temperature": 0,
+        "max_tokens": 12,
+        "return_token_ids": true,
+    });
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+fn usage_consistent(usage: &Value, prompt_ids: &Value, completion_ids: &[Value]) {
+    assert_eq!(usage["prompt_tokens"], prompt_ids.as_array().unwrap().len(), "{usage}");
+    assert_eq!(usage["completion_tokens"], completion_ids.len(), "{usage}");
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+}
+
+/// Text, token ids, finish reason and the usage chunk of a chat stream.
+fn chat_stream_parts(chunks: &[Value]) -> (String, Vec<Value>, Value, Value) {
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let (mut text, mut ids, mut finish) = (String::new(), Vec::new(), Value::Null);
+    for c in chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        if let Some(ch) = c["choices"].get(0) {
+            text.push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+            ids.extend(ch["token_ids"].as_array().cloned().unwrap_or_default());
+            if !ch["finish_reason"].is_null() {
+                finish = ch["finish_reason"].clone();
+            }
+        }
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]), "usage chunk last");
+    (text, ids, finish, last["usage"].clone())
+}
+
+#[tokio::test]
+async fn chat_whole_and_streamed_agree() {
+    let (s, _engine) = start().await;
+    let (st, whole) = s.post("/v1/chat/completions", &chat(json!({}))).await;
+    assert_eq!(st, 200, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["model"], MODEL);
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()));
+    let ids = choice["token_ids"].as_array().unwrap().clone();
+    assert!(!ids.is_empty() && ids.len() <= 12);
+    usage_consistent(&whole["usage"], &whole["prompt_token_ids"], &ids);
+
+    let body = chat(json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let (st, ctype, data) = s.stream("/v1/chat/completions", &body).await;
+    assert_eq!(st, 200);
+    assert!(ctype.starts_with("text/event-stream"));
+    let chunks = chunks(&data);
+    let (text, sids, finish, usage) = chat_stream_parts(&chunks);
+    assert_eq!(text, choice["message"]["content"].as_str().unwrap());
+    assert_eq!(sids, ids);
+    assert_eq!(finish, choice["finish_reason"]);
+    assert_eq!(chunks[0]["prompt_token_ids"], whole["prompt_token_ids"]);
+    usage_consistent(&usage, &whole["prompt_token_ids"], &sids);
+}
+
+#[tokio::test]
+async fn ignore_eos_runs_to_max_tokens() {
+    let (s, _engine) = start().await;
+    let (st, v) = s.post("/v1/chat/completions", &chat(json!({"ignore_eos": true, "max_tokens": 20}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 20);
+    assert_eq!(v["choices"][0]["token_ids"].as_array().unwrap().len(), 20);
+}
+
+#[tokio::test]
+async fn completions_whole_and_streamed_agree() {
+    let (s, _engine) = start().await;
+    for prompt in [json!("Once upon a time"), json!([10, 20, 30, 40]), json!([[10, 20, 30, 40]]), json!(["Once upon a time"])] {
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0, "return_token_ids": true, "ignore_eos": true});
+        let (st, whole) = s.post("/v1/completions", &body).await;
+        assert_eq!(st, 200, "{prompt}: {whole}");
+        assert_eq!(whole["object"], "text_completion");
+        let choice = &whole["choices"][0];
+        let ids = choice["token_ids"].as_array().unwrap().clone();
+        assert_eq!(ids.len(), 10);
+        assert_eq!(choice["finish_reason"], "length");
+        usage_consistent(&whole["usage"], &choice["prompt_token_ids"], &ids);
+        if prompt.is_array() && prompt[0].is_number() {
+            assert_eq!(choice["prompt_token_ids"], prompt);
+        }
+
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        sbody["stream_options"] = json!({"include_usage": true});
+        let (st, _, data) = s.stream("/v1/completions", &sbody).await;
+        assert_eq!(st, 200);
+        let chunks = chunks(&data);
+        let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+        let sids: Vec<Value> = chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).collect();
+        assert_eq!(text, choice["text"].as_str().unwrap(), "{prompt}");
+        assert_eq!(sids, ids, "{prompt}");
+        assert_eq!(chunks.last().unwrap()["usage"], whole["usage"]);
+    }
+}
+
+#[tokio::test]
+async fn logprob_shapes() {
+    let (s, _engine) = start().await;
+    let (st, v) = s.post("/v1/chat/completions", &chat(json!({"logprobs": true, "top_logprobs": 3, "ignore_eos": true, "max_tokens": 5}))).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5);
+    for e in content {
+        assert!(e["token"].is_string() && e["bytes"].is_array(), "{e}");
+        let lp = e["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{e}");
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert!((top[0]["logprob"].as_f64().unwrap() - lp).abs() < 1e-4, "{e}");
+    }
+
+    let body = json!({"prompt": "abc", "max_tokens": 4, "logprobs": 2, "temperature": 0, "ignore_eos": true});
+    let (st, v) = s.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(lp[key].as_array().unwrap().len(), 4, "{key}: {lp}");
+    }
+    assert!(lp["top_logprobs"].as_array().unwrap().iter().all(|m| m.is_object() && !m.as_object().unwrap().is_empty()));
+    assert_eq!(lp["text_offset"][0], 0);
+}
+
+#[tokio::test]
+async fn bad_input_then_good_input() {
+    let (s, _engine) = start().await;
+    let chat_path = "/v1/chat/completions";
+    let cmpl = "/v1/completions";
+    let long = "hello world ".repeat(200);
+    type Case<'a> = (&'a str, String, u16, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        (chat_path, "{\"messages\": [".into(), 400, Some("invalid_json")),
+        (chat_path, json!({"messages": [{"role": "user", "content": 5}]}).to_string(), 400, None),
+        (chat_path, json!({"messages": "hi"}).to_string(), 400, None),
+        (chat_path, json!({"model": MODEL}).to_string(), 400, None),
+        (chat_path, json!({"messages": []}).to_string(), 400, None),
+        (chat_path, chat(json!({"model": "nope"})).to_string(), 404, Some("model_not_found")),
+        (chat_path, chat(json!({"messages": [{"role": "user", "content": long}]})).to_string(), 400, Some("context_length_exceeded")),
+        (chat_path, chat(json!({"max_tokens": 300})).to_string(), 400, Some("context_length_exceeded")),
+        (chat_path, chat(json!({"n": 2})).to_string(), 400, None),
+        (chat_path, chat(json!({"temperature": -2})).to_string(), 400, None),
+        (chat_path, chat(json!({"top_p": 7})).to_string(), 400, None),
+        (cmpl, json!({"prompt": [1, 384]}).to_string(), 400, Some("invalid_token")),
+        (cmpl, json!({"prompt": ["a", "b"]}).to_string(), 400, None),
+        (cmpl, json!({"prompt": long}).to_string(), 400, Some("context_length_exceeded")),
+        (cmpl, json!({"prompt": "x".repeat(100_000)}).to_string(), 413, None),
+    ];
+    for (path, body, status, code) in cases {
+        let what = format!("{path} {body:.80}");
+        let (st, v) = s.post_raw(path, body).await;
+        assert_error(st, &v, status, &what);
+        if let Some(code) = code {
+            assert_eq!(v["error"]["code"], code, "{what}: {v}");
+        }
+    }
+    let (st, v) = s.post(chat_path, &chat(json!({}))).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.post(cmpl, &json!({"prompt": "still here", "max_tokens": 3})).await;
+    assert_eq!(st, 200, "{v}");
+}
+
+#[tokio::test]
+async fn models_and_health() {
+    let (s, _engine) = start().await;
+    assert_eq!(s.get("/health").await, (200, json!({"status": "ok"})));
+    let (st, v) = s.get("/v1/models").await;
+    assert_eq!(st, 200);
+    assert_eq!(v["data"][0]["id"], MODEL);
+    assert_eq!(v["data"][0]["owned_by"], "tandem");
+    assert_eq!(v["data"][0]["max_model_len"], 256);
+}
+
+#[tokio::test]
+async fn disconnect_cancels_in_the_engine() {
+    let (s, engine) = start().await;
+    let body = json!({"prompt": "go", "max_tokens": 250, "ignore_eos": true, "stream": true});
+    let mut resp = s.client.post(s.url("/v1/completions")).json(&body).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(std::str::from_utf8(&first).unwrap().contains("data:"));
+    drop(resp);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = engine.stats();
+        if stats.cancelled.load(Ordering::SeqCst) == 1 && stats.running.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the request kept running after the client left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The engine is free for the next request.
+    let (st, _) = s.post("/v1/completions", &json!({"prompt": "next", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+}
