@@ -109,6 +109,11 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = self.status.as_u16(), "{}", self.message);
+        } else {
+            tracing::debug!(status = self.status.as_u16(), "{}", self.message);
+        }
         let mut resp = (self.status, axum::Json(self.body())).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -33,15 +33,15 @@ pub fn router_on(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Router {
         .with_state(state)
 }
 
-/// Binds `cfg.host:cfg.port` and serves until ctrl-c.
+/// Binds `cfg.host:cfg.port` and serves until ctrl-c or SIGTERM.
 pub async fn serve<B: Backend>(engine: B, cfg: ServerConfig) -> anyhow::Result<()> {
     let addr = cfg.addr();
     let listener = TcpListener::bind(&addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     serve_on(listener, engine, cfg).await
 }
 
-/// Serves on an already-bound listener (tests bind port 0) until ctrl-c; in-flight requests
-/// are allowed to finish.
+/// Serves on an already-bound listener (tests bind port 0) until ctrl-c or SIGTERM; in-flight
+/// requests are allowed to finish.
 pub async fn serve_on<B: Backend>(listener: TcpListener, engine: B, cfg: ServerConfig) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let model = engine.info().id.clone();
@@ -52,12 +52,35 @@ pub async fn serve_on<B: Backend>(listener: TcpListener, engine: B, cfg: ServerC
     Ok(())
 }
 
+/// Resolves on ctrl-c (SIGINT) or, on Unix, SIGTERM.
 async fn shutdown_signal() {
-    match tokio::signal::ctrl_c().await {
-        Ok(()) => tracing::info!("ctrl-c received, shutting down"),
-        Err(e) => {
-            tracing::warn!("cannot listen for ctrl-c ({e}); serving until killed");
-            std::future::pending::<()>().await
+    let ctrl_c = async {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => tracing::info!("ctrl-c received, shutting down"),
+            Err(e) => {
+                tracing::warn!("cannot listen for ctrl-c ({e})");
+                std::future::pending::<()>().await
+            }
         }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+                tracing::info!("SIGTERM received, shutting down");
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM ({e})");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
     }
 }

@@ -235,3 +235,24 @@ async fn disconnect_cancels_in_the_engine() {
     let (st, _) = s.post("/v1/completions", &json!({"prompt": "next", "max_tokens": 2})).await;
     assert_eq!(st, 200);
 }
+
+#[tokio::test]
+async fn message_boundaries_fall_on_message_ends() {
+    use tandem_server::{Backend, ChatRenderOptions};
+    let engine = EngineHandle::load(&fixture(), EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() }).unwrap();
+    let messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Hi there!"}),
+        json!({"role": "assistant", "content": "Hello."}),
+        json!({"role": "user", "content": "And now?"}),
+    ];
+    let opts = ChatRenderOptions { add_generation_prompt: true, ..ChatRenderOptions::default() };
+    let rendered = engine.render_chat(&messages, &opts).unwrap();
+    let prompt = tandem_server::prompt::chat_prompt(&engine, &messages, &opts).unwrap();
+    assert_eq!(prompt.message_boundaries.len(), 4, "{:?}", prompt.message_boundaries);
+    assert!(prompt.message_boundaries.windows(2).all(|w| w[0] < w[1]));
+    for (&b, &end) in prompt.message_boundaries.iter().zip(&rendered.message_ends) {
+        let prefix = engine.tokenizer().decode(&prompt.ids[..b], false);
+        assert_eq!(prefix, rendered.text[..end], "boundary {b}");
+    }
+}

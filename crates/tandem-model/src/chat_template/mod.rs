@@ -124,14 +124,17 @@ impl ChatTemplate {
 
     /// Renders `messages` (OpenAI-style message objects), with the end offset of every message.
     pub fn render(&self, messages: &[serde_json::Value], opts: &RenderOptions) -> Result<Rendered> {
-        let text = self.render_text(messages, opts.add_generation_prompt, opts)?;
+        // Convert once; prefixes share the (reference-counted) message values.
+        let values: Vec<Value> = messages.iter().map(Value::from_serialize).collect();
+        let globals = self.globals(opts);
+        let text = self.render_values(&globals, &values, opts.add_generation_prompt)?;
         let mut message_ends = Vec::with_capacity(messages.len());
         let mut last = 0;
-        for i in 0..messages.len() {
-            let end = if i + 1 == messages.len() && !opts.add_generation_prompt {
+        for i in 0..values.len() {
+            let end = if i + 1 == values.len() && !opts.add_generation_prompt {
                 text.len()
             } else {
-                match self.render_text(&messages[..=i], false, opts) {
+                match self.render_values(&globals, &values[..=i], false) {
                     Ok(prefix) => common_prefix_len(&text, &prefix),
                     Err(_) => last,
                 }
@@ -147,12 +150,9 @@ impl ChatTemplate {
         &self.source
     }
 
-    fn render_text(
-        &self,
-        messages: &[serde_json::Value],
-        add_generation_prompt: bool,
-        opts: &RenderOptions,
-    ) -> Result<String> {
+    /// Template globals other than `messages` and `add_generation_prompt`, in transformers'
+    /// order of precedence: special tokens, then `extra` (which may override them).
+    fn globals(&self, opts: &RenderOptions) -> Vec<(String, Value)> {
         let mut ctx: Vec<(String, Value)> = Vec::new();
         if let Some(b) = &self.bos_token {
             ctx.push(("bos_token".into(), Value::from(b.as_str())));
@@ -163,12 +163,26 @@ impl ChatTemplate {
         for (k, v) in &opts.extra {
             ctx.push((k.clone(), Value::from_serialize(v)));
         }
-        ctx.push(("messages".into(), Value::from_serialize(messages)));
-        ctx.push(("tools".into(), opts.tools.as_ref().map(Value::from_serialize).unwrap_or(Value::from(()))));
+        let tools = opts.tools.as_ref().map(Value::from_serialize).unwrap_or(Value::from(()));
+        ctx.push(("tools".into(), tools));
         ctx.push(("documents".into(), Value::from(())));
-        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
-        let ctx: Value = ctx.into_iter().collect();
+        ctx
+    }
 
+    fn render_values(
+        &self,
+        globals: &[(String, Value)],
+        messages: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let ctx: Value = globals
+            .iter()
+            .cloned()
+            .chain([
+                ("messages".to_string(), Value::from(messages.to_vec())),
+                ("add_generation_prompt".to_string(), Value::from(add_generation_prompt)),
+            ])
+            .collect();
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         let mut out = BoundedWriter(Vec::new());
         tmpl.render_captured_to(ctx, &mut out).map_err(template_error)?;

@@ -1,0 +1,212 @@
+//! Engine behaviour on the tiny fixture models: greedy output equals transformers', batching
+//! and prefill chunk size do not change outputs, seeds reproduce, stop rules and cancellation
+//! work, and nothing is left allocated afterwards.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+use tandem_engine::*;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny").join(name)
+}
+
+fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {
+    EngineHandle::load(&fixture(name), cfg).expect("engine")
+}
+
+fn reference(name: &str) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+    let r = candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).unwrap();
+    let ids = |k: &str| r[k].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect::<Vec<_>>();
+    (ids("prompt_ids"), ids("greedy_ids"), r["margins"].to_vec1::<f32>().unwrap())
+}
+
+fn greedy_req(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: prompt,
+        stop: StopParams { max_tokens, ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    }
+}
+
+struct Outcome {
+    ids: Vec<u32>,
+    text: String,
+    reason: Option<FinishReason>,
+    usage: Usage,
+    logprobs: Vec<PositionLogprobs>,
+}
+
+fn collect(mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>) -> Outcome {
+    let mut o = Outcome { ids: vec![], text: String::new(), reason: None, usage: Usage::default(), logprobs: vec![] };
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            GenerationEvent::Token { id, text, logprobs } => {
+                o.ids.push(id);
+                o.text.push_str(&text);
+                o.logprobs.extend(logprobs);
+            }
+            GenerationEvent::Finished { reason, text, usage, .. } => {
+                o.text.push_str(&text);
+                o.reason = Some(reason);
+                o.usage = usage;
+                break;
+            }
+            GenerationEvent::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    o
+}
+
+fn wait_idle(e: &EngineHandle) {
+    let t = Instant::now();
+    while e.stats().running.load(Ordering::Relaxed) > 0 || e.stats().waiting.load(Ordering::Relaxed) > 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "engine did not become idle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn greedy_equals_transformers_up_to_first_near_tie() {
+    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+        let (prompt, want, margins) = reference(name);
+        let n = margins.iter().position(|&m| m < 1e-3).unwrap_or(want.len());
+        let e = engine(name, EngineConfig::default());
+        let o = collect(e.submit(greedy_req(prompt, want.len())).unwrap());
+        assert_eq!(o.ids[..n], want[..n], "{name}");
+        assert_eq!(o.reason, Some(FinishReason::Length));
+        assert_eq!(o.usage.completion_tokens, want.len());
+    }
+}
+
+/// Eight different requests in flight together give the same tokens as each alone.
+#[test]
+fn batch_invariance() {
+    let (prompt, _, _) = reference("qwen2");
+    let e = engine("qwen2", EngineConfig::default());
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt[i..i + 12 + 3 * i].to_vec()).collect();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
+    let rxs: Vec<_> = prompts.iter().map(|p| e.submit(greedy_req(p.clone(), 16)).unwrap()).collect();
+    let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).ids).collect();
+    assert_eq!(alone, together);
+    wait_idle(&e);
+    assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
+}
+
+/// Prefill chunk sizes 1, 7, 64 and 512 give the same output.
+#[test]
+fn chunk_equivalence() {
+    let (prompt, _, _) = reference("llama");
+    let mut outs = Vec::new();
+    for chunk in [1usize, 7, 64, 512] {
+        let e = engine("llama", EngineConfig { prefill_chunk: chunk, ..Default::default() });
+        let req = GenerateRequest { logprobs: Some(3), ..greedy_req(prompt.clone(), 12) };
+        let o = collect(e.submit(req).unwrap());
+        outs.push((chunk, o.ids, o.logprobs));
+    }
+    for (chunk, ids, lps) in &outs[1..] {
+        assert_eq!(ids, &outs[0].1, "chunk {chunk}");
+        for (a, b) in lps.iter().zip(&outs[0].2) {
+            assert!((a.chosen.logprob - b.chosen.logprob).abs() < 1e-4, "chunk {chunk}: logprob drift");
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_reproduces() {
+    let (prompt, _, _) = reference("qwen3");
+    let e = engine("qwen3", EngineConfig::default());
+    let req = |seed| GenerateRequest {
+        sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), ..Default::default() },
+        ..greedy_req(prompt.clone(), 24)
+    };
+    let a = collect(e.submit(req(42)).unwrap()).ids;
+    let b = collect(e.submit(req(42)).unwrap()).ids;
+    let c = collect(e.submit(req(43)).unwrap()).ids;
+    assert_eq!(a, b);
+    assert_ne!(a, c, "different seeds should differ on a 24-token sample");
+}
+
+#[test]
+fn stop_rules() {
+    let (prompt, want, _) = reference("mistral");
+    let e = engine("mistral", EngineConfig::default());
+    // A stop token id: generation ends at its first occurrence, which is reported.
+    let stop_id = want[3];
+    let first = want.iter().position(|&t| t == stop_id).unwrap();
+    let req = GenerateRequest {
+        stop: StopParams { max_tokens: 20, stop_token_ids: vec![stop_id], ignore_eos: true, ..Default::default() },
+        ..greedy_req(prompt.clone(), 20)
+    };
+    let o = collect(e.submit(req).unwrap());
+    assert_eq!(o.reason, Some(FinishReason::Stop));
+    assert_eq!(o.ids, want[..=first].to_vec());
+    // A stop string: the text ends right before it.
+    let full = collect(e.submit(greedy_req(prompt.clone(), 20)).unwrap());
+    let tok = e.tokenizer();
+    assert_eq!(full.text, tok.decode(&full.ids, true));
+    let cut = full.text.char_indices().nth(full.text.chars().count() / 2).map(|(i, _)| i).unwrap();
+    let stop: String = full.text[cut..].chars().take(3).collect();
+    let req = GenerateRequest {
+        stop: StopParams { max_tokens: 20, stop_strings: vec![stop.clone()], ignore_eos: true, ..Default::default() },
+        ..greedy_req(prompt.clone(), 20)
+    };
+    let o = collect(e.submit(req).unwrap());
+    assert_eq!(o.reason, Some(FinishReason::Stop));
+    let at = full.text.find(&stop).unwrap();
+    assert_eq!(o.text, full.text[..at]);
+    // max_tokens
+    let o = collect(e.submit(greedy_req(prompt, 5)).unwrap());
+    assert_eq!((o.ids.len(), o.reason), (5, Some(FinishReason::Length)));
+}
+
+#[test]
+fn cancellation_frees_everything() {
+    let (prompt, _, _) = reference("qwen2");
+    let e = engine("qwen2", EngineConfig::default());
+    let mut rxs: Vec<_> = (0..6).map(|i| e.submit(greedy_req(prompt[i..].to_vec(), 150)).unwrap()).collect();
+    // Read a couple of tokens from some, then drop everything mid-stream.
+    for rx in rxs.iter_mut().take(3) {
+        let _ = rx.blocking_recv();
+    }
+    drop(rxs);
+    wait_idle(&e);
+    assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
+    assert!(e.stats().cancelled.load(Ordering::Relaxed) >= 1);
+    // The engine still serves.
+    let o = collect(e.submit(greedy_req(prompt, 4)).unwrap());
+    assert_eq!(o.ids.len(), 4);
+}
+
+#[test]
+fn invalid_submissions_are_refused() {
+    let e = engine("llama", EngineConfig { context_length: 64, ..Default::default() });
+    assert_eq!(e.submit(greedy_req(vec![], 4)).unwrap_err(), SubmitError::EmptyPrompt);
+    assert!(matches!(e.submit(greedy_req(vec![5; 64], 1)).unwrap_err(), SubmitError::PromptTooLong { .. }));
+    assert!(matches!(e.submit(greedy_req(vec![5; 10], 60)).unwrap_err(), SubmitError::MaxTokensTooLarge { .. }));
+    assert_eq!(e.submit(greedy_req(vec![5, 100_000], 4)).unwrap_err(), SubmitError::InvalidToken(100_000));
+    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..Default::default() }, ..greedy_req(vec![5], 4) };
+    assert!(matches!(e.submit(bad).unwrap_err(), SubmitError::InvalidParam(_)));
+    // Context limit during generation ends with Length.
+    let o = collect(e.submit(greedy_req(vec![5; 60], 4)).unwrap());
+    assert_eq!((o.ids.len(), o.reason), (4, Some(FinishReason::Length)));
+}
+
+#[test]
+fn logprobs_are_normalised_and_sorted() {
+    let (prompt, _, _) = reference("qwen2");
+    let e = engine("qwen2", EngineConfig::default());
+    let req = GenerateRequest { logprobs: Some(5), ..greedy_req(prompt, 6) };
+    let o = collect(e.submit(req).unwrap());
+    assert_eq!(o.logprobs.len(), 6);
+    for (lp, id) in o.logprobs.iter().zip(&o.ids) {
+        assert_eq!(lp.chosen.id, *id);
+        assert_eq!(lp.top.len(), 5);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp.top[0].id, *id);
+        assert!(lp.top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+        assert!(lp.top.iter().map(|t| t.logprob.exp()).sum::<f32>() <= 1.0 + 1e-4);
+    }
+}
