@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use tandem_model::chat_template::{gguf_chat_template, hf_chat_template, ChatTemplate, RenderOptions};
+use tandem_model::chat_template::{
+    gguf_chat_template, hf_chat_template, ChatTemplate, RenderOptions,
+};
 use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 
 fn workspace() -> PathBuf {
@@ -37,8 +39,7 @@ fn smollm2() -> Tokenizer {
 
 fn fixture() -> Value {
     let path = workspace().join("fixtures/smollm2-llamacpp-greedy.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture JSON")
 }
 
@@ -74,7 +75,11 @@ fn smollm2_prompts_and_greedy_outputs_match_llamacpp() {
     let fx = fixture();
     for case in fx["cases"].as_array().expect("cases") {
         let prompt = case["prompt"].as_str().expect("prompt");
-        assert_eq!(tok.encode(prompt, false).unwrap(), ids(&case["prompt_ids"]), "prompt {prompt:?}");
+        assert_eq!(
+            tok.encode(prompt, false).unwrap(),
+            ids(&case["prompt_ids"]),
+            "prompt {prompt:?}"
+        );
         assert_eq!(tok.decode(&ids(&case["prompt_ids"]), false), prompt);
         let greedy = ids(&case["greedy_ids"]);
         let want = case["detokenized"].as_str().expect("detokenized");
@@ -145,7 +150,10 @@ fn smollm2_chat_template_renders_the_fixture_prompt() {
     let case = &fx["cases"][2];
     assert_eq!(r.text, case["prompt"].as_str().unwrap());
     assert_eq!(tok.encode(&r.text, false).unwrap(), ids(&case["prompt_ids"]));
-    assert_eq!(&r.text[..r.message_ends[0]], "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+    assert_eq!(
+        &r.text[..r.message_ends[0]],
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    );
     assert_eq!(r.message_ends[1], r.text.len() - "<|im_start|>assistant\n".len());
 
     // Without a system message the template inserts its default one.
@@ -177,10 +185,10 @@ fn hf_tiny_tokenizers_match_transformers() {
         let source = hf_chat_template(&dir).unwrap().expect("chat_template");
         let tmpl = ChatTemplate::new(&source, tok.bos_token(), tok.eos_token()).unwrap();
         let r = tmpl
-            .render(&[json!({"role": "user", "content": text})], &RenderOptions {
-                add_generation_prompt: true,
-                ..Default::default()
-            })
+            .render(
+                &[json!({"role": "user", "content": text})],
+                &RenderOptions { add_generation_prompt: true, ..Default::default() },
+            )
             .unwrap();
         assert_eq!(r.text, format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"));
     }

@@ -63,7 +63,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"]")
     }
-    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
@@ -76,7 +80,11 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"}")
     }
-    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
@@ -151,10 +159,21 @@ pub(crate) fn raise_exception(message: String) -> Result<Value, Error> {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
-const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const WEEKDAYS: [&str; 7] =
+    ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Gregorian (year, month 1-12, day 1-31) of a day count since 1970-01-01.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -241,7 +260,8 @@ pub(crate) fn strip_generation_tags(source: &str) -> String {
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
         let Some(len) = rest[start..].find("%}").map(|e| e + 2) else { break };
-        let inner = rest[start + 2..start + len - 2].trim_matches(|c: char| c == '-' || c.is_whitespace());
+        let inner =
+            rest[start + 2..start + len - 2].trim_matches(|c: char| c == '-' || c.is_whitespace());
         out.push_str(&rest[..start]);
         if inner != "generation" && inner != "endgeneration" {
             out.push_str(&rest[start..start + len]);

@@ -220,9 +220,8 @@ pub fn hf_chat_template(dir: &Path) -> Result<Option<String>> {
     Ok(match cfg.get("chat_template") {
         Some(serde_json::Value::String(s)) => Some(s.clone()),
         Some(serde_json::Value::Array(list)) => {
-            let named = |n: &str| {
-                list.iter().find(|t| t.get("name").and_then(|v| v.as_str()) == Some(n))
-            };
+            let named =
+                |n: &str| list.iter().find(|t| t.get("name").and_then(|v| v.as_str()) == Some(n));
             named("default")
                 .or_else(|| list.first())
                 .and_then(|t| t.get("template"))

@@ -172,15 +172,26 @@ fn python_features_and_extra_globals() {
 
 #[test]
 fn special_tokens_are_globals() {
-    let t = ChatTemplate::new("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", Some("<s>".into()), Some("</s>".into())).unwrap();
-    assert_eq!(t.render(&msgs()[..1], &RenderOptions::default()).unwrap().text, "<s>You are a helpful assistant.</s>");
+    let t = ChatTemplate::new(
+        "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
+        Some("<s>".into()),
+        Some("</s>".into()),
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&msgs()[..1], &RenderOptions::default()).unwrap().text,
+        "<s>You are a helpful assistant.</s>"
+    );
     assert_eq!(t.source(), "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}");
 }
 
 #[test]
 fn malformed_templates_are_rejected() {
     for src in ["{% for x in %}", "{{ foo( }}", "{% frobnicate %}", "{% if x %}never closed"] {
-        assert!(matches!(ChatTemplate::new(src, None, None), Err(ModelError::Template(_))), "{src}");
+        assert!(
+            matches!(ChatTemplate::new(src, None, None), Err(ModelError::Template(_))),
+            "{src}"
+        );
     }
 }
 
@@ -206,7 +217,8 @@ fn runaway_templates_fail_instead_of_hanging() {
 
 #[test]
 fn raise_exception_and_odd_messages_are_errors_not_panics() {
-    let t = ChatTemplate::new("{{ raise_exception('only user/assistant roles') }}", None, None).unwrap();
+    let t = ChatTemplate::new("{{ raise_exception('only user/assistant roles') }}", None, None)
+        .unwrap();
     match t.render(&msgs(), &gen()) {
         Err(ModelError::Template(m)) => assert!(m.contains("only user/assistant roles"), "{m}"),
         other => panic!("expected an error, got {other:?}"),
@@ -222,7 +234,8 @@ fn raise_exception_and_odd_messages_are_errors_not_panics() {
 #[test]
 fn failing_prefixes_fall_back_to_previous_boundary() {
     // Refuses any conversation whose last message is not from the user.
-    let src = "{% if messages[-1].role != 'user' %}{{ raise_exception('no user query') }}{% endif %}\
+    let src =
+        "{% if messages[-1].role != 'user' %}{{ raise_exception('no user query') }}{% endif %}\
 {% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
     let t = ChatTemplate::new(src, None, None).unwrap();
     let r = t.render(&msgs(), &RenderOptions::default()).unwrap();

@@ -24,10 +24,7 @@ use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormSequence};
-use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::AddedToken;
 
 use super::{pretok, Tokenizer};
 use crate::error::{ModelError, Result};
@@ -92,7 +89,12 @@ fn string_array(c: &Content, key: &str) -> Result<Vec<String>> {
 }
 
 /// The optional per-token array `key`, checked to have one entry per token.
-fn per_token<T>(c: &Content, key: &str, n: usize, f: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>> {
+fn per_token<T>(
+    c: &Content,
+    key: &str,
+    n: usize,
+    f: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<Vec<T>>> {
     let Some(arr) = meta_array(c, key)? else { return Ok(None) };
     if arr.len() != n {
         return Err(err(format!("`{key}` has {} entries for {n} tokens", arr.len())));
@@ -182,14 +184,8 @@ fn build_byte_level(
         .build()
         .map_err(|e| err(format!("building BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
-    for re in &spec.regexes {
-        let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
-        steps.push(split.into());
-    }
-    steps.push(ByteLevel::new(false, false, false).into());
-    tok.with_pre_tokenizer(Some(PreSequence::new(steps)));
+    let pre = spec.pre_tokenizer().map_err(|e| err(format!("pre-tokenizer regex: {e}")))?;
+    tok.with_pre_tokenizer(Some(pre));
     tok.with_decoder(Some(ByteLevel::default()));
     Ok(tok)
 }
@@ -215,7 +211,8 @@ fn sentencepiece_merges(tokens: &[String], scores: &[f32], types: &[i32]) -> Vec
             }
         }
     }
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
+    ranked
+        .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
     ranked
         .into_iter()
         .map(|(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
@@ -296,8 +293,15 @@ mod tests {
             types.push(6);
         }
         let pieces: [(&str, f32); 9] = [
-            ("▁", -10.0), ("a", -10.0), ("b", -10.0), ("c", -10.0), ("d", -10.0),
-            ("ab", -5.0), ("bc", -2.0), ("cd", -1.0), ("▁a", -3.0),
+            ("▁", -10.0),
+            ("a", -10.0),
+            ("b", -10.0),
+            ("c", -10.0),
+            ("d", -10.0),
+            ("ab", -5.0),
+            ("bc", -2.0),
+            ("cd", -1.0),
+            ("▁a", -3.0),
         ];
         for (p, s) in pieces {
             tokens.push(p.to_string());
@@ -310,8 +314,14 @@ mod tests {
             "tokenizer.ggml.tokens".to_string(),
             Value::Array(tokens.into_iter().map(Value::String).collect()),
         );
-        md.insert("tokenizer.ggml.scores".to_string(), Value::Array(scores.into_iter().map(Value::F32).collect()));
-        md.insert("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect()));
+        md.insert(
+            "tokenizer.ggml.scores".to_string(),
+            Value::Array(scores.into_iter().map(Value::F32).collect()),
+        );
+        md.insert(
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        );
         md.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
         md.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
         md.insert("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(add_space_prefix));
@@ -337,7 +347,10 @@ mod tests {
         // Without the dummy prefix: bc (-2) beats ab (-5).
         let t2 = Tokenizer::from_gguf(&tiny_spm(false)).unwrap();
         assert_eq!(t2.encode("abc", false).unwrap(), vec![id(&t2, "a"), id(&t2, "bc")]);
-        assert_eq!(t2.encode("a b", false).unwrap(), vec![id(&t2, "a"), id(&t2, "▁"), id(&t2, "b")]);
+        assert_eq!(
+            t2.encode("a b", false).unwrap(),
+            vec![id(&t2, "a"), id(&t2, "▁"), id(&t2, "b")]
+        );
     }
 
     #[test]
@@ -347,7 +360,7 @@ mod tests {
         assert_eq!(ids, vec![1, id(&t, "▁a"), id(&t, "<0xC3>"), id(&t, "<0xA9>")]);
         assert_eq!(t.decode(&ids, true), "aé");
         assert_eq!(t.decode(&ids, false), "<s> aé"); // like HF and llama.cpp
-        // Literal control tokens are parsed; text after them gets the dummy prefix again.
+                                                     // Literal control tokens are parsed; text after them gets the dummy prefix again.
         let ids = t.encode("<s>ab</s>", false).unwrap();
         assert_eq!(ids, vec![1, id(&t, "▁a"), id(&t, "b"), 2]);
         assert_eq!(t.bos_id(), Some(1));
@@ -371,7 +384,8 @@ mod tests {
 
     #[test]
     fn merges_follow_merged_piece_score() {
-        let toks: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
+        let toks: Vec<String> =
+            ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let types = [1; 6];
         let m = sentencepiece_merges(&toks, &scores, &types);

@@ -69,17 +69,12 @@ pub(super) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
     let add_bos = match tok_cfg.get("add_bos_token").and_then(Value::as_bool) {
         Some(b) => b,
         None => bos_id.is_some_and(|bos| {
-            inner
-                .encode_fast("a", true)
-                .map(|e| e.get_ids().first() == Some(&bos))
-                .unwrap_or(false)
+            inner.encode_fast("a", true).map(|e| e.get_ids().first() == Some(&bos)).unwrap_or(false)
         }),
     };
 
-    let eos_id = tok_cfg
-        .get("eos_token")
-        .and_then(token_string)
-        .and_then(|s| inner.token_to_id(&s));
+    let eos_id =
+        tok_cfg.get("eos_token").and_then(token_string).and_then(|s| inner.token_to_id(&s));
     let mut from_configs = ids_of(gen_cfg.get("eos_token_id"));
     from_configs.extend(ids_of(model_cfg.get("eos_token_id")));
     let from_configs: Vec<u32> = from_configs.into_iter().filter_map(valid).collect();

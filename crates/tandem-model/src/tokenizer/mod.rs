@@ -100,7 +100,8 @@ impl Tokenizer {
                 push(id);
             }
         }
-        let mut tok = Tokenizer { inner, bos_id, add_bos, eos_id, eos_ids, vocab_size, anchor: None };
+        let mut tok =
+            Tokenizer { inner, bos_id, add_bos, eos_id, eos_ids, vocab_size, anchor: None };
         tok.anchor = tok.find_anchor();
         tok
     }

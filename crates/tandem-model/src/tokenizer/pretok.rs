@@ -21,6 +21,12 @@ const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\
 const DEEPSEEK3_MAIN: &str = r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##;
 
 /// How a named GGUF pre-tokenizer splits text, and the BPE options that go with it.
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::SplitDelimiterBehavior;
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PreTokenizerSpec {
     /// Regexes applied in sequence.
@@ -63,23 +69,72 @@ pub(crate) fn spec_for(name: &str) -> PreTokenizerSpec {
     }
 }
 
+impl PreTokenizerSpec {
+    /// The `tokenizers` pre-tokenizer: the regex splits, then the byte-to-unicode mapping.
+    pub fn pre_tokenizer(&self) -> tokenizers::Result<PreTokenizerWrapper> {
+        let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
+        for re in &self.regexes {
+            let pattern = SplitPattern::Regex(re.to_string());
+            steps.push(Split::new(pattern, SplitDelimiterBehavior::Isolated, false)?.into());
+        }
+        steps.push(ByteLevel::new(false, false, false).into());
+        Ok(Sequence::new(steps).into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-    use tokenizers::SplitDelimiterBehavior;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn splits(name: &str, text: &str) -> Vec<String> {
+        let pre = spec_for(name).pre_tokenizer().unwrap();
+        let mut s = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.replace('\u{120}', " ").replace('\u{10a}', "\n"))
+            .collect()
+    }
+
+    const SAMPLE: &str = "Hello'Ve world 123\n\n  foo";
+
+    #[test]
+    fn splits_follow_llamacpp_rules() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            splits("qwen2", SAMPLE),
+            s(&["Hello", "'Ve", " world", " ", "1", "2", "3", "\n\n", " ", " foo"])
+        );
+        assert_eq!(
+            splits("llama-bpe", SAMPLE),
+            s(&["Hello", "'Ve", " world", " ", "123", "\n\n", " ", " foo"])
+        );
+        assert_eq!(splits("llama-bpe", "x 12345"), s(&["x", " ", "123", "45"]));
+        assert_eq!(
+            splits("smollm", "x = [i**2 for i in range(10)]"),
+            s(&[
+                "x", " =", " [", "i", "**", "2", " for", " i", " in", " range", "(", "1", "0", ")]"
+            ])
+        );
+        assert_eq!(splits("gpt2", "it's  ok"), s(&["it", "'s", " ", " ok"]));
+    }
 
     #[test]
     fn every_regex_compiles_with_the_tokenizers_backend() {
         for name in [
-            "gpt2", "smollm", "llama-bpe", "dbrx", "qwen2", "qwen35", "tekken", "gpt-4o",
-            "deepseek-v3", "something-new",
+            "gpt2",
+            "smollm",
+            "llama-bpe",
+            "dbrx",
+            "qwen2",
+            "qwen35",
+            "tekken",
+            "gpt-4o",
+            "deepseek-v3",
+            "something-new",
         ] {
-            for re in spec_for(name).regexes {
-                let split =
-                    Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false);
-                assert!(split.is_ok(), "regex for {name} does not compile: {re}");
-            }
+            assert!(spec_for(name).pre_tokenizer().is_ok(), "{name}");
         }
         assert!(!spec_for("something-new").known);
         assert!(spec_for("llama-bpe").ignore_merges);

@@ -72,11 +72,7 @@ impl IncrementalDecoder {
         if let Some(rest) = text.strip_prefix(self.prefix.as_str()) {
             return rest.to_string();
         }
-        let mut common = text
-            .bytes()
-            .zip(self.prefix.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
+        let mut common = text.bytes().zip(self.prefix.bytes()).take_while(|(a, b)| a == b).count();
         while !text.is_char_boundary(common) {
             common -= 1;
         }
