@@ -1,0 +1,79 @@
+//! The `tandem` binary end to end on the tiny fixture and on SmolLM2: `inspect`, `run`
+//! (greedy output equals the engine's reference tokens), `--help` on every subcommand, and
+//! clean errors for bad arguments.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tandem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .env("TANDEM_HOME", root().join("target/test-tandem-home"))
+        .output()
+        .expect("run tandem")
+}
+
+#[test]
+fn inspect_describes_a_checkpoint() {
+    let dir = root().join("fixtures/tiny/qwen2");
+    let out = tandem(&["inspect", "--json", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["architecture"], "qwen2");
+    assert_eq!(v["num_layers"], 2);
+    assert_eq!(v["num_kv_heads"], 2);
+    assert_eq!(v["vocab_size"], 384);
+    assert_eq!(v["tie_word_embeddings"], false);
+    assert!(v["chat_template"].as_str().unwrap().contains("im_start"));
+    assert_eq!(v["tensor_types"]["F32"], v["tensor_types"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum::<u64>());
+}
+
+#[test]
+fn inspect_gguf_and_run_smollm2_greedy() {
+    let model = root().join("models/smollm2-135m.gguf");
+    assert!(model.exists(), "{} missing: run `make models`", model.display());
+    let out = tandem(&["inspect", model.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("architecture:    llama"), "{text}");
+    assert!(text.contains("Q4_1"), "{text}");
+    assert!(text.contains("context length:  8192"), "{text}");
+    // Greedy continuation equals llama.cpp's first tokens (" Paris.\n\nThe United States").
+    let out = tandem(&["run", "-m", model.to_str().unwrap(), "-n", "8", "--print-ids", "The capital of France is"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with(" Paris.\n\nThe United States"), "{stdout}");
+    assert!(stdout.contains("[7042, 30, 198, 198, 504, 1797, 1918, 553]"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("prompt tokens: 5") && stderr.contains("TTFT") && stderr.contains("decode"), "{stderr}");
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for cmd in ["run", "chat", "serve", "inspect", "pull", "bench"] {
+        let out = tandem(&[cmd, "--help"]);
+        assert!(out.status.success(), "{cmd} --help");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{cmd}");
+    }
+}
+
+#[test]
+fn bad_arguments_fail_cleanly() {
+    let out = tandem(&["run", "-m", "/nonexistent/model.gguf", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("error:") && !err.contains("panicked"), "{err}");
+    let out = tandem(&["run", "-m", "no-such-alias", "--no-pull", "hi"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("smollm2-135m"), "the error lists the aliases");
+    // A file that is not a GGUF.
+    let bogus = root().join("target/not-a-model.gguf");
+    std::fs::write(&bogus, b"definitely not gguf").unwrap();
+    let out = tandem(&["inspect", bogus.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
