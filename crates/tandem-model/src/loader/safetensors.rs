@@ -141,27 +141,6 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template` (a string, or a
-/// list of named templates of which `default` is used).
-pub fn hf_chat_template(dir: &Path) -> Option<String> {
-    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
-        return Some(t);
-    }
-    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    match v.get("chat_template")? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Array(list) => list
-            .iter()
-            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .or_else(|| list.first())
-            .and_then(|t| t.get("template"))
-            .and_then(|t| t.as_str())
-            .map(String::from),
-        _ => None,
-    }
-}
-
 pub fn read_config(dir: &Path) -> Result<LlamaConfig> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
@@ -195,7 +174,7 @@ fn summary_of(src: &SafetensorsSource, cfg: &LlamaConfig, dir: &Path) -> Result<
         parameters,
         file_bytes,
         tensor_types,
-        chat_template: hf_chat_template(dir),
+        chat_template: crate::chat_template::hf_chat_template(dir)?,
         ..ModelSummary::from_config(cfg)
     })
 }
