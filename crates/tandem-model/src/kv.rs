@@ -1,9 +1,13 @@
-//! Per-layer cache description and the per-sequence KV store the architectures write into.
+//! Per-layer cache description and the per-sequence store the architectures write into.
 //!
 //! A model describes what each layer needs ([`LayerCacheSpec`]); the engine allocates from
 //! that description without knowing the architecture. This contiguous, growable store is
 //! the first implementation; a paged store (block tables over a shared pool) replaces it
 //! behind the same calls.
+//!
+//! Recurrent layers (Gated DeltaNet) keep a fixed-size [`RecurrentState`] instead of KV: the
+//! last `K - 1` pre-conv inputs and the f32 SSM state. It cannot be truncated; callers take a
+//! [`RecurrentSnapshot`] and restore it instead.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -14,6 +18,9 @@ use crate::error::{ModelError, Result};
 pub enum LayerCacheSpec {
     /// Attention keys and values: `kv_heads * head_dim` floats each per token.
     Attention { kv_heads: usize, head_dim: usize },
+    /// A recurrent (Gated DeltaNet) layer: a conv state of `conv_kernel - 1` inputs of
+    /// `conv_channels` each, and `state_heads` f32 matrices of `key_dim x value_dim`.
+    Recurrent { conv_channels: usize, conv_kernel: usize, state_heads: usize, key_dim: usize, value_dim: usize },
 }
 
 impl LayerCacheSpec {
@@ -21,8 +28,46 @@ impl LayerCacheSpec {
     pub fn bytes_per_token(&self) -> usize {
         match self {
             LayerCacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * head_dim * 4,
+            LayerCacheSpec::Recurrent { .. } => 0,
         }
     }
+
+    /// Bytes the layer holds per sequence whatever its length (recurrent state).
+    pub fn fixed_bytes(&self) -> usize {
+        match self {
+            LayerCacheSpec::Attention { .. } => 0,
+            LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim } => {
+                4 * (conv_channels * conv_kernel.saturating_sub(1) + state_heads * key_dim * value_dim)
+            }
+        }
+    }
+}
+
+/// The state of one recurrent layer of one sequence at one position (f32).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecurrentState {
+    /// `[conv_kernel - 1, conv_channels]`, oldest input first.
+    pub conv: Vec<f32>,
+    /// `[state_heads, key_dim, value_dim]`.
+    pub ssm: Vec<f32>,
+}
+
+impl RecurrentState {
+    pub fn zeros(conv_channels: usize, conv_kernel: usize, state_len: usize) -> Self {
+        Self { conv: vec![0.0; conv_channels * conv_kernel.saturating_sub(1)], ssm: vec![0.0; state_len] }
+    }
+
+    pub fn bytes(&self) -> usize {
+        4 * (self.conv.len() + self.ssm.len())
+    }
+}
+
+/// The recurrent part of a sequence's state at one position (one entry per layer, `None` for
+/// attention layers). Restoring it also cuts the attention KV back to `position`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecurrentSnapshot {
+    pub position: usize,
+    pub layers: Vec<Option<RecurrentState>>,
 }
 
 /// Keys and values of one attention layer for one sequence, `[kv_heads, capacity, head_dim]`.
@@ -95,7 +140,13 @@ impl KvBuffer {
 /// Everything one sequence keeps between forward passes, one entry per layer.
 #[derive(Debug)]
 pub struct SequenceCache {
+    /// Attention KV per layer (empty and unused for recurrent layers).
     pub layers: Vec<KvBuffer>,
+    /// Recurrent state per layer (`Some` exactly for recurrent layers).
+    pub recurrent: Vec<Option<RecurrentState>>,
+    /// Verify mode: when set, recurrent layers record their state after each position of the
+    /// next forward pass here (per layer), so that any prefix can be committed.
+    pub verify: Option<Vec<Vec<RecurrentState>>>,
     /// Tokens already processed (the position of the next token).
     pos: usize,
 }
@@ -106,9 +157,90 @@ impl SequenceCache {
             .iter()
             .map(|s| match s {
                 LayerCacheSpec::Attention { kv_heads, head_dim } => KvBuffer::new(*kv_heads, *head_dim),
+                LayerCacheSpec::Recurrent { .. } => KvBuffer::new(0, 0),
             })
             .collect();
-        Self { layers, pos: 0 }
+        let recurrent = spec
+            .iter()
+            .map(|s| match s {
+                LayerCacheSpec::Attention { .. } => None,
+                LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim } => {
+                    Some(RecurrentState::zeros(*conv_channels, *conv_kernel, state_heads * key_dim * value_dim))
+                }
+            })
+            .collect();
+        Self { layers, recurrent, verify: None, pos: 0 }
+    }
+
+    /// Layer `li`'s recurrent state and, in verify mode, its per-position record.
+    pub fn recurrent_layer_mut(&mut self, li: usize) -> Result<(&mut RecurrentState, Option<&mut Vec<RecurrentState>>)> {
+        let state = self
+            .recurrent
+            .get_mut(li)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| ModelError::Input(format!("sequence cache has no recurrent state for layer {li}")))?;
+        let lane = match &mut self.verify {
+            Some(lanes) => lanes.get_mut(li),
+            None => None,
+        };
+        Ok((state, lane))
+    }
+
+    /// Whether any layer keeps recurrent state (such a cache cannot be truncated).
+    pub fn has_recurrent(&self) -> bool {
+        self.recurrent.iter().any(Option::is_some)
+    }
+
+    /// The recurrent part of the state at the current position.
+    pub fn snapshot(&self) -> RecurrentSnapshot {
+        RecurrentSnapshot { position: self.pos, layers: self.recurrent.clone() }
+    }
+
+    /// Goes back to `snap`: recurrent layers take its state, attention KV is cut to its position.
+    pub fn restore(&mut self, snap: &RecurrentSnapshot) -> Result<()> {
+        if snap.layers.len() != self.recurrent.len() || snap.position > self.pos {
+            return Err(ModelError::Input(format!(
+                "snapshot at position {} with {} layers does not fit a cache at position {} with {} layers",
+                snap.position,
+                snap.layers.len(),
+                self.pos,
+                self.recurrent.len()
+            )));
+        }
+        self.recurrent = snap.layers.clone();
+        for l in &mut self.layers {
+            l.truncate(snap.position);
+        }
+        self.pos = snap.position;
+        self.verify = None;
+        Ok(())
+    }
+
+    /// Starts verify mode: the next forward pass records every position's recurrent state.
+    pub fn begin_verify(&mut self) {
+        self.verify = Some(vec![Vec::new(); self.recurrent.len()]);
+    }
+
+    /// Ends verify mode after a forward of `t` tokens that started at `position() - t`: keeps
+    /// the first `keep` of them (1 <= keep <= t). Recurrent layers take the state recorded
+    /// after token `keep - 1`; attention KV is cut; no recomputation.
+    pub fn commit_verified(&mut self, keep: usize) -> Result<()> {
+        let lanes = self.verify.take().ok_or_else(|| ModelError::Input("commit without verify mode".into()))?;
+        let t = lanes.iter().map(Vec::len).max().unwrap_or(0);
+        if keep == 0 || keep > t || t > self.pos {
+            return Err(ModelError::Input(format!("cannot commit {keep} of {t} verified positions")));
+        }
+        for (slot, lane) in self.recurrent.iter_mut().zip(lanes) {
+            if let Some(state) = slot {
+                *state = lane.get(keep - 1).cloned().ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
+            }
+        }
+        let len = self.pos - t + keep;
+        for l in &mut self.layers {
+            l.truncate(len);
+        }
+        self.pos = len;
+        Ok(())
     }
 
     /// Number of tokens already in the cache.
@@ -121,15 +253,24 @@ impl SequenceCache {
         self.pos += t;
     }
 
-    /// Forgets everything from `len` on.
-    pub fn truncate(&mut self, len: usize) {
+    /// Forgets everything from `len` on. Refused (an error, nothing changed) when that would
+    /// cut into recurrent state, which cannot be truncated: use [`Self::restore`].
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len < self.pos && self.has_recurrent() {
+            return Err(ModelError::Input(format!(
+                "cannot truncate recurrent state from position {} to {len}; restore a snapshot instead",
+                self.pos
+            )));
+        }
         for l in &mut self.layers {
             l.truncate(len);
         }
         self.pos = self.pos.min(len);
+        Ok(())
     }
 
     pub fn allocated_bytes(&self) -> usize {
-        self.layers.iter().map(KvBuffer::allocated_bytes).sum()
+        self.layers.iter().map(KvBuffer::allocated_bytes).sum::<usize>()
+            + self.recurrent.iter().flatten().map(RecurrentState::bytes).sum::<usize>()
     }
 }

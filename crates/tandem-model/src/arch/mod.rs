@@ -2,6 +2,7 @@
 //! way and allocates caches from [`CausalLm::cache_spec`], never by architecture name.
 
 pub mod llama;
+pub mod qwen_hybrid;
 
 use candle_core::{Device, Tensor};
 

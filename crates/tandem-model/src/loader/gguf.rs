@@ -11,10 +11,11 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
-use super::{Embedding, LoadedModel, ModelSummary, WeightSource};
+use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
 use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::ops::quant::{GgmlMatrix, QuantType};
 use crate::tokenizer::Tokenizer;
 
 /// An open GGUF file.
@@ -55,6 +56,27 @@ impl GgufSource {
         Ok(info.read(&mut Cursor::new(&self.mmap[..]), self.content.tensor_data_offset, &self.device)?)
     }
 
+    /// A 2-D Q4_1 / Q5_0 / Q5_1 tensor as a [`GgmlMatrix`] (blocks copied straight from the
+    /// mapped file) when the model runs on the CPU; `None` for other types, shapes or devices,
+    /// or when `TANDEM_QUANT_KERNEL=candle` asks for candle's own kernels (for comparisons).
+    fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let candle_only = std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle"));
+        let (Some(ty), [n, k], true) =
+            (QuantType::from_ggml(info.ggml_dtype), info.shape.dims(), self.device.is_cpu() && !candle_only)
+        else {
+            return Ok(None);
+        };
+        // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
+        let start = (self.content.tensor_data_offset + info.offset) as usize;
+        let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, &self.mmap[start..start + len])?))
+    }
+
     pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
         &self.content.metadata
     }
@@ -74,13 +96,19 @@ impl WeightSource for GgufSource {
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
-    fn qmatmul(&self, name: &str) -> Result<QMatMul> {
-        Ok(QMatMul::from_qtensor(self.qtensor(name)?)?)
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        if let Some(w) = self.ggml_matrix(name)? {
+            return Ok(LinearWeight::Ggml(Arc::new(w)));
+        }
+        Ok(LinearWeight::Candle(QMatMul::from_qtensor(self.qtensor(name)?)?))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
     }
     fn embedding(&self, name: &str) -> Result<Embedding> {
+        if let Some(w) = self.ggml_matrix(name)? {
+            return Ok(Embedding::Ggml(Arc::new(w)));
+        }
         let q = self.qtensor(name)?;
         Ok(match q.dtype() {
             candle_core::quantized::GgmlDType::F32

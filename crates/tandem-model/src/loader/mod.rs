@@ -14,19 +14,39 @@ use candle_core::{Device, Tensor};
 
 use crate::arch::CausalLm;
 use crate::error::{ModelError, Result};
+use crate::ops::quant::GgmlMatrix;
 use crate::tokenizer::Tokenizer;
 pub use summary::ModelSummary;
+
+/// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
+/// fast kernels for), or our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 blocks.
+#[derive(Debug, Clone)]
+pub enum LinearWeight {
+    Candle(QMatMul),
+    Ggml(Arc<GgmlMatrix>),
+}
+
+impl LinearWeight {
+    /// `x · Wᵀ` for `x` `[..., k]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            LinearWeight::Candle(w) => candle_core::Module::forward(w, x)?,
+            LinearWeight::Ggml(w) => w.forward(x)?,
+        })
+    }
+}
 
 /// A linear layer `y = x Wᵀ (+ b)`, with W quantised or dense.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    pub weight: QMatMul,
+    pub weight: LinearWeight,
     pub bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// `x` is `[rows, k]` (any strides), the result f32 `[rows, n]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = candle_core::Module::forward(&self.weight, x)?;
+        let y = self.weight.forward(x)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -38,6 +58,9 @@ impl Linear {
 #[derive(Debug, Clone)]
 pub enum Embedding {
     Quantized(Arc<QTensor>),
+    /// Q4_1 / Q5_0 / Q5_1 on the CPU: rows dequantised on lookup, and the same blocks serve
+    /// as a tied LM head.
+    Ggml(Arc<GgmlMatrix>),
     Dense(Tensor),
 }
 
@@ -46,6 +69,18 @@ impl Embedding {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(candle_core::DType::F32)?,
+            Embedding::Ggml(w) => {
+                let ids = ids.flatten_all()?.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
+                let k = w.k();
+                let mut out = vec![0f32; ids.len() * k];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
+                    if id as usize >= w.n() {
+                        return Err(ModelError::Input(format!("token id {id} is outside the embedding table")));
+                    }
+                    w.dequantize_row(id as usize, row);
+                }
+                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)?
+            }
             Embedding::Dense(t) => t.index_select(ids, 0)?,
         })
     }
@@ -53,8 +88,9 @@ impl Embedding {
     /// The same table as an output projection (tied embeddings).
     pub fn as_linear(&self) -> Result<Linear> {
         let weight = match self {
-            Embedding::Quantized(q) => QMatMul::from_arc(q.clone())?,
-            Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
+            Embedding::Quantized(q) => LinearWeight::Candle(QMatMul::from_arc(q.clone())?),
+            Embedding::Ggml(w) => LinearWeight::Ggml(w.clone()),
+            Embedding::Dense(t) => LinearWeight::Candle(QMatMul::Tensor(t.clone())),
         };
         Ok(Linear { weight, bias: None })
     }
@@ -64,7 +100,7 @@ impl Embedding {
 pub trait WeightSource {
     fn has(&self, name: &str) -> bool;
     /// A weight for a matmul, kept quantised where the file is quantised.
-    fn qmatmul(&self, name: &str) -> Result<QMatMul>;
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight>;
     /// Any tensor, dequantised to f32 (norm weights, biases).
     fn tensor_f32(&self, name: &str) -> Result<Tensor>;
     fn embedding(&self, name: &str) -> Result<Embedding>;
@@ -91,7 +127,9 @@ pub struct LoadedModel {
 
 /// Loads a GGUF file or a Hugging Face directory (config.json + safetensors + tokenizer.json).
 pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
-    if path.is_dir() {
+    if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
+        crate::arch::qwen_hybrid::load_hf_dir(path, device)
+    } else if path.is_dir() {
         safetensors::load_hf_dir(path, device)
     } else if path.is_file() {
         gguf::load_gguf(path, device)
@@ -102,7 +140,9 @@ pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
 
 /// Describes a checkpoint without loading its weights.
 pub fn summarize(path: &Path) -> Result<ModelSummary> {
-    if path.is_dir() {
+    if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
+        crate::arch::qwen_hybrid::summarize(path)
+    } else if path.is_dir() {
         safetensors::summarize(path)
     } else if path.is_file() {
         gguf::summarize(path)

@@ -9,7 +9,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
-use super::{Embedding, LoadedModel, ModelSummary, WeightSource};
+use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
 use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -96,8 +96,8 @@ impl WeightSource for SafetensorsSource {
     fn has(&self, name: &str) -> bool {
         self.names.contains(&hf_name(name, &self.prefix))
     }
-    fn qmatmul(&self, name: &str) -> Result<QMatMul> {
-        Ok(QMatMul::Tensor(self.load(name)?))
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        Ok(LinearWeight::Candle(QMatMul::Tensor(self.load(name)?)))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         self.load(name)

@@ -2,6 +2,8 @@
 //! tiled version exists.
 
 pub mod attention;
+pub mod quant;
+pub mod gdn;
 pub mod rope;
 
 pub use attention::causal_attention;

@@ -1,0 +1,85 @@
+//! Gated full attention of the hybrid family: q_proj rows interleaved per head as
+//! `[query_h | gate_h]`, zero-centred RMSNorm of q and k per head (weights stored as 1 + w),
+//! partial NeoX RoPE, causal GQA over the sequence's KV, and a sigmoid output gate before o_proj.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::kv::KvBuffer;
+use crate::loader::{Linear, WeightSource};
+use crate::ops::{causal_attention, Rope};
+
+/// One sequence's share of a batch for an attention layer.
+pub struct AttnPart<'a> {
+    pub len: usize,
+    pub kv: &'a mut KvBuffer,
+    /// RoPE cos/sin for this part's positions.
+    pub tables: &'a (Tensor, Tensor),
+}
+
+pub struct GatedAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    eps: f32,
+}
+
+/// Loads a zero-centred norm weight as `1 + w`.
+pub fn norm_1p(ws: &dyn WeightSource, name: &str) -> Result<Tensor> {
+    Ok(ws.tensor_f32(name)?.affine(1.0, 1.0)?)
+}
+
+impl GatedAttention {
+    /// `p` is the layer prefix (`blk.3.` or `mtp.layers.0.`).
+    pub fn load(ws: &dyn WeightSource, p: &str, nh: usize, nkv: usize, hd: usize, eps: f64) -> Result<Self> {
+        let n = |s: &str| format!("{p}self_attn.{s}");
+        Ok(Self {
+            q: ws.linear(&n("q_proj.weight"))?,
+            k: ws.linear(&n("k_proj.weight"))?,
+            v: ws.linear(&n("v_proj.weight"))?,
+            o: ws.linear(&n("o_proj.weight"))?,
+            q_norm: norm_1p(ws, &n("q_norm.weight"))?,
+            k_norm: norm_1p(ws, &n("k_norm.weight"))?,
+            nh,
+            nkv,
+            hd,
+            eps: eps as f32,
+        })
+    }
+
+    /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
+    pub fn forward(&self, h: &Tensor, rope: &Rope, parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
+        let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
+        let qg = self.q.forward(h)?;
+        let k = self.k.forward(h)?;
+        let v = self.v.forward(h)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut off = 0;
+        for part in parts.iter_mut() {
+            let t = part.len;
+            let qgc = qg.narrow(0, off, t)?.reshape((t, nh, 2 * hd))?;
+            let q = candle_nn::ops::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
+            let gate = qgc.narrow(2, hd, hd)?.contiguous()?.reshape((t, nh * hd))?;
+            let kc = k.narrow(0, off, t)?.reshape((t, nkv, hd))?.contiguous()?;
+            let kc = candle_nn::ops::rms_norm(&kc, &self.k_norm, self.eps)?;
+            let (cos, sin) = part.tables;
+            let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+            let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+            let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+            let (k_all, v_all) = part.kv.append(&kc, &vc)?;
+            let att = causal_attention(&q.contiguous()?, &k_all, &v_all, scale)?;
+            let att = att.transpose(0, 1)?.reshape((t, nh * hd))?;
+            outs.push((att * candle_nn::ops::sigmoid(&gate)?)?);
+            off += t;
+        }
+        let att = if outs.len() == 1 { outs.swap_remove(0) } else { Tensor::cat(&outs, 0)? };
+        self.o.forward(&att)
+    }
+}

@@ -1,0 +1,200 @@
+//! The Gated DeltaNet token mixer: projections to the pre-conv `[Q | K | V]` channels, z, b
+//! and a; the causal conv + SiLU with the sequence's conv state; L2-normalised q/k (q scaled by
+//! dk^-1/2); gates β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias); the gated delta
+//! rule (chunked for prefill, recurrent for single tokens and verify mode); the gated RMSNorm
+//! with z; out_proj. Qwen3-Next's grouped `in_proj_qkvz` / `in_proj_ba` rows are permuted at
+//! load time into the split Qwen3.5 layout, so one code path serves both.
+
+use candle_core::Tensor;
+
+use crate::error::{ModelError, Result};
+use crate::kv::RecurrentState;
+use crate::loader::{Linear, WeightSource};
+use crate::ops::gdn::{
+    causal_conv_silu, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states, gated_rms_norm,
+    l2_normalize, GdnDims,
+};
+
+use super::config::HybridConfig;
+use super::ffn::Dense;
+
+/// A projection either as stored or re-laid out at load time.
+enum Proj {
+    Stored(Linear),
+    Permuted(Dense),
+}
+
+impl Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Proj::Stored(l) => l.forward(x),
+            Proj::Permuted(d) => d.forward(x),
+        }
+    }
+    fn rows(w: &Tensor, rows: Vec<u32>) -> Result<Self> {
+        let n = rows.len();
+        let idx = Tensor::from_vec(rows, n, w.device())?;
+        Ok(Proj::Permuted(Dense::from_weight(&w.index_select(&idx, 0)?)?))
+    }
+}
+
+/// One sequence's share of a batch for a GDN layer.
+pub struct GdnPart<'a> {
+    pub len: usize,
+    pub state: &'a mut RecurrentState,
+    /// Verify mode: the state after each position is appended here.
+    pub lane: Option<&'a mut Vec<RecurrentState>>,
+}
+
+pub struct GdnLayer {
+    qkv: Proj,
+    z: Proj,
+    b: Proj,
+    a: Proj,
+    out: Linear,
+    conv_w: Vec<f32>,
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm_w: Vec<f32>,
+    dims: GdnDims,
+    channels: usize,
+    kernel: usize,
+    eps: f32,
+}
+
+fn vec_of(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+impl GdnLayer {
+    /// `p` is the layer prefix (`blk.N.`).
+    pub fn load(cfg: &HybridConfig, ws: &dyn WeightSource, p: &str) -> Result<Self> {
+        let n = |s: &str| format!("{p}linear_attn.{s}");
+        let (nk, nv, dk, dv) =
+            (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+        let dims = GdnDims { nk, nv, dk, dv };
+        let r = dims.ratio();
+        let channels = cfg.conv_channels();
+        let (qkv, z, b, a) = if cfg.grouped_projections {
+            let w = ws.tensor_f32(&n("in_proj_qkvz.weight"))?;
+            let ba = ws.tensor_f32(&n("in_proj_ba.weight"))?;
+            let group = 2 * dk + 2 * r * dv;
+            let (mut qkv_rows, mut z_rows, mut b_rows, mut a_rows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for part in 0..2 {
+                for g in 0..nk {
+                    qkv_rows.extend((0..dk).map(|d| (g * group + part * dk + d) as u32));
+                }
+            }
+            for h in 0..nv {
+                let (g, j) = (h / r, h % r);
+                qkv_rows.extend((0..dv).map(|d| (g * group + 2 * dk + j * dv + d) as u32));
+                z_rows.extend((0..dv).map(|d| (g * group + 2 * dk + r * dv + j * dv + d) as u32));
+                b_rows.push((g * 2 * r + j) as u32);
+                a_rows.push((g * 2 * r + r + j) as u32);
+            }
+            if w.dim(0)? != nk * group || ba.dim(0)? != 2 * nv {
+                return Err(ModelError::Config(format!("{}: shape {:?} does not fit the config", n("in_proj_qkvz"), w.dims())));
+            }
+            (Proj::rows(&w, qkv_rows)?, Proj::rows(&w, z_rows)?, Proj::rows(&ba, b_rows)?, Proj::rows(&ba, a_rows)?)
+        } else {
+            let l = |s: &str| -> Result<Proj> { Ok(Proj::Stored(ws.linear(&n(s))?)) };
+            (l("in_proj_qkv.weight")?, l("in_proj_z.weight")?, l("in_proj_b.weight")?, l("in_proj_a.weight")?)
+        };
+        let conv_w = vec_of(&ws.tensor_f32(&n("conv1d.weight"))?)?;
+        if conv_w.len() != channels * cfg.conv_kernel {
+            return Err(ModelError::Config(format!("{}: {} values, expected {channels} x {}", n("conv1d.weight"), conv_w.len(), cfg.conv_kernel)));
+        }
+        let neg_a: Vec<f32> = vec_of(&ws.tensor_f32(&n("A_log"))?)?.iter().map(|x| -x.exp()).collect();
+        let dt_bias = vec_of(&ws.tensor_f32(&n("dt_bias"))?)?;
+        let norm_w = vec_of(&ws.tensor_f32(&n("norm.weight"))?)?;
+        if neg_a.len() != nv || dt_bias.len() != nv || norm_w.len() != dv {
+            return Err(ModelError::Config(format!("{p}linear_attn: A_log / dt_bias / norm sizes do not fit the config")));
+        }
+        Ok(Self {
+            qkv,
+            z,
+            b,
+            a,
+            out: ws.linear(&n("out_proj.weight"))?,
+            conv_w,
+            neg_a,
+            dt_bias,
+            norm_w,
+            dims,
+            channels,
+            kernel: cfg.conv_kernel,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    pub fn dims(&self) -> GdnDims {
+        self.dims
+    }
+
+    /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
+    pub fn forward(&self, h: &Tensor, parts: &mut [GdnPart<'_>]) -> Result<Tensor> {
+        let GdnDims { nk, nv, dk, dv } = self.dims;
+        let (ch, kd) = (self.channels, nk * dk);
+        let qkv = vec_of(&self.qkv.forward(h)?)?;
+        let z = vec_of(&self.z.forward(h)?)?;
+        let b = vec_of(&self.b.forward(h)?)?;
+        let a = vec_of(&self.a.forward(h)?)?;
+        let total = h.dim(0)?;
+        let mut y = vec![0f32; total * nv * dv];
+        let scale = (dk as f32).powf(-0.5);
+        let mut off = 0;
+        for part in parts.iter_mut() {
+            let t = part.len;
+            let x = &qkv[off * ch..(off + t) * ch];
+            let mut conv_states = Vec::new();
+            let u = if part.lane.is_some() {
+                // Verify mode: one token at a time so every position's conv state is kept.
+                let mut u = Vec::with_capacity(t * ch);
+                for i in 0..t {
+                    u.extend(causal_conv_silu(&x[i * ch..(i + 1) * ch], &mut part.state.conv, &self.conv_w, ch, self.kernel));
+                    conv_states.push(part.state.conv.clone());
+                }
+                u
+            } else {
+                causal_conv_silu(x, &mut part.state.conv, &self.conv_w, ch, self.kernel)
+            };
+            let (mut q, mut k, mut v) = (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * nv * dv));
+            for row in u.chunks(ch) {
+                q.extend_from_slice(&row[..kd]);
+                k.extend_from_slice(&row[kd..2 * kd]);
+                v.extend_from_slice(&row[2 * kd..]);
+            }
+            l2_normalize(&mut q, dk, 1e-6);
+            l2_normalize(&mut k, dk, 1e-6);
+            q.iter_mut().for_each(|x| *x *= scale);
+            let mut beta = Vec::with_capacity(t * nv);
+            let mut g = Vec::with_capacity(t * nv);
+            for i in 0..t {
+                for hh in 0..nv {
+                    let idx = (off + i) * nv + hh;
+                    beta.push(1.0 / (1.0 + (-b[idx]).exp()));
+                    let x = a[idx] + self.dt_bias[hh];
+                    let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+                    g.push(self.neg_a[hh] * softplus);
+                }
+            }
+            let ssm = &mut part.state.ssm;
+            let mut o = match &mut part.lane {
+                Some(lane) => {
+                    let (o, states) = gated_delta_recurrent_states(&q, &k, &v, &beta, &g, ssm, self.dims);
+                    for (conv, ssm) in conv_states.into_iter().zip(states) {
+                        lane.push(RecurrentState { conv, ssm });
+                    }
+                    o
+                }
+                None if t == 1 => gated_delta_recurrent(&q, &k, &v, &beta, &g, ssm, self.dims),
+                None => gated_delta_chunked(&q, &k, &v, &beta, &g, ssm, self.dims),
+            };
+            gated_rms_norm(&mut o, &z[off * nv * dv..(off + t) * nv * dv], &self.norm_w, self.eps);
+            y[off * nv * dv..(off + t) * nv * dv].copy_from_slice(&o);
+            off += t;
+        }
+        let y = Tensor::from_vec(y, (total, nv * dv), h.device())?;
+        self.out.forward(&y)
+    }
+}

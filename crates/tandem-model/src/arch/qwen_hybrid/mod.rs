@@ -1,0 +1,317 @@
+//! The Qwen hybrid family (Qwen3-Next, Qwen3.5 dense, Qwen3.5/3.6 MoE): pre-norm decoder layers
+//! whose token mixer is either a Gated DeltaNet ([`gdn`], recurrent state) or gated full
+//! attention ([`attention`]), followed by a dense SwiGLU or sparse MoE block ([`ffn`]); all
+//! norms except the GDN output norm are zero-centred (stored here as 1 + w). Exact maths:
+//! the shared `qwen-hybrid-architecture.md`.
+//!
+//! Per sequence the cache holds attention KV for full-attention layers and a
+//! [`crate::kv::RecurrentState`] (conv + f32 SSM state) for GDN layers. Multi-token chunks run
+//! the chunked GDN form, single tokens the recurrent form, and a cache in verify mode keeps the
+//! recurrent state after every position. The MTP head lives in [`mtp`].
+
+pub mod attention;
+pub mod config;
+pub mod ffn;
+pub mod gdn;
+pub mod mtp;
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use crate::arch::CausalLm;
+use crate::batch::{LogitsWanted, SeqChunk};
+use crate::config::{RopeScaling, RopeStyle};
+use crate::error::{ModelError, Result};
+use crate::kv::LayerCacheSpec;
+use crate::loader::safetensors::SafetensorsSource;
+use crate::loader::{layer_progress, Embedding, Linear, LoadedModel, ModelSummary, WeightSource};
+use crate::ops::Rope;
+use crate::tokenizer::Tokenizer;
+
+use attention::{norm_1p, AttnPart, GatedAttention};
+pub use config::{HybridConfig, LayerKind};
+use ffn::{Ffn, Mlp, Moe};
+use gdn::{GdnLayer, GdnPart};
+
+enum Mixer {
+    Gdn(GdnLayer),
+    Attn(GatedAttention),
+}
+
+struct Layer {
+    in_norm: Tensor,
+    mixer: Mixer,
+    post_norm: Tensor,
+    ffn: Ffn,
+}
+
+/// A loaded hybrid model.
+pub struct QwenHybrid {
+    cfg: HybridConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: Rope,
+    mtp: Option<mtp::MtpHead>,
+    device: Device,
+}
+
+impl QwenHybrid {
+    /// Loads from tensors named `token_embd.weight`, `output_norm.weight`, `output.weight` and
+    /// `blk.N.<HF tail>` (e.g. `blk.0.linear_attn.in_proj_qkv.weight`), plus `mtp.*` if present.
+    pub fn load(cfg: &HybridConfig, ws: &dyn WeightSource) -> Result<Self> {
+        cfg.validate()?;
+        let embed = ws.embedding("token_embd.weight")?;
+        let eps = cfg.rms_norm_eps;
+        let pb = layer_progress(cfg.num_layers(), "loading");
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+            let p = format!("blk.{i}.");
+            let mixer = match kind {
+                LayerKind::Linear => Mixer::Gdn(GdnLayer::load(cfg, ws, &p)?),
+                LayerKind::Full => {
+                    Mixer::Attn(GatedAttention::load(ws, &p, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)?)
+                }
+            };
+            layers.push(Layer {
+                in_norm: norm_1p(ws, &format!("{p}input_layernorm.weight"))?,
+                mixer,
+                post_norm: norm_1p(ws, &format!("{p}post_attention_layernorm.weight"))?,
+                ffn: load_ffn(cfg, ws, &format!("{p}mlp."), cfg.is_moe_layer(i))?,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let norm = norm_1p(ws, "output_norm.weight")?;
+        let lm_head = if !cfg.tie_word_embeddings && ws.has("output.weight") {
+            ws.linear("output.weight")?
+        } else {
+            embed.as_linear()?
+        };
+        let rope = Rope::new(cfg.rotary_dim, cfg.rope_theta, &RopeScaling::None, RopeStyle::Half, None);
+        let mtp = if ws.has("mtp.fc.weight") { Some(mtp::MtpHead::load(cfg, ws)?) } else { None };
+        Ok(Self { cfg: cfg.clone(), embed, layers, norm, lm_head, rope, mtp, device: ws.device().clone() })
+    }
+
+    pub fn config(&self) -> &HybridConfig {
+        &self.cfg
+    }
+
+    /// The MTP head, when the checkpoint has one.
+    pub fn mtp(&self) -> Option<&mtp::MtpHead> {
+        self.mtp.as_ref()
+    }
+
+    fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, w, self.cfg.rms_norm_eps as f32)?)
+    }
+
+    /// Runs the decoder over the batch and advances every cache. Returns the final-normed
+    /// hidden states of all tokens, `[tokens, hidden]` (the MTP head's input).
+    pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let mut ids = Vec::new();
+        let mut tables = Vec::with_capacity(chunks.len());
+        for c in chunks.iter() {
+            if c.tokens.is_empty() {
+                return Err(ModelError::Input("empty chunk in forward batch".into()));
+            }
+            if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
+            }
+            if c.cache.layers.len() < cfg.num_layers() || c.cache.recurrent.len() < cfg.num_layers() {
+                return Err(ModelError::Input("sequence cache has fewer layers than the model".into()));
+            }
+            if c.cache.verify.is_some() && c.logits == LogitsWanted::None {
+                return Err(ModelError::Input("a verify chunk must ask for logits".into()));
+            }
+            ids.extend_from_slice(c.tokens);
+            let start = c.cache.position();
+            let positions: Vec<usize> = (start..start + c.tokens.len()).collect();
+            tables.push(self.rope.tables(&positions, &self.device)?);
+        }
+        let total = ids.len();
+        let mut x = self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = self.rms(&x, &layer.in_norm)?;
+            let mixed = match &layer.mixer {
+                Mixer::Gdn(g) => {
+                    let mut parts = chunks
+                        .iter_mut()
+                        .map(|c| {
+                            let len = c.tokens.len();
+                            let (state, lane) = c.cache.recurrent_layer_mut(li)?;
+                            Ok(GdnPart { len, state, lane })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    g.forward(&h, &mut parts)?
+                }
+                Mixer::Attn(a) => {
+                    let mut parts = chunks
+                        .iter_mut()
+                        .zip(&tables)
+                        .map(|(c, tables)| {
+                            let len = c.tokens.len();
+                            let kv = c.cache.layers.get_mut(li).ok_or_else(|| ModelError::Input("missing KV layer".into()))?;
+                            Ok(AttnPart { len, kv, tables })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    a.forward(&h, &self.rope, &mut parts)?
+                }
+            };
+            x = (x + mixed)?;
+            let h = self.rms(&x, &layer.post_norm)?;
+            x = (&x + layer.ffn.forward(&h)?)?;
+        }
+        for c in chunks.iter_mut() {
+            c.cache.advance(c.tokens.len());
+        }
+        self.rms(&x, &self.norm)
+    }
+
+    /// Logits of final-normed hidden rows.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(hidden)
+    }
+
+    pub(crate) fn embed_tokens(&self, ids: &Tensor) -> Result<Tensor> {
+        self.embed.forward(ids)
+    }
+}
+
+fn load_ffn(cfg: &HybridConfig, ws: &dyn WeightSource, p: &str, moe: bool) -> Result<Ffn> {
+    Ok(if moe { Ffn::Moe(Moe::load(cfg, ws, p)?) } else { Ffn::Dense(Mlp::load(ws, p)?) })
+}
+
+impl CausalLm for QwenHybrid {
+    fn cache_spec(&self) -> Vec<LayerCacheSpec> {
+        let c = &self.cfg;
+        let mut spec: Vec<LayerCacheSpec> = c
+            .layer_kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Full => LayerCacheSpec::Attention { kv_heads: c.num_kv_heads, head_dim: c.head_dim },
+                LayerKind::Linear => LayerCacheSpec::Recurrent {
+                    conv_channels: c.conv_channels(),
+                    conv_kernel: c.conv_kernel,
+                    state_heads: c.linear_num_value_heads,
+                    key_dim: c.linear_key_head_dim,
+                    value_dim: c.linear_value_head_dim,
+                },
+            })
+            .collect();
+        if self.mtp.is_some() {
+            // The MTP head's own attention KV, after the main layers.
+            spec.push(LayerCacheSpec::Attention { kv_heads: c.num_kv_heads, head_dim: c.head_dim });
+        }
+        spec
+    }
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+    fn context_length(&self) -> usize {
+        self.cfg.max_position_embeddings
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        let hidden = self.forward_hidden(chunks)?;
+        let mut rows = Vec::new();
+        let mut off = 0u32;
+        for c in chunks.iter() {
+            let t = c.tokens.len() as u32;
+            match c.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => rows.push(off + t - 1),
+                LogitsWanted::All => rows.extend(off..off + t),
+            }
+            off += t;
+        }
+        let mut result = Vec::with_capacity(chunks.len());
+        if rows.is_empty() {
+            result.resize(chunks.len(), None);
+            return Ok(result);
+        }
+        let n_rows = rows.len();
+        let sel = hidden.index_select(&Tensor::from_vec(rows, n_rows, &self.device)?, 0)?;
+        let logits = self.lm_head.forward(&sel)?;
+        let mut off = 0;
+        for c in chunks.iter() {
+            let r = c.logit_rows();
+            result.push(if r == 0 { None } else { Some(logits.narrow(0, off, r)?) });
+            off += r;
+        }
+        Ok(result)
+    }
+}
+
+/// Whether `dir/config.json` describes a hybrid model.
+pub fn is_hybrid_dir(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| config::is_hybrid(&v))
+}
+
+pub fn read_config(dir: &Path) -> Result<HybridConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+    HybridConfig::from_hf_json(&v)
+}
+
+/// Loads a Hugging Face directory of a hybrid model (vision weights, if any, are not read).
+pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<LoadedModel> {
+    let cfg = read_config(dir)?;
+    let src = SafetensorsSource::open(dir, device)?;
+    let tokenizer = Tokenizer::from_hf_dir(dir)?;
+    let model = QwenHybrid::load(&cfg, &src)?;
+    let summary = summary_of(&cfg, &src, dir)?;
+    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+}
+
+/// Describes a hybrid Hugging Face directory from its config and safetensors headers.
+pub fn summarize(dir: &Path) -> Result<ModelSummary> {
+    let cfg = read_config(dir)?;
+    let src = SafetensorsSource::open(dir, &Device::Cpu)?;
+    summary_of(&cfg, &src, dir)
+}
+
+fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result<ModelSummary> {
+    let (tensor_types, parameters) = src.tensor_types();
+    let kinds: String = cfg.layer_kinds.iter().map(|k| if *k == LayerKind::Full { 'A' } else { 'G' }).collect();
+    let file_bytes = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    Ok(ModelSummary {
+        path: dir.display().to_string(),
+        format: "safetensors".into(),
+        architecture: format!(
+            "{} (layers {kinds}: G = Gated DeltaNet, A = gated attention; MTP head: {})",
+            cfg.model_type,
+            if src.has("mtp.fc.weight") { "yes" } else { "no" }
+        ),
+        parameters,
+        file_bytes,
+        tensor_types,
+        context_length: cfg.max_position_embeddings,
+        vocab_size: cfg.vocab_size,
+        hidden_size: cfg.hidden_size,
+        num_layers: cfg.num_layers(),
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        tie_word_embeddings: cfg.tie_word_embeddings,
+        rope: format!("theta {}, partial rotary {} of {} dims", cfg.rope_theta, cfg.rotary_dim, cfg.head_dim),
+        chat_template: crate::chat_template::hf_chat_template(dir)?,
+    })
+}

@@ -1,0 +1,57 @@
+//! Gated DeltaNet (GDN) kernels on plain f32 slices: the causal depthwise conv with an explicit
+//! conv state ([`conv`]), the normalisations ([`norm`]: L2 norm of q/k and the gated RMSNorm of
+//! the output), and the gated delta rule itself in its recurrent form (decode, verify; see
+//! [`recurrent`]) and its chunked WY/UT form (prefill; see [`chunked`]).
+//!
+//! Layouts (row-major, one sequence): q, k `[t, nk, dk]` (q already L2-normalised and scaled by
+//! dk^-1/2, k L2-normalised), v `[t, nv, dv]`, β and g `[t, nv]` (g is the log decay, ≤ 0), the
+//! state `[nv, dk, dv]` (f32), output `[t, nv, dv]`. V-head h reads q/k head `h / (nv / nk)`.
+//! Maths: `docs/qwen-hybrid-architecture.md` §4 of the shared brief.
+
+pub mod chunked;
+pub mod conv;
+pub mod norm;
+pub mod recurrent;
+
+pub use chunked::{gated_delta_chunked, CHUNK};
+pub use conv::causal_conv_silu;
+pub use norm::{gated_rms_norm, l2_normalize};
+pub use recurrent::{gated_delta_recurrent, gated_delta_recurrent_states};
+
+/// Shapes of one GDN layer's recurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnDims {
+    /// q/k heads.
+    pub nk: usize,
+    /// v heads (= number of states).
+    pub nv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl GdnDims {
+    pub fn state_len(&self) -> usize {
+        self.nv * self.dk * self.dv
+    }
+    /// V-heads per k-head.
+    pub fn ratio(&self) -> usize {
+        (self.nv / self.nk.max(1)).max(1)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testdata {
+    /// Deterministic pseudo-random numbers in [-1, 1) (xorshift), so tests need no extra crate.
+    pub struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+        pub fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.next()).collect()
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The gated delta rule, token by token (decode and speculative verify). Per v-head h with
+//! k = k̂_t, q = q̂_t of its k-head:
+//! `S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀ q` (the output reads the updated state).
+
+use super::GdnDims;
+
+#[allow(clippy::too_many_arguments)]
+/// One token's update of every head, in place on `state: [nv, dk, dv]`; writes `out: [nv, dv]`.
+fn step(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f32], out: &mut [f32], d: GdnDims) {
+    let (dk, dv, r) = (d.dk, d.dv, d.ratio());
+    let mut delta = vec![0f32; dv];
+    for h in 0..d.nv {
+        let kh = h / r;
+        let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
+        let vv = &v[h * dv..(h + 1) * dv];
+        let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+        let decay = g[h].exp();
+        s.iter_mut().for_each(|x| *x *= decay);
+        delta.copy_from_slice(vv);
+        for (i, &ki) in kv.iter().enumerate() {
+            for (dj, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+                *dj -= sij * ki;
+            }
+        }
+        delta.iter_mut().for_each(|x| *x *= beta[h]);
+        let o = &mut out[h * dv..(h + 1) * dv];
+        o.iter_mut().for_each(|x| *x = 0.0);
+        for i in 0..dk {
+            let row = &mut s[i * dv..(i + 1) * dv];
+            for ((sij, &dj), oj) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                *sij += kv[i] * dj;
+                *oj += *sij * qv[i];
+            }
+        }
+    }
+}
+
+/// Runs `t` tokens through the recurrence from `state` (updated in place). Returns `[t, nv, dv]`.
+pub fn gated_delta_recurrent(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f32], d: GdnDims) -> Vec<f32> {
+    let t = beta.len() / d.nv;
+    let mut out = vec![0f32; t * d.nv * d.dv];
+    let (qk, vs) = (d.nk * d.dk, d.nv * d.dv);
+    for ti in 0..t {
+        step(
+            &q[ti * qk..(ti + 1) * qk],
+            &k[ti * qk..(ti + 1) * qk],
+            &v[ti * vs..(ti + 1) * vs],
+            &beta[ti * d.nv..(ti + 1) * d.nv],
+            &g[ti * d.nv..(ti + 1) * d.nv],
+            state,
+            &mut out[ti * vs..(ti + 1) * vs],
+            d,
+        );
+    }
+    out
+}
+
+/// Like [`gated_delta_recurrent`], and also returns a copy of the state after each position
+/// (speculative verify: committing j tokens selects entry j - 1, with no recomputation).
+pub fn gated_delta_recurrent_states(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &mut [f32],
+    d: GdnDims,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let t = beta.len() / d.nv;
+    let (qk, vs) = (d.nk * d.dk, d.nv * d.dv);
+    let mut out = vec![0f32; t * vs];
+    let mut states = Vec::with_capacity(t);
+    for ti in 0..t {
+        let o = gated_delta_recurrent(
+            &q[ti * qk..(ti + 1) * qk],
+            &k[ti * qk..(ti + 1) * qk],
+            &v[ti * vs..(ti + 1) * vs],
+            &beta[ti * d.nv..(ti + 1) * d.nv],
+            &g[ti * d.nv..(ti + 1) * d.nv],
+            state,
+            d,
+        );
+        out[ti * vs..(ti + 1) * vs].copy_from_slice(&o);
+        states.push(state.to_vec());
+    }
+    (out, states)
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Plain reference of one head's recurrence written as `S_t = e^g (I − β k kᵀ) S + β k vᵀ`,
+/// `o = Sᵀ q` with explicit matrices (f64), for tests.
+pub fn recurrent_reference_head(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], s0: &[f32], dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>) {
+    let t = beta.len();
+    let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
+    let mut out = Vec::with_capacity(t * dv);
+    for ti in 0..t {
+        let (kt, qt, vt) = (&k[ti * dk..(ti + 1) * dk], &q[ti * dk..(ti + 1) * dk], &v[ti * dv..(ti + 1) * dv]);
+        let (b, e) = (beta[ti] as f64, (g[ti] as f64).exp());
+        // (I − β k kᵀ) S
+        let ks: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| kt[i] as f64 * s[i * dv + j]).sum()).collect();
+        let mut next = vec![0f64; dk * dv];
+        for i in 0..dk {
+            for j in 0..dv {
+                next[i * dv + j] = e * (s[i * dv + j] - b * kt[i] as f64 * ks[j]) + b * kt[i] as f64 * vt[j] as f64;
+            }
+        }
+        s = next;
+        for j in 0..dv {
+            out.push((0..dk).map(|i| s[i * dv + j] * qt[i] as f64).sum::<f64>() as f32);
+        }
+    }
+    (out, s.into_iter().map(|x| x as f32).collect())
+}

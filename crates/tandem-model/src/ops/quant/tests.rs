@@ -1,0 +1,309 @@
+//! Unit tests: the AVX2 quantiser and matmul against the plain reference, the reference
+//! against a float computation, block decoding and matmul against candle's own Q4_1/Q5_0/Q5_1.
+
+use candle_core::quantized::k_quants::{BlockQ8_0, BlockQ8_1, GgmlType};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use half::f16;
+
+use super::activation::{quantize_row, quantize_row_scalar};
+use super::*;
+
+const MS: [usize; 5] = [1, 3, 4, 5, 17];
+const KS: [usize; 4] = [32, 64, 576, 1536];
+/// Not a multiple of 4 or 2, and more columns than one task and one tile at k = 1536.
+const N: usize = 67;
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+impl Rng {
+    fn u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn bytes(&mut self, out: &mut Vec<u8>, n: usize) {
+        out.extend((0..n).map(|_| (self.u64() >> 56) as u8));
+    }
+}
+
+/// Activations with a few larger values per row, like a transformer's hidden state.
+fn random_x(rng: &mut Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|i| rng.f32() * if i % 37 == 5 { 8.0 } else { 1.0 }).collect()
+}
+
+/// Blocks from random bytes with sane f16 scales: `d` in [0.002, 0.02], and for the types with
+/// a minimum `m ≈ -d · levels / 2` so the weights are roughly centred on 0.
+fn random_blocks<B: WeightBlock>(rng: &mut Rng, count: usize) -> Vec<B> {
+    let mut bytes = Vec::new();
+    for _ in 0..count {
+        let d = 0.011 + 0.009 * rng.f32();
+        bytes.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        if B::HAS_MIN {
+            let levels = if B::TYPE == QuantType::Q4_1 { 16.0 } else { 32.0 };
+            let m = -d * levels / 2.0 * (1.0 + 0.3 * rng.f32());
+            bytes.extend_from_slice(&f16::from_f32(m).to_bits().to_le_bytes());
+        }
+        rng.bytes(&mut bytes, B::BYTES - if B::HAS_MIN { 4 } else { 2 });
+    }
+    bytes.chunks_exact(B::BYTES).map(B::parse).collect()
+}
+
+/// max |a - b| / max |b|
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    diff / b.iter().map(|y| y.abs()).fold(0f32, f32::max).max(1e-30)
+}
+
+fn quantize_rows(x: &[f32], k: usize) -> Vec<Q8Block> {
+    let mut acts = vec![Q8Block::ZERO; x.len() / 32];
+    for (a, x) in acts.chunks_mut(k / 32).zip(x.chunks(k)) {
+        quantize_row_scalar(x, a);
+    }
+    acts
+}
+
+#[test]
+fn avx2_quantiser_is_bit_identical() {
+    if !Kernel::Avx2.available() {
+        eprintln!("no AVX2 here: skipped");
+        return;
+    }
+    let mut rng = Rng(7);
+    let mut rows: Vec<Vec<f32>> = (0..200).map(|_| random_x(&mut rng, 256)).collect();
+    rows.push(vec![0.0; 64]);
+    rows.push((0..64).map(|i| (i as f32 - 32.0) * 1e-30).collect());
+    // amax = 127: x · id is x itself, so the halves test round-half-to-even.
+    rows.push((0..64).map(|i| if i == 0 { 127.0 } else { (i as f32 - 32.0) + 0.5 }).collect());
+    for x in &rows {
+        let mut a = vec![Q8Block::ZERO; x.len() / 32];
+        let mut b = a.clone();
+        quantize_row(Kernel::Reference, x, &mut a);
+        quantize_row(Kernel::Avx2, x, &mut b);
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn quantiser_follows_ggml() {
+    // amax = 127 so d = 1: halves round to even, s = Σq.
+    let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 16.5).collect();
+    x[31] = 127.0;
+    let mut a = [Q8Block::ZERO];
+    quantize_row_scalar(&x, &mut a);
+    assert_eq!(a[0].d, 1.0);
+    assert_eq!(&a[0].qs[..4], &[-16, -16, -14, -14]); // -16.5 -15.5 -14.5 -13.5
+    let sum: i32 = a[0].qs.iter().map(|&q| q as i32).sum();
+    assert_eq!(a[0].s, sum as f32);
+    // Any row: within half a step of the input (plus the f16 rounding of d, up to
+    // 127 · 2^-11 steps), d and s exactly f16 values.
+    let mut rng = Rng(3);
+    let x = random_x(&mut rng, 1024);
+    let acts = quantize_rows(&x, 1024);
+    let mut back = vec![0f32; 1024];
+    for (a, o) in acts.iter().zip(back.chunks_mut(32)) {
+        a.dequantize(o);
+        assert_eq!(f16::from_f32(a.d).to_f32(), a.d);
+        assert_eq!(f16::from_f32(a.s).to_f32(), a.s);
+    }
+    for (i, (&v, &q)) in x.iter().zip(&back).enumerate() {
+        assert!((v - q).abs() <= acts[i / 32].d * (0.5 + 127.0 / 2048.0) + 1e-6, "{i}: {v} vs {q}");
+    }
+}
+
+fn check_type<B: WeightBlock>(seed: u64) {
+    let mut rng = Rng(seed);
+    let mut worst = [0f32; 3]; // vs ggml-formula float, vs plain float, AVX2 vs reference
+    for k in KS {
+        let blocks: Vec<B> = random_blocks(&mut rng, N * k / 32);
+        let w = GgmlMatrix::from_blocks(N, k, &blocks).unwrap();
+        assert_eq!(w.to_bytes().len(), N * k / 32 * B::BYTES);
+        let wf = w.dequantize();
+        for m in MS {
+            let x = random_x(&mut rng, m * k);
+            let mut y_ref = vec![0f32; m * N];
+            w.matmul_with(Kernel::Reference, &x, m, &mut y_ref);
+
+            // The reference against floats: dequantised W · dequantised activations, plus
+            // ggml's `m_w · s_a` (the activation sum rounded through f16, as ggml stores it).
+            let acts = quantize_rows(&x, k);
+            let (mut y_ggml, mut y_float) = (vec![0f32; m * N], vec![0f32; m * N]);
+            let mut xa = vec![0f32; k];
+            for r in 0..m {
+                for (a, o) in acts[r * k / 32..(r + 1) * k / 32].iter().zip(xa.chunks_mut(32)) {
+                    a.dequantize(o);
+                }
+                for c in 0..N {
+                    let (mut exact, mut float) = (0f64, 0f64);
+                    for b in 0..k / 32 {
+                        let (wb, ab) = (&blocks[c * k / 32 + b], &acts[r * k / 32 + b]);
+                        for j in 0..32 {
+                            let (wv, av) = (wf[c * k + b * 32 + j] as f64, xa[b * 32 + j] as f64);
+                            exact += (wv - wb.m() as f64) * av;
+                            float += wv * av;
+                        }
+                        exact += wb.m() as f64 * ab.s as f64;
+                    }
+                    y_ggml[r * N + c] = exact as f32;
+                    y_float[r * N + c] = float as f32;
+                }
+            }
+            let e = rel_err(&y_ref, &y_ggml);
+            worst[0] = worst[0].max(e);
+            assert!(e <= 1e-5, "{:?} m={m} k={k}: reference vs float (ggml's s) rel err {e}", B::TYPE);
+            // Without the f16 rounding of s the sums differ by up to 2^-11 of the m·s terms.
+            let e = rel_err(&y_ref, &y_float);
+            worst[1] = worst[1].max(e);
+            let tol = if B::HAS_MIN { 2e-3 } else { 1e-5 };
+            assert!(e <= tol, "{:?} m={m} k={k}: reference vs dequantised float rel err {e}", B::TYPE);
+
+            if Kernel::Avx2.available() {
+                let mut y_simd = vec![f32::NAN; m * N];
+                w.matmul_with(Kernel::Avx2, &x, m, &mut y_simd);
+                let e = rel_err(&y_simd, &y_ref);
+                worst[2] = worst[2].max(e);
+                assert!(e <= 1e-5, "{:?} m={m} k={k}: AVX2 vs reference rel err {e}", B::TYPE);
+            }
+        }
+    }
+    eprintln!("{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), AVX2 vs reference {:.1e}", B::TYPE, worst[0], worst[1], worst[2]);
+}
+
+#[test]
+fn q4_1_matmul() {
+    check_type::<BlockQ4_1>(1);
+}
+#[test]
+fn q5_0_matmul() {
+    check_type::<BlockQ5_0>(2);
+}
+#[test]
+fn q5_1_matmul() {
+    check_type::<BlockQ5_1>(3);
+}
+
+/// candle's own activation quantisation (round half away from zero, `s` multiplied in f16),
+/// read back from its `#[repr(C)]` blocks.
+fn candle_acts(ty: QuantType, x: &[f32]) -> Vec<Q8Block> {
+    let h = |b: &[u8]| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+    let qs = |b: &[u8]| {
+        let mut q = [0i8; 32];
+        q.iter_mut().zip(b).for_each(|(q, &v)| *q = v as i8);
+        q
+    };
+    let nb = x.len() / 32;
+    if ty == QuantType::Q5_0 {
+        let mut blocks = vec![BlockQ8_0::zeros(); nb];
+        BlockQ8_0::from_float(x, &mut blocks);
+        // SAFETY: BlockQ8_0 is #[repr(C)] { d: f16, qs: [i8; 32] }, 34 bytes, no padding.
+        let bytes = unsafe { std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * 34) };
+        bytes.chunks_exact(34).map(|b| Q8Block { qs: qs(&b[2..]), d: h(b), s: 0.0 }).collect()
+    } else {
+        let mut blocks = vec![BlockQ8_1::zeros(); nb];
+        BlockQ8_1::from_float(x, &mut blocks);
+        // SAFETY: BlockQ8_1 is #[repr(C)] { d: f16, s: f16, qs: [i8; 32] }, 36 bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(blocks.as_ptr() as *const u8, nb * 36) };
+        bytes.chunks_exact(36).map(|b| Q8Block { qs: qs(&b[4..]), d: h(b), s: h(&b[2..]) }).collect()
+    }
+}
+
+/// Same QTensor through candle's `QMatMul` and through ours: decoding identical, dot products
+/// identical given candle's activations, and close with ggml's.
+fn check_candle(ty: QuantType, seed: u64) {
+    let dev = Device::Cpu;
+    let mut worst = [0f32; 2];
+    let mut rng = Rng(seed);
+    for k in KS {
+        let wf: Vec<f32> = (0..N * k).map(|_| rng.f32() * 0.1).collect();
+        let qt = QTensor::quantize(&Tensor::from_vec(wf, (N, k), &dev).unwrap(), ty.to_ggml()).unwrap();
+        let ours = GgmlMatrix::from_qtensor(&qt).unwrap().expect("supported type");
+        let theirs_w = qt.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(ours.dequantize(), theirs_w, "{ty:?} k={k}: dequantised weights differ");
+        let qmm = QMatMul::from_qtensor(qt).unwrap();
+        assert!(matches!(qmm, QMatMul::QTensor(_)), "CANDLE_DEQUANTIZE_ALL is set?");
+        for m in MS {
+            let x = random_x(&mut rng, m * k);
+            let xt = Tensor::from_vec(x.clone(), (m, k), &dev).unwrap();
+            let theirs = qmm.forward(&xt).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+
+            // Our reference dot products on candle's activation blocks.
+            let acts = candle_acts(ty, &x);
+            let y = match ty {
+                QuantType::Q4_1 => reference_matmul::<BlockQ4_1>(&ours, &acts, m),
+                QuantType::Q5_0 => reference_matmul::<BlockQ5_0>(&ours, &acts, m),
+                QuantType::Q5_1 => reference_matmul::<BlockQ5_1>(&ours, &acts, m),
+            };
+            let e = rel_err(&y, &theirs);
+            worst[0] = worst[0].max(e);
+            assert!(e <= 1e-5, "{ty:?} m={m} k={k}: reference (candle's activations) vs candle rel err {e}");
+
+            // The production path (ggml's activation quantisation) through the tensor API.
+            let got = ours.forward(&xt).unwrap();
+            assert_eq!(got.dims(), &[m, N]);
+            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let e = rel_err(&got, &theirs);
+            worst[1] = worst[1].max(e);
+            let tol = if ty == QuantType::Q5_0 { 1e-4 } else { 2e-3 };
+            assert!(e <= tol, "{ty:?} m={m} k={k}: ours vs candle rel err {e}");
+        }
+    }
+    eprintln!("{ty:?}: max rel err vs candle QMatMul {:.1e} (candle's activations), {:.1e} (ggml's)", worst[0], worst[1]);
+}
+
+/// `vec_dot` of every activation row with every weight row.
+fn reference_matmul<B: WeightBlock>(w: &GgmlMatrix, acts: &[Q8Block], m: usize) -> Vec<f32> {
+    let blocks: Vec<B> = blocks::parse_blocks(&w.to_bytes());
+    let nb = w.k() / 32;
+    let mut y = Vec::with_capacity(m * w.n());
+    for r in 0..m {
+        for c in 0..w.n() {
+            y.push(reference::vec_dot(&blocks[c * nb..(c + 1) * nb], &acts[r * nb..(r + 1) * nb]));
+        }
+    }
+    y
+}
+
+#[test]
+fn q4_1_matches_candle() {
+    check_candle(QuantType::Q4_1, 11);
+}
+#[test]
+fn q5_0_matches_candle() {
+    check_candle(QuantType::Q5_0, 12);
+}
+#[test]
+fn q5_1_matches_candle() {
+    check_candle(QuantType::Q5_1, 13);
+}
+
+#[test]
+fn forward_takes_any_layout() {
+    let mut rng = Rng(5);
+    let (n, k) = (40, 64);
+    let w = GgmlMatrix::from_blocks(n, k, &random_blocks::<BlockQ4_1>(&mut rng, n * k / 32)).unwrap();
+    let x = Tensor::from_vec(random_x(&mut rng, 6 * k), (k, 6), &Device::Cpu).unwrap().t().unwrap();
+    assert!(!x.is_contiguous());
+    let y = w.forward(&x).unwrap();
+    let y_c = w.forward(&x.contiguous().unwrap()).unwrap();
+    assert_eq!(y.dims(), &[6, n]);
+    assert_eq!(y.to_vec2::<f32>().unwrap(), y_c.to_vec2::<f32>().unwrap());
+    // Leading dims are kept.
+    let y3 = w.forward(&x.contiguous().unwrap().reshape((2, 3, k)).unwrap()).unwrap();
+    assert_eq!(y3.dims(), &[2, 3, n]);
+    assert_eq!(y3.flatten_all().unwrap().to_vec1::<f32>().unwrap(), y_c.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    assert!(w.forward(&Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).unwrap()).is_err());
+}
+
+#[test]
+fn from_bytes_checks_sizes() {
+    assert!(GgmlMatrix::from_bytes(QuantType::Q4_1, 2, 48, &[0; 40]).is_err());
+    assert!(GgmlMatrix::from_bytes(QuantType::Q5_0, 2, 32, &[0; 43]).is_err());
+    let w = GgmlMatrix::from_bytes(QuantType::Q5_1, 2, 32, &[0; 48]).unwrap();
+    assert_eq!((w.n(), w.k(), w.quant_type()), (2, 32, QuantType::Q5_1));
+}
