@@ -1,18 +1,32 @@
-//! `tandem bench`: prefill (ppN) and decode (tgN) speed of the model itself, like llama-bench.
+//! `tandem bench`: prefill (ppN) and decode (tgN) speed of the model itself, like llama-bench,
+//! on a loaded checkpoint or on a random-weight hybrid model built in memory
+//! (`--random-hybrid 0.8b`); `tandem bench kernels` times the GDN kernels alone.
 
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, Subcommand};
+use tandem_model::arch::qwen_hybrid::random;
+use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
 use tandem_model::kv::SequenceCache;
 
 use crate::args::ModelArgs;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Benchmark a random-weight hybrid model of this shape instead of loading one
+    /// (`0.8b`: Qwen3.5-0.8B-like, 24 layers, hidden 1024, vocab 248320; `tiny`).
+    #[arg(long)]
+    pub random_hybrid: Option<String>,
+    /// Weight type of the random model's matrices: f32, f16, q8_0, q4_0, q4_k, q6_k.
+    #[arg(long, default_value = "q8_0")]
+    pub random_dtype: String,
     /// Prompt length of the prefill test (ppN).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -27,14 +41,34 @@ pub struct BenchArgs {
     pub chunk: usize,
 }
 
+#[derive(Subcommand, Debug)]
+pub enum BenchWhat {
+    /// Time the Gated DeltaNet kernels (decode step, chunked prefill) against bytes and FLOPs.
+    Kernels(crate::cmd_bench_kernels::KernelArgs),
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchWhat::Kernels(k)) = a.what {
+        return crate::cmd_bench_kernels::run(k);
+    }
     crate::args::set_threads(a.model.threads);
-    let path = a.model.resolve()?;
     let device = tandem_model::device::default_device()?;
     let t0 = Instant::now();
-    let loaded = tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;
+    let (label, model): (String, Box<dyn CausalLm>) = match &a.random_hybrid {
+        Some(p) => {
+            let cfg = random::preset(p)?;
+            let dt = random::parse_weight_type(&a.random_dtype)?;
+            let params = random::parameter_count(&cfg) as f64 / 1e6;
+            let m = random::random_model(&cfg, dt, &device).context("building the random model")?;
+            (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m))
+        }
+        None => {
+            let path = a.model.resolve()?;
+            let loaded = tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;
+            (path.display().to_string(), loaded.model)
+        }
+    };
     let load_s = t0.elapsed().as_secs_f64();
-    let model = loaded.model;
     let vocab = model.vocab_size() as u32;
     // Deterministic pseudo-random prompt (ids away from the special tokens at the ends).
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 100 + (i * 7919 + 13) % (vocab - 200)).collect();
@@ -67,7 +101,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         (m, sd)
     };
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
-    println!("model: {} | load {:.2} s | threads {threads}", path.display(), load_s);
+    println!("model: {label} | load {load_s:.2} s | threads {threads}");
     println!("| test   | tok/s            |");
     println!("| ------ | ---------------- |");
     let (m, sd) = stat(&pp);

@@ -1,7 +1,11 @@
-//! `tandem serve`: the OpenAI-compatible HTTP server.
+//! `tandem serve`: the OpenAI- and Anthropic-compatible HTTP server.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
-use tandem_engine::EngineConfig;
+use tandem_engine::{EngineConfig, MemoryBudget};
+use tandem_server::config::ToolParserChoice;
 use tandem_server::ServerConfig;
 
 use crate::args::ModelArgs;
@@ -31,15 +35,85 @@ pub struct ServeArgs {
     /// Token budget of one forward step.
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
+    /// Memory for the paged KV cache: bytes (8GiB, 512MiB) or a fraction of RAM (0.25, 25%).
+    #[arg(long, default_value = "20%")]
+    pub kv_memory: MemoryBudget,
+    /// Token positions per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub kv_block_size: usize,
+    /// Do not reuse the KV and recurrent state of earlier requests with the same prefix.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Checkpoint recurrent state every this many prompt tokens (hybrid models; 0 = only at
+    /// prompt ends and message boundaries).
+    #[arg(long, default_value_t = 1024)]
+    pub checkpoint_interval: usize,
+    /// Memory for recurrent-state checkpoints: bytes or a fraction of RAM.
+    #[arg(long, default_value = "1GiB")]
+    pub checkpoint_memory: MemoryBudget,
     /// Default max_tokens when a request does not set one.
     #[arg(long, default_value_t = 1024)]
     pub default_max_tokens: usize,
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Largest prompt in tokens (0 = the context length).
+    #[arg(long, default_value_t = 0)]
+    pub max_prompt_tokens: usize,
+    /// Generation requests in flight before new ones get 429 (0 = only the engine queue limits).
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+    /// Seconds one request may take before it is ended (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    pub request_timeout: u64,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every /v1 route.
+    #[arg(long, env = "TANDEM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Tool-call format to parse: auto (from the chat template), hermes, qwen-xml, llama3, none.
+    #[arg(long, default_value = "auto", value_parser = parse_tool_parser)]
+    pub tool_parser: ToolParserChoice,
+    /// Do not split `<think>…</think>` into reasoning_content / thinking blocks.
+    #[arg(long)]
+    pub no_reasoning_parser: bool,
+    /// Thinking budget for requests that set none (0 = unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub max_thinking_tokens: usize,
+    /// Loop detector inside reasoning: n-gram length in tokens (0 = off).
+    #[arg(long, default_value_t = 32)]
+    pub thinking_loop_ngram: usize,
+    /// Loop detector: occurrences of one n-gram that count as a loop.
+    #[arg(long, default_value_t = 8)]
+    pub thinking_loop_repeats: usize,
+    /// Test only: serve scripted answers from this JSON file instead of a model.
+    #[arg(long, hide = true)]
+    pub test_script: Option<PathBuf>,
+}
+
+fn parse_tool_parser(s: &str) -> Result<ToolParserChoice, String> {
+    ToolParserChoice::from_name(s).ok_or_else(|| format!("unknown tool parser `{s}` (auto, hermes, qwen-xml, llama3, none)"))
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let server = ServerConfig {
+        host: a.host.clone(),
+        port: a.port,
+        max_body_bytes: a.max_body_bytes,
+        default_max_tokens: a.default_max_tokens,
+        max_prompt_tokens: a.max_prompt_tokens,
+        max_concurrent_requests: a.max_concurrent_requests,
+        request_timeout: (a.request_timeout > 0).then(|| Duration::from_secs(a.request_timeout)),
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        tool_parser: a.tool_parser,
+        parse_reasoning: !a.no_reasoning_parser,
+        default_max_thinking_tokens: a.max_thinking_tokens,
+        thinking_loop_ngram: a.thinking_loop_ngram,
+        thinking_loop_repeats: a.thinking_loop_repeats,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    if let Some(script) = &a.test_script {
+        let backend = tandem_server::scripted::ScriptedBackend::from_file(script)?;
+        return rt.block_on(tandem_server::serve(backend, server));
+    }
     let cfg = EngineConfig {
         model_id: a.model_id.clone().unwrap_or_else(|| crate::args::model_id(&a.model.model)),
         max_queue: a.max_queue,
@@ -47,14 +121,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         prefill_chunk: a.prefill_chunk,
         max_batch_tokens: a.max_batch_tokens,
         context_length: 0,
+        kv_memory: a.kv_memory,
+        block_size: a.kv_block_size,
+        prefix_cache: !a.no_prefix_cache,
+        checkpoint_interval: a.checkpoint_interval,
+        checkpoint_memory: a.checkpoint_memory,
     };
     let engine = a.model.start_engine(cfg)?;
-    let server = ServerConfig {
-        host: a.host,
-        port: a.port,
-        max_body_bytes: a.max_body_bytes,
-        default_max_tokens: a.default_max_tokens,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(tandem_server::serve(engine, server))
 }

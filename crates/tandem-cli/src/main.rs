@@ -2,6 +2,7 @@
 
 mod args;
 mod cmd_bench;
+mod cmd_bench_kernels;
 mod cmd_chat;
 mod cmd_inspect;
 mod cmd_pull;

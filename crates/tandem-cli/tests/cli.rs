@@ -77,3 +77,24 @@ fn bad_arguments_fail_cleanly() {
     assert!(!out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn inspect_hybrid_gguf_and_bench_hybrid_kernels() {
+    use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
+    let dir = std::env::temp_dir().join(format!("tandem-cli-hybrid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gguf = dir.join("qwen3_5.gguf");
+    export_hf_dir(&root().join("fixtures/hybrid/qwen3_5"), &gguf, &ExportOptions::default()).unwrap();
+    let out = tandem(&["inspect", gguf.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("qwen35 (layers GGAG") && text.contains("MTP head: yes"), "{text}");
+    let out = tandem(&["bench", "kernels", "--heads", "4", "--key-heads", "2", "--head-dim", "32", "--tokens", "70", "--min-seconds", "0.01"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("chunked prefill") && text.contains("GFLOP/s"), "{text}");
+    let out = tandem(&["bench", "--random-hybrid", "tiny", "-p", "70", "-g", "2", "-r", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("pp70") && text.contains("tg2"), "{text}");
+}
+

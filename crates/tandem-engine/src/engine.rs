@@ -6,6 +6,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+pub use tandem_cache::MemoryBudget;
 use tandem_model::chat_template::ChatTemplate;
 use tandem_model::loader::{LoadedModel, ModelSummary};
 use tandem_model::tokenizer::Tokenizer;
@@ -41,6 +42,17 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Override of the context length (0 = the model's own).
     pub context_length: usize,
+    /// Memory for the paged KV pool: bytes or a fraction of RAM. Never unbounded.
+    pub kv_memory: MemoryBudget,
+    /// Token positions per KV block.
+    pub block_size: usize,
+    /// Reuse the KV (and recurrent-state checkpoints) of earlier requests with the same prefix.
+    pub prefix_cache: bool,
+    /// Checkpoint recurrent state every this many prompt tokens (rounded up to whole blocks;
+    /// 0 = only at prompt ends and message boundaries).
+    pub checkpoint_interval: usize,
+    /// Memory for recurrent-state checkpoints in the prefix cache.
+    pub checkpoint_memory: MemoryBudget,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +64,11 @@ impl Default for EngineConfig {
             prefill_chunk: 512,
             max_batch_tokens: 2048,
             context_length: 0,
+            kv_memory: MemoryBudget::FractionOfRam(0.2),
+            block_size: tandem_cache::DEFAULT_BLOCK_SIZE,
+            prefix_cache: true,
+            checkpoint_interval: 1024,
+            checkpoint_memory: MemoryBudget::Bytes(1 << 30),
         }
     }
 }
@@ -67,15 +84,50 @@ pub enum EngineError {
     Thread(std::io::Error),
 }
 
-/// Counters the engine keeps for metrics and tests.
+/// Counters the engine keeps for metrics and tests. Gauges are refreshed after every
+/// scheduler step; counters only grow.
 #[derive(Debug, Default)]
 pub struct EngineStats {
+    /// Requests admitted and holding a state slot.
     pub running: AtomicUsize,
+    /// Requests queued or preempted, not yet (re)admitted.
     pub waiting: AtomicUsize,
     pub finished: AtomicUsize,
     pub cancelled: AtomicUsize,
-    /// Bytes of KV currently held by live sequences.
+    /// Bytes of KV blocks and recurrent state held by live sequences (shared blocks counted
+    /// once per sequence; the prefix cache's own blocks not at all).
     pub kv_bytes: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
+    pub kv_blocks_free: AtomicUsize,
+    pub kv_block_bytes: AtomicUsize,
+    /// Blocks the prefix cache references (some may also be used by live sequences).
+    pub prefix_cache_blocks: AtomicUsize,
+    pub state_slots_total: AtomicUsize,
+    pub state_slots_free: AtomicUsize,
+    /// Recurrent-state checkpoints held by the prefix cache, and their bytes.
+    pub checkpoints: AtomicUsize,
+    pub checkpoint_bytes: AtomicUsize,
+    /// Prompt tokens of admitted requests, and how many of them came from the prefix cache.
+    pub prompt_tokens: AtomicUsize,
+    pub prefix_hit_tokens: AtomicUsize,
+    /// Sequences preempted (their KV dropped, to be recomputed) because blocks ran out.
+    pub preemptions: AtomicUsize,
+}
+
+impl EngineStats {
+    pub fn kv_blocks_used(&self) -> usize {
+        self.kv_blocks_total.load(Ordering::Relaxed).saturating_sub(self.kv_blocks_free.load(Ordering::Relaxed))
+    }
+
+    /// Share of admitted prompt tokens served from the prefix cache.
+    pub fn prefix_hit_ratio(&self) -> f64 {
+        let p = self.prompt_tokens.load(Ordering::Relaxed);
+        if p == 0 {
+            0.0
+        } else {
+            self.prefix_hit_tokens.load(Ordering::Relaxed) as f64 / p as f64
+        }
+    }
 }
 
 /// A cheap, cloneable handle to the running engine. The engine thread stops when the last
@@ -105,8 +157,10 @@ impl EngineHandle {
 
     /// Starts the engine thread on an already loaded model.
     pub fn start(loaded: LoadedModel, cfg: EngineConfig) -> Result<Self, EngineError> {
-        if cfg.max_queue == 0 || cfg.max_running == 0 || cfg.prefill_chunk == 0 || cfg.max_batch_tokens == 0 {
-            return Err(EngineError::Config("max_queue, max_running, prefill_chunk and max_batch_tokens must be positive".into()));
+        if cfg.max_queue == 0 || cfg.max_running == 0 || cfg.prefill_chunk == 0 || cfg.max_batch_tokens == 0 || cfg.block_size == 0 {
+            return Err(EngineError::Config(
+                "max_queue, max_running, prefill_chunk, max_batch_tokens and block_size must be positive".into(),
+            ));
         }
         let LoadedModel { model, tokenizer, chat_template, summary } = loaded;
         let context_length = if cfg.context_length > 0 { cfg.context_length.min(model.context_length()) } else { model.context_length() };
@@ -136,7 +190,7 @@ impl EngineHandle {
         let eos_ids = tokenizer.eos_ids().to_vec();
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
-        let scheduler = Scheduler::new(model, tokenizer.clone(), cfg.clone(), context_length, stats.clone());
+        let scheduler = Scheduler::new(model, tokenizer.clone(), cfg.clone(), context_length, stats.clone())?;
         std::thread::Builder::new()
             .name("tandem-engine".into())
             .spawn(move || scheduler.run(rx))

@@ -4,8 +4,12 @@
 //! [`StopParams`]; the engine thread batches every running sequence into one forward pass per
 //! step (chunked prefill under a token budget, then decodes) and streams
 //! [`GenerationEvent`]s back over a channel. Dropping the receiving end cancels the request
-//! and frees its state. Nothing here knows about HTTP or file formats.
+//! and frees its state. KV lives in a paged pool rationed by `tandem-cache` (block tables,
+//! state slots, a prefix tree with recurrent-state checkpoints); when blocks run out the
+//! youngest sequence is preempted and later recomputed. Nothing here knows about HTTP or
+//! file formats.
 
+mod cache;
 pub mod engine;
 pub mod request;
 pub mod sampler;
@@ -13,6 +17,6 @@ mod scheduler;
 mod sequence;
 pub mod stop;
 
-pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, ModelInfo};
+pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};
 pub use request::*;
 pub use sampler::Sampler;

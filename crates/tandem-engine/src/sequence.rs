@@ -1,9 +1,14 @@
-//! One request in flight: its tokens, cache, sampler, stop rules, detokenizer and timings.
+//! One request in flight: its tokens, cache (block table, state slot, place in the prefix
+//! tree), sampler, stop rules, detokenizer and timings.
+//!
+//! The tokens fed to the model are always a prefix of `tokens` (prompt, then generated ones);
+//! whatever is not yet in the cache is fed next, so a preempted sequence simply starts again
+//! from its longest cached prefix and recomputes the rest.
 
 use std::time::Instant;
 
-use candle_core::Device;
-use tandem_model::kv::{LayerCacheSpec, SequenceCache};
+use tandem_cache::{BlockTable, NodeRef, SlotId};
+use tandem_model::kv::SequenceCache;
 use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -17,6 +22,20 @@ pub(crate) struct Sequence {
     tokens: Vec<u32>,
     prompt_len: usize,
     pub cache: SequenceCache,
+    pub table: BlockTable,
+    pub slot: Option<SlotId>,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    pub admitted_before: bool,
+    /// Full blocks of `tokens` already in the prefix tree and the node of the last one.
+    pub tree_blocks: usize,
+    pub tree_node: Option<NodeRef>,
+    /// A hash collision stopped prefix caching for this sequence.
+    pub tree_stuck: bool,
+    /// Block-aligned positions at which to checkpoint recurrent state, ascending.
+    pub checkpoints: Vec<usize>,
+    /// Positions the prompt's chat messages end at.
+    pub message_boundaries: Vec<usize>,
     sampler: Sampler,
     stop_ids: Vec<u32>,
     max_tokens: usize,
@@ -32,12 +51,21 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(sub: Submission, spec: &[LayerCacheSpec], device: &Device) -> Self {
+    pub fn new(sub: Submission, cache: SequenceCache) -> Self {
         let Submission { req, sampler, stop_ids, events, submitted } = sub;
         Self {
             prompt_len: req.prompt_ids.len(),
             tokens: req.prompt_ids,
-            cache: SequenceCache::new(spec, device),
+            cache,
+            table: BlockTable::new(),
+            slot: None,
+            cached_tokens: 0,
+            admitted_before: false,
+            tree_blocks: 0,
+            tree_node: None,
+            tree_stuck: false,
+            checkpoints: Vec::new(),
+            message_boundaries: req.message_boundaries,
             sampler,
             stop_ids,
             max_tokens: req.stop.max_tokens,
@@ -53,9 +81,23 @@ impl Sequence {
         }
     }
 
-    /// Prompt tokens not yet in the cache.
-    pub fn pending_prompt(&self) -> usize {
-        self.prompt_len.saturating_sub(self.cache.position())
+    /// Prompt followed by the generated tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    /// The most positions this sequence can occupy.
+    pub fn max_len(&self, context_length: usize) -> usize {
+        (self.prompt_len + self.max_tokens).min(context_length)
+    }
+
+    /// Tokens not yet in the cache (1 for a decoding sequence).
+    pub fn pending(&self) -> usize {
+        self.tokens.len().saturating_sub(self.cache.position())
     }
 
     /// The next `n` tokens to feed and the cache they go into.
@@ -126,7 +168,8 @@ impl Sequence {
             prefill_s: self.prefill_s,
             decode_s: self.last_token.map(|l| (l - first).as_secs_f64()).unwrap_or(0.0),
         };
-        let usage = Usage { prompt_tokens: self.prompt_len, completion_tokens: self.generated(), cached_tokens: 0 };
+        let usage =
+            Usage { prompt_tokens: self.prompt_len, completion_tokens: self.generated(), cached_tokens: self.cached_tokens };
         self.emit(GenerationEvent::Finished { reason, text, usage, timings });
         self.finished = true;
     }

@@ -1,17 +1,24 @@
 //! Per-layer cache description and the per-sequence store the architectures write into.
 //!
 //! A model describes what each layer needs ([`LayerCacheSpec`]); the engine allocates from
-//! that description without knowing the architecture. This contiguous, growable store is
-//! the first implementation; a paged store (block tables over a shared pool) replaces it
-//! behind the same calls.
+//! that description without knowing the architecture. A [`SequenceCache`] keeps its attention
+//! KV either in contiguous, growable per-sequence buffers ([`SequenceCache::new`]: tests,
+//! tools) or in blocks of a shared [`PagedKvStore`] listed by its block table
+//! ([`SequenceCache::new_paged`]: the engine); architectures reach either through
+//! [`SequenceCache::layer_kv`].
 //!
 //! Recurrent layers (Gated DeltaNet) keep a fixed-size [`RecurrentState`] instead of KV: the
 //! last `K - 1` pre-conv inputs and the f32 SSM state. It cannot be truncated; callers take a
 //! [`RecurrentSnapshot`] and restore it instead.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
+
+pub mod paged;
+pub use paged::{LayerKv, PagedKvStore};
 
 /// What one layer keeps per sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +156,14 @@ pub struct SequenceCache {
     pub verify: Option<Vec<Vec<RecurrentState>>>,
     /// Tokens already processed (the position of the next token).
     pos: usize,
+    /// Paged mode: attention KV lives in `store`'s blocks listed by `blocks`.
+    paged: Option<PagedSeq>,
+}
+
+#[derive(Debug)]
+struct PagedSeq {
+    store: Arc<PagedKvStore>,
+    blocks: Vec<u32>,
 }
 
 impl SequenceCache {
@@ -169,7 +184,72 @@ impl SequenceCache {
                 }
             })
             .collect();
-        Self { layers, recurrent, verify: None, pos: 0 }
+        Self { layers, recurrent, verify: None, pos: 0, paged: None }
+    }
+
+    /// A cache whose attention KV lives in `store`'s blocks; the owner keeps the block table
+    /// current with [`Self::set_block_table`] before each forward pass.
+    pub fn new_paged(spec: &[LayerCacheSpec], store: Arc<PagedKvStore>) -> Self {
+        let mut c = Self::new(spec, &Device::Cpu);
+        c.paged = Some(PagedSeq { store, blocks: Vec::new() });
+        c
+    }
+
+    pub fn is_paged(&self) -> bool {
+        self.paged.is_some()
+    }
+
+    /// Paged mode: the blocks holding this sequence's positions, in order.
+    pub fn set_block_table(&mut self, blocks: &[u32]) {
+        if let Some(p) = &mut self.paged {
+            p.blocks.clear();
+            p.blocks.extend_from_slice(blocks);
+        }
+    }
+
+    pub fn block_table(&self) -> &[u32] {
+        self.paged.as_ref().map(|p| p.blocks.as_slice()).unwrap_or(&[])
+    }
+
+    /// Layer `li`'s attention KV for the next forward pass.
+    pub fn layer_kv(&mut self, li: usize) -> Result<LayerKv<'_>> {
+        let past = self.pos;
+        match &self.paged {
+            Some(p) => Ok(LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past }),
+            None => self
+                .layers
+                .get_mut(li)
+                .map(LayerKv::Contiguous)
+                .ok_or_else(|| ModelError::Input("sequence cache has fewer layers than the model".into())),
+        }
+    }
+
+    /// Starts a fresh paged cache at `position` (a prefix-cache hit): the KV of positions
+    /// before it is already in the block table's blocks, and recurrent layers take
+    /// `snapshot`'s state, which must be taken at `position`.
+    pub fn resume(&mut self, position: usize, snapshot: Option<&RecurrentSnapshot>) -> Result<()> {
+        if self.pos != 0 || (position > 0 && !self.is_paged()) {
+            return Err(ModelError::Input("only a fresh paged cache can resume from a prefix".into()));
+        }
+        match snapshot {
+            Some(s) if s.position == position && s.layers.len() == self.recurrent.len() => {
+                self.recurrent = s.layers.clone();
+            }
+            Some(s) => {
+                return Err(ModelError::Input(format!(
+                    "snapshot at position {} with {} layers cannot resume position {position} of {} layers",
+                    s.position,
+                    s.layers.len(),
+                    self.recurrent.len()
+                )))
+            }
+            None if self.has_recurrent() && position > 0 => {
+                return Err(ModelError::Input("resuming a model with recurrent layers needs a snapshot".into()))
+            }
+            None => {}
+        }
+        self.pos = position;
+        Ok(())
     }
 
     /// Layer `li`'s recurrent state and, in verify mode, its per-position record.

@@ -42,6 +42,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Renders `messages` (OpenAI message objects, content already flattened to text) with the
     /// model's chat template, or a ChatML fallback when it has none.
     fn render_chat(&self, messages: &[Value], opts: &ChatRenderOptions) -> Result<RenderedChat, String>;
+    /// The chat template's source, used to pick the tool-call format.
+    fn chat_template_source(&self) -> Option<String> {
+        None
+    }
     /// Queues a request. Dropping the returned receiver cancels it.
     fn submit(&self, req: GenerateRequest) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError>;
+    /// The engine's counters for `/metrics`, when there is an engine behind.
+    fn stats(&self) -> Option<&tandem_engine::EngineStats> {
+        None
+    }
 }

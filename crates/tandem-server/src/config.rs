@@ -1,4 +1,31 @@
-//! Settings of the HTTP server: where it listens and the limits it applies to every request.
+//! Settings of the HTTP server: where it listens, the limits it applies to every request, the
+//! API key, and how model output is parsed (tool-call format, reasoning, thinking budget).
+
+use std::time::Duration;
+
+use crate::tools::ToolFormat;
+
+/// Which tool-call format to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolParserChoice {
+    /// From the chat template's source (Hermes JSON when it shows no tool syntax).
+    #[default]
+    Auto,
+    /// Never parse tool calls.
+    Off,
+    Fixed(ToolFormat),
+}
+
+impl ToolParserChoice {
+    /// `auto`, `none`, or a [`ToolFormat`] name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(Self::Auto),
+            "none" | "off" => Some(Self::Off),
+            other => ToolFormat::from_name(other).map(Self::Fixed),
+        }
+    }
+}
 
 /// How the server listens and which limits it enforces.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,11 +39,43 @@ pub struct ServerConfig {
     /// `max_tokens` used when a request gives none, capped by the room left in the context
     /// (0 = no cap besides the context).
     pub default_max_tokens: usize,
+    /// Largest prompt in tokens (0 = the context length is the only limit).
+    pub max_prompt_tokens: usize,
+    /// Generation requests in flight (streaming or not) before new ones get 429 (0 = no limit
+    /// besides the engine's queue).
+    pub max_concurrent_requests: usize,
+    /// Wall-clock limit of one request; a stream past it ends with an error event.
+    pub request_timeout: Option<Duration>,
+    /// When set, every `/v1` route needs `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    pub api_key: Option<String>,
+    pub tool_parser: ToolParserChoice,
+    /// Split `<think>…</think>` into `reasoning_content` / thinking blocks.
+    pub parse_reasoning: bool,
+    /// Thinking budget of requests that set none (0 = unlimited).
+    pub default_max_thinking_tokens: usize,
+    /// Loop detector inside the reasoning block: n-gram length (0 = off) and the number of
+    /// occurrences of one n-gram that counts as a loop.
+    pub thinking_loop_ngram: usize,
+    pub thinking_loop_repeats: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { host: "127.0.0.1".into(), port: 8080, max_body_bytes: 4 << 20, default_max_tokens: 4096 }
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            max_body_bytes: 4 << 20,
+            default_max_tokens: 4096,
+            max_prompt_tokens: 0,
+            max_concurrent_requests: 256,
+            request_timeout: None,
+            api_key: None,
+            tool_parser: ToolParserChoice::Auto,
+            parse_reasoning: true,
+            default_max_thinking_tokens: 0,
+            thinking_loop_ngram: 32,
+            thinking_loop_repeats: 8,
+        }
     }
 }
 
@@ -42,5 +101,8 @@ mod tests {
         assert_eq!(cfg.max_body_bytes, 4 * 1024 * 1024);
         let v6 = ServerConfig { host: "::1".into(), port: 9, ..cfg };
         assert_eq!(v6.addr(), "[::1]:9");
+        assert_eq!(ToolParserChoice::from_name("none"), Some(ToolParserChoice::Off));
+        assert_eq!(ToolParserChoice::from_name("hermes"), Some(ToolParserChoice::Fixed(ToolFormat::Hermes)));
+        assert_eq!(ToolParserChoice::from_name("?"), None);
     }
 }

@@ -37,7 +37,15 @@ impl Backend for EngineHandle {
         Ok(RenderedChat { text: r.text, message_ends: r.message_ends })
     }
 
+    fn chat_template_source(&self) -> Option<String> {
+        self.chat_template().map(|t| t.source().to_string())
+    }
+
     fn submit(&self, req: GenerateRequest) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
         EngineHandle::submit(self, req)
+    }
+
+    fn stats(&self) -> Option<&tandem_engine::EngineStats> {
+        Some(EngineHandle::stats(self))
     }
 }

@@ -1,5 +1,7 @@
 //! API errors: an HTTP status plus the OpenAI-style JSON body
-//! `{"error":{"message","type","param","code"}}`, and the mapping of engine refusals onto them.
+//! `{"error":{"message","type","param","code"}}` or, on the Anthropic routes, Anthropic's
+//! `{"type":"error","error":{"type","message"}}` ([`AnthropicError`]), and the mapping of engine
+//! refusals onto them.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -66,6 +68,25 @@ impl ApiError {
             .with_code("payload_too_large")
     }
 
+    /// 429 when the server already has its maximum of requests in flight.
+    pub fn overloaded() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "The server is at its limit of concurrent requests; retry shortly.")
+                .with_code("server_busy")
+        }
+    }
+
+    /// 504 when a request ran past `--request-timeout`.
+    pub fn timeout() -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "The request timed out.").with_code("timeout")
+    }
+
+    /// 401 for a missing or wrong API key.
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Incorrect or missing API key.").with_code("invalid_api_key")
+    }
+
     /// 500 `server_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
@@ -96,6 +117,81 @@ impl ApiError {
                 "code": self.code,
             }
         })
+    }
+}
+
+impl ApiError {
+    /// Anthropic's error `type` for this status.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 | 405 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The Anthropic-style body, also sent as an `error` event when a stream fails midway.
+    pub fn anthropic_body(&self) -> Value {
+        json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}})
+    }
+
+    /// The response in the given API's style.
+    pub fn into_styled(self, style: ErrorStyle) -> Response {
+        match style {
+            ErrorStyle::OpenAi => self.into_response(),
+            ErrorStyle::Anthropic => AnthropicError(self).into_response(),
+        }
+    }
+}
+
+/// Which API's error shape a response takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorStyle {
+    OpenAi,
+    Anthropic,
+}
+
+impl ErrorStyle {
+    /// Anthropic's shape for `/v1/messages…`, OpenAI's elsewhere.
+    pub fn for_path(path: &str) -> Self {
+        if path.starts_with("/v1/messages") {
+            Self::Anthropic
+        } else {
+            Self::OpenAi
+        }
+    }
+}
+
+/// An [`ApiError`] answered in Anthropic's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<SubmitError> for AnthropicError {
+    fn from(e: SubmitError) -> Self {
+        Self(e.into())
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        tracing::debug!(status = e.status.as_u16(), "{}", e.message);
+        let mut resp = (e.status, axum::Json(e.anthropic_body())).into_response();
+        if let Some(secs) = e.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
     }
 }
 
@@ -173,5 +269,18 @@ mod tests {
         }
         let full = ApiError::from(SubmitError::QueueFull).into_response();
         assert_eq!(full.headers().get(header::RETRY_AFTER).unwrap(), "1");
+    }
+
+    #[test]
+    fn anthropic_shape() {
+        let b = ApiError::invalid("bad").anthropic_body();
+        assert_eq!(b, json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}));
+        assert_eq!(ApiError::unauthorized().anthropic_type(), "authentication_error");
+        assert_eq!(ApiError::overloaded().anthropic_type(), "rate_limit_error");
+        assert_eq!(ApiError::internal("x").anthropic_type(), "api_error");
+        let r = AnthropicError(ApiError::overloaded()).into_response();
+        assert_eq!((r.status().as_u16(), r.headers().get(header::RETRY_AFTER).unwrap().to_str().unwrap()), (429, "1"));
+        assert_eq!(ErrorStyle::for_path("/v1/messages/count_tokens"), ErrorStyle::Anthropic);
+        assert_eq!(ErrorStyle::for_path("/v1/chat/completions"), ErrorStyle::OpenAi);
     }
 }

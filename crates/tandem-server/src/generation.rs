@@ -4,6 +4,7 @@ use tandem_engine::{FinishReason, GenerationEvent, PositionLogprobs, Usage};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::state::RequestGuard;
 
 /// Everything a non-streaming response reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +38,15 @@ pub async fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Result<Completi
         }
     }
     Err(ApiError::internal("The engine ended the request without finishing it."))
+}
+
+/// [`collect`] bounded by the guard's deadline (504 after it; the receiver is dropped, which
+/// cancels the request).
+pub async fn collect_until(rx: mpsc::Receiver<GenerationEvent>, guard: &RequestGuard) -> Result<Completion, ApiError> {
+    match guard.deadline {
+        None => collect(rx).await,
+        Some(d) => tokio::time::timeout_at(d, collect(rx)).await.map_err(|_| ApiError::timeout())?,
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,22 @@
-//! `tandem-server`: the OpenAI-compatible HTTP API over the engine.
+//! `tandem-server`: the OpenAI- and Anthropic-compatible HTTP API over the engine.
 //!
-//! Requests enter as JSON on `POST /v1/chat/completions` and `POST /v1/completions`
-//! ([`extract::ApiJson`] turns bad bodies into OpenAI-style errors), are validated
-//! ([`params`], [`chat::request`], [`completions::request`]), turned into prompt token ids through
-//! the chat template and tokenizer ([`prompt`]), budgeted against the context and submitted to
-//! the engine as a [`tandem_engine::GenerateRequest`]. Engine events leave either collected into
-//! one response object ([`generation`]) or as server-sent events ([`sse`]). The engine is seen
-//! through the [`Backend`] trait, implemented for [`tandem_engine::EngineHandle`]. `GET /v1/models`
-//! and `GET /health` report the model and liveness. Every failure is an [`ApiError`]: an HTTP
-//! status with an OpenAI-style JSON body; input never panics the server.
+//! Requests enter as JSON on `POST /v1/chat/completions`, `POST /v1/completions` and
+//! `POST /v1/messages` (+ `/v1/messages/count_tokens`, [`anthropic`]); [`extract::ApiJson`] and
+//! [`anthropic::AnthropicJson`] turn bad bodies into errors in the caller's API style. Each
+//! request passes the API key check ([`auth`]) and the admission limiter ([`state`]: a
+//! concurrency limit answered with 429, a deadline), is validated ([`params`],
+//! [`chat::request`], [`completions::request`]), rendered through the chat template and
+//! tokenised ([`prompt`]), budgeted against the context and submitted to the engine as a
+//! [`tandem_engine::GenerateRequest`] — for chats through the [`thinking`] driver, which
+//! enforces the thinking budget and escapes reasoning loops. Generated text is split into
+//! reasoning, content and tool calls ([`output`]: [`reasoning`] + [`tools`]) and leaves either
+//! as one response object ([`generation`]) or as server-sent events ([`sse`]). The engine is seen
+//! through the [`Backend`] trait, implemented for [`tandem_engine::EngineHandle`] and, for SDK
+//! tests, by the [`scripted`] backend. Every failure is an [`ApiError`]; input never panics the
+//! server.
 
+pub mod anthropic;
+pub mod auth;
 pub mod backend;
 pub mod chat;
 pub mod completions;
@@ -17,16 +24,24 @@ pub mod config;
 mod engine_backend;
 pub mod error;
 pub mod extract;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generation;
 pub mod health;
 pub mod logprobs;
+pub mod metrics;
 pub mod models;
+pub mod output;
 pub mod params;
 pub mod prompt;
+pub mod reasoning;
 pub mod response_meta;
+pub mod scripted;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod thinking;
+pub mod tools;
 
 pub use backend::{Backend, ChatRenderOptions, RenderedChat};
 pub use config::ServerConfig;

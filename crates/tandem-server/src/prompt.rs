@@ -12,6 +12,8 @@ use crate::error::ApiError;
 pub struct Prompt {
     pub ids: Vec<u32>,
     pub message_boundaries: Vec<usize>,
+    /// The rendered text ends inside an open `<think>` block (the generation prompt opened it).
+    pub opens_reasoning: bool,
 }
 
 /// Encodes prompt text, adding BOS when the model wants one and the text does not already start
@@ -30,6 +32,7 @@ pub fn chat_prompt(backend: &dyn Backend, messages: &[Value], opts: &ChatRenderO
         .render_chat(messages, opts)
         .map_err(|e| ApiError::invalid_param("messages", format!("Could not apply the chat template: {e}")))?;
     let text = rendered.text;
+    let opens_reasoning = crate::reasoning::prompt_opens_reasoning(&text);
     let add_bos = wants_bos(backend, &text);
     let tokenize = |s: &str, bos: bool| {
         backend.tokenize(s, bos).map_err(|e| ApiError::invalid(format!("Could not tokenize the prompt: {e}")))
@@ -44,7 +47,7 @@ pub fn chat_prompt(backend: &dyn Backend, messages: &[Value], opts: &ChatRenderO
         }
     }
     let message_boundaries = if cuts.is_empty() { Vec::new() } else { boundaries(&text, &cuts, &ids, add_bos, &tokenize)? };
-    Ok(Prompt { ids, message_boundaries })
+    Ok(Prompt { ids, message_boundaries, opens_reasoning })
 }
 
 type Tokenize<'a> = dyn Fn(&str, bool) -> Result<Vec<u32>, ApiError> + 'a;

@@ -1,4 +1,5 @@
-//! The router (routes, body limit, JSON fallbacks) and the listener loop with graceful shutdown.
+//! The router (routes, API key, body limit, JSON fallbacks in the caller's API style) and the
+//! listener loop with graceful shutdown.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::backend::Backend;
 use crate::config::ServerConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorStyle};
 use crate::state::AppState;
 
 /// All routes, on `engine` (an [`tandem_engine::EngineHandle`], or any other [`Backend`]).
@@ -20,17 +21,30 @@ pub fn router<B: Backend>(engine: B, cfg: &ServerConfig) -> Router {
 
 /// [`router`] for a backend already behind an `Arc`.
 pub fn router_on(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Router {
-    let state = AppState { backend, cfg: Arc::new(cfg.clone()) };
+    let state = AppState::new(backend, cfg);
     Router::new()
         .route("/v1/chat/completions", post(crate::chat::chat_completions))
         .route("/v1/completions", post(crate::completions::completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
+        .route("/v1/messages/count_tokens", post(crate::anthropic::count_tokens))
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{id}", get(crate::models::get_model))
         .route("/health", get(crate::health::health))
-        .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .route("/metrics", get(crate::metrics::metrics))
+        .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()).into_styled(ErrorStyle::for_path(uri.path())) })
+        .method_not_allowed_fallback(|uri: Uri| async move { ApiError::method_not_allowed().into_styled(ErrorStyle::for_path(uri.path())) })
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .with_state(state)
+}
+
+/// A handler that panicked (a bug, never expected) still answers with a JSON 500; the server
+/// and every other request carry on.
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    tracing::error!("a request handler panicked");
+    ApiError::internal("Internal error while handling the request.").into_response()
 }
 
 /// Binds `cfg.host:cfg.port` and serves until ctrl-c or SIGTERM.

@@ -14,6 +14,7 @@ use tandem_engine::{FinishReason, GenerationEvent, PositionLogprobs, Usage};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::state::RequestGuard;
 
 /// Formats one route's chunks (each a serialised JSON object).
 pub trait ChunkFormat: Send + 'static {
@@ -37,15 +38,36 @@ pub async fn first_event(rx: &mut mpsc::Receiver<GenerationEvent>) -> Result<Gen
     }
 }
 
-/// The `text/event-stream` response for a request whose first event is `first`.
+/// Waits for the first event until the guard's deadline (504 after it).
+pub async fn first_event_until(rx: &mut mpsc::Receiver<GenerationEvent>, guard: &RequestGuard) -> Result<GenerationEvent, ApiError> {
+    match guard.deadline {
+        None => first_event(rx).await,
+        Some(d) => tokio::time::timeout_at(d, first_event(rx)).await.map_err(|_| ApiError::timeout())?,
+    }
+}
+
+/// Receives the next event, or `Err` once `deadline` has passed.
+pub async fn recv_until(
+    rx: &mut mpsc::Receiver<GenerationEvent>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Option<GenerationEvent>, ()> {
+    match deadline {
+        None => Ok(rx.recv().await),
+        Some(d) => tokio::time::timeout_at(d, rx.recv()).await.map_err(|_| ()),
+    }
+}
+
+/// The `text/event-stream` response for a request whose first event is `first`. The guard
+/// (concurrency permit, deadline) lives as long as the stream.
 pub fn sse_response<F: ChunkFormat>(
     first: GenerationEvent,
     rx: mpsc::Receiver<GenerationEvent>,
     fmt: F,
     include_usage: bool,
+    guard: RequestGuard,
 ) -> Response {
     use futures::StreamExt;
-    let events = frames(first, rx, fmt, include_usage).map(|data| Ok::<_, Infallible>(Event::default().data(data)));
+    let events = frames_guarded(first, rx, fmt, include_usage, guard).map(|data| Ok::<_, Infallible>(Event::default().data(data)));
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 
@@ -55,6 +77,7 @@ struct State<F> {
     pending: VecDeque<String>,
     fmt: F,
     include_usage: bool,
+    guard: RequestGuard,
 }
 
 impl<F: ChunkFormat> State<F> {
@@ -86,20 +109,39 @@ impl<F: ChunkFormat> State<F> {
 pub fn frames<F: ChunkFormat>(
     first: GenerationEvent,
     rx: mpsc::Receiver<GenerationEvent>,
-    mut fmt: F,
+    fmt: F,
     include_usage: bool,
 ) -> impl Stream<Item = String> + Send {
+    frames_guarded(first, rx, fmt, include_usage, RequestGuard::default())
+}
+
+/// [`frames`] holding `guard`; past its deadline the stream ends with an error frame.
+pub fn frames_guarded<F: ChunkFormat>(
+    first: GenerationEvent,
+    rx: mpsc::Receiver<GenerationEvent>,
+    mut fmt: F,
+    include_usage: bool,
+    guard: RequestGuard,
+) -> impl Stream<Item = String> + Send {
     let pending: VecDeque<String> = fmt.opening().into_iter().collect();
-    let state = State { rx: Some(rx), first: Some(first), pending, fmt, include_usage };
+    let state = State { rx: Some(rx), first: Some(first), pending, fmt, include_usage, guard };
     futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(data) = s.pending.pop_front() {
                 return Some((data, s));
             }
+            let deadline = s.guard.deadline;
             let rx = s.rx.as_mut()?;
             let event = match s.first.take() {
                 Some(e) => Some(e),
-                None => rx.recv().await,
+                None => match recv_until(rx, deadline).await {
+                    Ok(e) => e,
+                    Err(()) => {
+                        s.pending.push_back(ApiError::timeout().body().to_string());
+                        s.rx = None;
+                        continue;
+                    }
+                },
             };
             s.apply(event);
         }

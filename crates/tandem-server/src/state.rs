@@ -1,19 +1,47 @@
-//! The state every route handler shares: the backend and the server settings.
+//! The state every route handler shares: the backend, the server settings, the tool-call format
+//! chosen for the model, and the admission limiter (concurrency limit + per-request deadline).
 
 use std::sync::Arc;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
 use crate::backend::Backend;
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, ToolParserChoice};
 use crate::error::ApiError;
+use crate::tools::ToolFormat;
 
 /// Cloned into every handler by axum.
 #[derive(Clone)]
 pub struct AppState {
     pub backend: Arc<dyn Backend>,
     pub cfg: Arc<ServerConfig>,
+    /// The tool-call format to parse, `None` when parsing is off.
+    pub tool_format: Option<ToolFormat>,
+    limiter: Option<Arc<Semaphore>>,
+}
+
+/// What an admitted request holds until its response is complete: a concurrency permit and its
+/// deadline.
+#[derive(Debug, Default)]
+pub struct RequestGuard {
+    _permit: Option<OwnedSemaphorePermit>,
+    pub deadline: Option<Instant>,
 }
 
 impl AppState {
+    pub fn new(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Self {
+        let tool_format = match cfg.tool_parser {
+            ToolParserChoice::Off => None,
+            ToolParserChoice::Fixed(f) => Some(f),
+            ToolParserChoice::Auto => {
+                Some(backend.chat_template_source().as_deref().and_then(ToolFormat::detect).unwrap_or(ToolFormat::Hermes))
+            }
+        };
+        let limiter = (cfg.max_concurrent_requests > 0).then(|| Arc::new(Semaphore::new(cfg.max_concurrent_requests)));
+        Self { backend, cfg: Arc::new(cfg.clone()), tool_format, limiter }
+    }
+
     /// Ok when the request names no model, or the served one.
     pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
         match requested {
@@ -21,6 +49,16 @@ impl AppState {
             Some(m) if m == self.backend.info().id => Ok(()),
             Some(m) => Err(ApiError::model_not_found(m)),
         }
+    }
+
+    /// Admits a generation request, or refuses it with 429 when the server is at its limit.
+    pub fn admit(&self) -> Result<RequestGuard, ApiError> {
+        let permit = match &self.limiter {
+            None => None,
+            Some(sem) => Some(sem.clone().try_acquire_owned().map_err(|_| ApiError::overloaded())?),
+        };
+        let deadline = self.cfg.request_timeout.map(|t| Instant::now() + t);
+        Ok(RequestGuard { _permit: permit, deadline })
     }
 
     /// Runs CPU-heavy prompt work (templating, tokenising) off the async workers.

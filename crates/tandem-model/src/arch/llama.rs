@@ -9,7 +9,7 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::LayerCacheSpec;
 use crate::loader::{layer_progress, Embedding, Linear, WeightSource};
-use crate::ops::{causal_attention, Rope};
+use crate::ops::Rope;
 
 struct Layer {
     attn_norm: Tensor,
@@ -149,13 +149,7 @@ impl CausalLm for Llama {
                 let qc = self.rope.apply(&qc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
                 let kc = self.rope.apply(&kc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
                 let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
-                let layer_cache = c
-                    .cache
-                    .layers
-                    .get_mut(li)
-                    .ok_or_else(|| ModelError::Input("sequence cache has fewer layers than the model".into()))?;
-                let (k_all, v_all) = layer_cache.append(&kc, &vc)?;
-                let att = causal_attention(&qc, &k_all, &v_all, scale)?;
+                let att = c.cache.layer_kv(li)?.attend(&qc, &kc, &vc, scale)?;
                 outs.push(att.transpose(0, 1)?.reshape((t, nh * hd))?);
                 off += t;
             }

@@ -131,6 +131,8 @@ pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
         crate::arch::qwen_hybrid::load_hf_dir(path, device)
     } else if path.is_dir() {
         safetensors::load_hf_dir(path, device)
+    } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
+        crate::arch::qwen_hybrid::gguf::load_gguf(path, device)
     } else if path.is_file() {
         gguf::load_gguf(path, device)
     } else {
@@ -144,6 +146,8 @@ pub fn summarize(path: &Path) -> Result<ModelSummary> {
         crate::arch::qwen_hybrid::summarize(path)
     } else if path.is_dir() {
         safetensors::summarize(path)
+    } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
+        crate::arch::qwen_hybrid::gguf::summarize(path)
     } else if path.is_file() {
         gguf::summarize(path)
     } else {

@@ -2,6 +2,7 @@
 //! tiled version exists.
 
 pub mod attention;
+pub mod paged_attention;
 pub mod quant;
 pub mod gdn;
 pub mod rope;

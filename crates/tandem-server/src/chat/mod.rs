@@ -4,6 +4,7 @@
 pub mod request;
 pub mod response;
 pub mod route;
+pub mod submit;
 
-pub use request::{ChatCompletionRequest, ChatMessage, Role};
+pub use request::{ChatCompletionRequest, ChatMessage, Role, ToolChoice};
 pub use route::chat_completions;

@@ -1,6 +1,12 @@
 //! The chat request body and its checks: messages (text or text parts; roles system, developer,
-//! user, assistant, tool), log-probability options, tools and template kwargs, plus the shared
-//! [`CommonParams`].
+//! user, assistant, tool), log-probability options, tools, `tool_choice`, `parallel_tool_calls`,
+//! reasoning switches (`enable_thinking`, `chat_template_kwargs`, `max_thinking_tokens`), plus
+//! the shared [`CommonParams`].
+//!
+//! `tool_choice`: `auto` (default) offers the tools and parses calls; `none` neither offers them
+//! to the template nor parses calls; `required` and a named function offer the tools (a named
+//! function only that one) and parse calls, but the model is not constrained: if it answers
+//! without a call, the answer comes back as content.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -25,12 +31,84 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
-    /// Passed to the chat template; tool-call parsing of the output is not done yet.
+    /// Passed to the chat template; calls in the output are parsed into `tool_calls`.
     #[serde(default)]
     pub tools: Option<Value>,
+    /// `"auto"`, `"none"`, `"required"` or `{"type":"function","function":{"name":…}}`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// `false` keeps only the first call of an answer.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// Extra template variables (e.g. `enable_thinking`).
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Shorthand for `chat_template_kwargs.enable_thinking`.
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
+    /// Tokens the model may spend inside `<think>…</think>`; `max_tokens` then bounds the answer.
+    #[serde(default)]
+    pub max_thinking_tokens: Option<u64>,
+}
+
+/// The parsed `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Function(String),
+}
+
+impl ToolChoice {
+    /// Parses OpenAI's `tool_choice` (`param` names the field in errors).
+    pub fn parse(value: Option<&Value>, param: &str) -> Result<Self, ApiError> {
+        match value {
+            None | Some(Value::Null) => Ok(Self::Auto),
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => Ok(Self::Auto),
+                "none" => Ok(Self::None),
+                "required" | "any" => Ok(Self::Required),
+                other => Err(ApiError::invalid_param(param, format!("Unknown tool_choice `{other}`; use auto, none, required or a function."))),
+            },
+            Some(Value::Object(o)) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .or_else(|| o.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty());
+                match name {
+                    Some(n) => Ok(Self::Function(n.to_string())),
+                    None => Err(ApiError::invalid_param(param, "tool_choice must name a function: {\"type\": \"function\", \"function\": {\"name\": …}}.")),
+                }
+            }
+            Some(_) => Err(ApiError::invalid_param(param, "tool_choice must be a string or an object.")),
+        }
+    }
+
+    /// The tools the template is shown: all, none, or only the named one (which must exist).
+    pub fn offered(&self, tools: Option<&Value>, param: &str) -> Result<Option<Value>, ApiError> {
+        let Some(Value::Array(list)) = tools else {
+            return match self {
+                Self::Function(_) | Self::Required => Err(ApiError::invalid_param(param, "tool_choice needs `tools`.")),
+                _ => Ok(None),
+            };
+        };
+        match self {
+            Self::None => Ok(None),
+            Self::Auto | Self::Required => Ok((!list.is_empty()).then(|| Value::Array(list.clone()))),
+            Self::Function(name) => {
+                let named = |t: &&Value| {
+                    t.get("function").unwrap_or(t).get("name").and_then(Value::as_str) == Some(name.as_str())
+                };
+                match list.iter().find(named) {
+                    Some(t) => Ok(Some(Value::Array(vec![t.clone()]))),
+                    None => Err(ApiError::invalid_param(param, format!("tool_choice names `{name}`, which is not in tools."))),
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -103,6 +181,7 @@ impl ChatMessage {
     /// The message as the chat template sees it.
     fn template_value(&self, index: usize) -> Result<Value, ApiError> {
         let mut obj = self.extra.clone();
+        crate::tools::arguments_as_objects(&mut obj);
         obj.insert("role".into(), Value::String(self.role.template_name().into()));
         obj.insert("content".into(), Value::String(self.text(index)?));
         Ok(Value::Object(obj))
@@ -140,18 +219,20 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// Template options: generation prompt on, tools and kwargs passed through.
+    /// Template options: generation prompt on, the tools `tool_choice` offers, kwargs (with
+    /// `enable_thinking`) passed through.
     pub fn render_options(&self) -> Result<ChatRenderOptions, ApiError> {
         let tools = match &self.tools {
             None | Some(Value::Null) => None,
-            Some(t @ Value::Array(_)) => Some(t.clone()),
+            Some(t @ Value::Array(_)) => Some(t),
             Some(_) => return Err(ApiError::invalid_param("tools", "tools must be an array.")),
         };
-        Ok(ChatRenderOptions {
-            add_generation_prompt: true,
-            tools,
-            extra: self.chat_template_kwargs.clone().unwrap_or_default(),
-        })
+        let choice = ToolChoice::parse(self.tool_choice.as_ref(), "tool_choice")?;
+        let mut extra = self.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(on) = self.enable_thinking {
+            extra.insert("enable_thinking".into(), Value::Bool(on));
+        }
+        Ok(ChatRenderOptions { add_generation_prompt: true, tools: choice.offered(tools, "tool_choice")?, extra })
     }
 }
 

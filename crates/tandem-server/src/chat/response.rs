@@ -1,18 +1,53 @@
 //! The chat response objects: `chat.completion` for whole answers and the
-//! `chat.completion.chunk` stream format (role delta, content deltas, finish chunk, usage chunk).
+//! `chat.completion.chunk` stream format (role delta, content / `reasoning_content` /
+//! `tool_calls` deltas, finish chunk, usage chunk). Generated text goes through the
+//! [`OutputParser`] in both modes; an answer with tool calls finishes with `tool_calls`.
 
 use serde::Serialize;
 use tandem_engine::{FinishReason, PositionLogprobs, Usage};
 
 use crate::generation::Completion;
 use crate::logprobs::{ChatLogprobEntry, ChatLogprobs};
+use crate::output::{OutEvent, OutputConfig, OutputParser, Parsed};
 use crate::response_meta::{ResponseMeta, UsageBody};
 use crate::sse::ChunkFormat;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallBody {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallBody>,
+}
+
+impl AssistantMessage {
+    pub fn from_parsed(p: Parsed) -> Self {
+        let tool_calls: Vec<ToolCallBody> = p
+            .calls
+            .into_iter()
+            .map(|c| ToolCallBody { id: c.id, kind: "function", function: FunctionCall { name: c.name, arguments: c.arguments } })
+            .collect();
+        let content = if p.content.is_empty() && !tool_calls.is_empty() { None } else { Some(p.content) };
+        let reasoning_content = (!p.reasoning.is_empty()).then_some(p.reasoning);
+        Self { role: "assistant", content, reasoning_content, tool_calls }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -42,9 +77,11 @@ pub struct ChatCompletion {
 
 impl ChatCompletion {
     /// `prompt_ids` is `Some` when the client asked for token ids; `logprobs` when it asked for
-    /// log-probabilities.
-    pub fn new(meta: ResponseMeta, done: Completion, prompt_ids: Option<Vec<u32>>, logprobs: bool) -> Self {
+    /// log-probabilities; `output` says how to split the text.
+    pub fn new(meta: ResponseMeta, done: Completion, output: &OutputConfig, prompt_ids: Option<Vec<u32>>, logprobs: bool) -> Self {
         let with_ids = prompt_ids.is_some();
+        let message = AssistantMessage::from_parsed(Parsed::from_text(output, &done.text));
+        let finish_reason = if message.tool_calls.is_empty() { done.finish_reason.as_str() } else { "tool_calls" };
         Self {
             id: meta.id,
             object: "chat.completion",
@@ -52,9 +89,9 @@ impl ChatCompletion {
             model: meta.model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage { role: "assistant", content: done.text },
+                message,
                 logprobs: logprobs.then(|| ChatLogprobs::from_positions(&done.logprobs)),
-                finish_reason: done.finish_reason.as_str(),
+                finish_reason,
                 token_ids: with_ids.then_some(done.token_ids),
             }],
             usage: UsageBody::from(&done.usage),
@@ -64,11 +101,65 @@ impl ChatCompletion {
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+impl Delta {
+    /// The delta of a run of parsed output events.
+    pub fn from_events(events: Vec<OutEvent>) -> Self {
+        let mut d = Delta::default();
+        for e in events {
+            match e {
+                OutEvent::Reasoning(s) => d.reasoning_content.get_or_insert_with(String::new).push_str(&s),
+                OutEvent::Content(s) => d.content.get_or_insert_with(String::new).push_str(&s),
+                OutEvent::ToolStart { index, id, name } => d.tool_calls.push(ToolCallDelta {
+                    index,
+                    id: Some(id),
+                    kind: Some("function"),
+                    function: FunctionDelta { name: Some(name), arguments: String::new() },
+                }),
+                OutEvent::ToolArgs { index, fragment } => match d.tool_calls.last_mut() {
+                    Some(t) if t.index == index => t.function.arguments.push_str(&fragment),
+                    _ => d.tool_calls.push(ToolCallDelta {
+                        index,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta { name: None, arguments: fragment },
+                    }),
+                },
+            }
+        }
+        d
+    }
+
+    fn is_empty(&self) -> bool {
+        self.role.is_none() && self.content.is_none() && self.reasoning_content.is_none() && self.tool_calls.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -101,11 +192,12 @@ pub struct ChatChunks {
     prompt_ids: Option<Vec<u32>>,
     return_token_ids: bool,
     logprobs: bool,
+    parser: OutputParser,
 }
 
 impl ChatChunks {
-    pub fn new(meta: ResponseMeta, prompt_ids: Option<Vec<u32>>, logprobs: bool) -> Self {
-        Self { meta, return_token_ids: prompt_ids.is_some(), prompt_ids, logprobs }
+    pub fn new(meta: ResponseMeta, output: &OutputConfig, prompt_ids: Option<Vec<u32>>, logprobs: bool) -> Self {
+        Self { meta, return_token_ids: prompt_ids.is_some(), prompt_ids, logprobs, parser: OutputParser::new(output) }
     }
 
     fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<UsageBody>, prompt_token_ids: Option<Vec<u32>>) -> String {
@@ -126,7 +218,7 @@ impl ChunkFormat for ChatChunks {
     fn opening(&mut self) -> Option<String> {
         let choice = ChunkChoice {
             index: 0,
-            delta: Delta { role: Some("assistant"), content: Some(String::new()) },
+            delta: Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() },
             logprobs: None,
             finish_reason: None,
             token_ids: None,
@@ -137,12 +229,13 @@ impl ChunkFormat for ChatChunks {
 
     fn token(&mut self, id: u32, text: &str, logprobs: Option<&PositionLogprobs>) -> Option<String> {
         let logprobs = logprobs.filter(|_| self.logprobs);
-        if text.is_empty() && logprobs.is_none() && !self.return_token_ids {
+        let delta = Delta::from_events(self.parser.push(text));
+        if delta.is_empty() && logprobs.is_none() && !self.return_token_ids {
             return None;
         }
         let choice = ChunkChoice {
             index: 0,
-            delta: Delta { role: None, content: Some(text.to_string()) },
+            delta,
             logprobs: logprobs.map(|p| ChatLogprobs { content: vec![ChatLogprobEntry::new(p)] }),
             finish_reason: None,
             token_ids: self.return_token_ids.then(|| vec![id]),
@@ -151,11 +244,14 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn finish(&mut self, reason: FinishReason, text: &str) -> String {
+        let mut events = self.parser.push(text);
+        events.extend(self.parser.finish());
+        let finish = if self.parser.made_calls() { "tool_calls" } else { reason.as_str() };
         let choice = ChunkChoice {
             index: 0,
-            delta: Delta { role: None, content: (!text.is_empty()).then(|| text.to_string()) },
+            delta: Delta::from_events(events),
             logprobs: None,
-            finish_reason: Some(reason.as_str()),
+            finish_reason: Some(finish),
             token_ids: None,
         };
         self.chunk(vec![choice], None, None)
@@ -189,13 +285,14 @@ mod tests {
             finish_reason: FinishReason::Stop,
             usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 0 },
         };
-        let v = serde_json::to_value(ChatCompletion::new(meta(), done.clone(), None, false)).unwrap();
+        let out = OutputConfig::default();
+        let v = serde_json::to_value(ChatCompletion::new(meta(), done.clone(), &out, None, false)).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"], serde_json::json!({"role": "assistant", "content": "hi"}));
         assert!(v["choices"][0]["logprobs"].is_null());
         assert!(v["choices"][0].get("token_ids").is_none());
         assert_eq!(v["usage"]["total_tokens"], 5);
-        let v = serde_json::to_value(ChatCompletion::new(meta(), done, Some(vec![1, 2, 3]), true)).unwrap();
+        let v = serde_json::to_value(ChatCompletion::new(meta(), done, &out, Some(vec![1, 2, 3]), true)).unwrap();
         assert_eq!(v["choices"][0]["token_ids"], serde_json::json!([7, 8]));
         assert_eq!(v["prompt_token_ids"], serde_json::json!([1, 2, 3]));
         assert_eq!(v["choices"][0]["logprobs"]["content"], serde_json::json!([]));
@@ -203,7 +300,7 @@ mod tests {
 
     #[test]
     fn chunk_sequence() {
-        let mut f = ChatChunks::new(meta(), None, true);
+        let mut f = ChatChunks::new(meta(), &OutputConfig::default(), None, true);
         let open = parse(&f.opening().unwrap());
         assert_eq!(open["object"], "chat.completion.chunk");
         assert_eq!(open["choices"][0]["delta"]["role"], "assistant");
@@ -222,10 +319,47 @@ mod tests {
 
     #[test]
     fn token_ids_in_chunks() {
-        let mut f = ChatChunks::new(meta(), Some(vec![4, 5]), false);
+        let mut f = ChatChunks::new(meta(), &OutputConfig::default(), Some(vec![4, 5]), false);
         assert_eq!(parse(&f.opening().unwrap())["prompt_token_ids"], serde_json::json!([4, 5]));
         let t = parse(&f.token(9, "", None).unwrap());
         assert_eq!(t["choices"][0]["token_ids"], serde_json::json!([9]));
         assert!(t["choices"][0]["logprobs"].is_null());
+    }
+
+    #[test]
+    fn tool_calls_and_reasoning() {
+        use crate::tools::{ToolFormat, ToolSchemas};
+        let out = OutputConfig { reasoning_inside: false, parse_reasoning: true, tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)) };
+        let text = "<think>\nhm\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let done = Completion {
+            text: text.into(),
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+        };
+        let v = serde_json::to_value(ChatCompletion::new(meta(), done, &out, None, false)).unwrap();
+        let m = &v["choices"][0]["message"];
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        assert!(m["content"].is_null());
+        assert_eq!(m["reasoning_content"], "hm");
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+        assert_eq!(m["tool_calls"][0]["function"], serde_json::json!({"name": "f", "arguments": "{\"a\":1}"}));
+
+        let mut f = ChatChunks::new(meta(), &out, None, false);
+        let mut deltas = Vec::new();
+        for ch in text.chars() {
+            deltas.extend(f.token(0, &ch.to_string(), None).map(|c| parse(&c)["choices"][0]["delta"].clone()));
+        }
+        let fin = parse(&f.finish(FinishReason::Stop, ""));
+        assert_eq!(fin["choices"][0]["finish_reason"], "tool_calls");
+        deltas.push(fin["choices"][0]["delta"].clone());
+        let reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        assert_eq!(reasoning, "hm");
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d["tool_calls"].as_array()).flatten().collect();
+        assert_eq!(calls[0]["function"]["name"], "f");
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        let args: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
+        assert_eq!(args, "{\"a\":1}");
     }
 }

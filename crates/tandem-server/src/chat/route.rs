@@ -1,19 +1,17 @@
-//! The `/v1/chat/completions` handler: validate, render and tokenise, budget against the
-//! context, submit, then answer whole or as a stream.
+//! The `/v1/chat/completions` handler: admit, validate, render and submit ([`submit_chat`]),
+//! then answer whole or as a stream.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use tandem_engine::GenerateRequest;
 
 use super::request::ChatCompletionRequest;
 use super::response::{ChatChunks, ChatCompletion};
+use super::submit::{submit_chat, ChatJob};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::generation::collect;
-use crate::params::token_budget;
-use crate::prompt::chat_prompt;
+use crate::generation::collect_until;
 use crate::response_meta::ResponseMeta;
-use crate::sse::{first_event, sse_response};
+use crate::sse::{first_event_until, sse_response};
 use crate::state::AppState;
 
 pub async fn chat_completions(
@@ -21,34 +19,35 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(req.common.model.as_deref())?;
-    let (model, context, vocab) = {
+    let guard = state.admit()?;
+    let (model, vocab) = {
         let info = state.backend.info();
-        (info.id.clone(), info.context_length, info.vocab_size)
+        (info.id.clone(), info.vocab_size)
     };
     let params = req.common.validate(vocab)?;
     let logprobs = req.engine_logprobs()?;
-    let messages = req.template_messages()?;
-    let opts = req.render_options()?;
-    drop(req);
-
-    let prompt = state.blocking(move |b| chat_prompt(b, &messages, &opts)).await?;
-    let max_tokens = token_budget(prompt.ids.len(), params.max_tokens, context, state.cfg.default_max_tokens)?;
-    let prompt_ids = params.return_token_ids.then(|| prompt.ids.clone());
-    let gen = GenerateRequest {
-        prompt_ids: prompt.ids,
-        sampling: params.sampling,
-        stop: tandem_engine::StopParams { max_tokens, ..params.stop },
-        logprobs,
-        message_boundaries: prompt.message_boundaries,
+    let max_thinking_tokens = match req.max_thinking_tokens {
+        Some(0) => return Err(ApiError::invalid_param("max_thinking_tokens", "max_thinking_tokens must be at least 1.")),
+        m => m.map(|m| usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    let mut rx = state.backend.submit(gen)?;
+    let job = ChatJob {
+        messages: req.template_messages()?,
+        opts: req.render_options()?,
+        params: params.clone(),
+        logprobs,
+        parallel: req.parallel_tool_calls.unwrap_or(true),
+        max_thinking_tokens,
+    };
+    drop(req);
+    let mut sub = submit_chat(&state, job).await?;
+    let prompt_ids = params.return_token_ids.then(|| sub.prompt_ids.clone());
     let meta = ResponseMeta::new("chatcmpl", &model);
     if params.stream {
-        let first = first_event(&mut rx).await?;
-        let fmt = ChatChunks::new(meta, prompt_ids, logprobs.is_some());
-        Ok(sse_response(first, rx, fmt, params.include_usage))
+        let first = first_event_until(&mut sub.rx, &guard).await?;
+        let fmt = ChatChunks::new(meta, &sub.output, prompt_ids, logprobs.is_some());
+        Ok(sse_response(first, sub.rx, fmt, params.include_usage, guard))
     } else {
-        let done = collect(rx).await?;
-        Ok(axum::Json(ChatCompletion::new(meta, done, prompt_ids, logprobs.is_some())).into_response())
+        let done = collect_until(sub.rx, &guard).await?;
+        Ok(axum::Json(ChatCompletion::new(meta, done, &sub.output, prompt_ids, logprobs.is_some())).into_response())
     }
 }

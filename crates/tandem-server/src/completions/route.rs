@@ -9,15 +9,16 @@ use super::request::CompletionRequest;
 use super::response::{whole, CompletionChunks};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::generation::collect;
+use crate::generation::collect_until;
 use crate::params::token_budget;
 use crate::prompt::completion_prompt;
 use crate::response_meta::ResponseMeta;
-use crate::sse::{first_event, sse_response};
+use crate::sse::{first_event_until, sse_response};
 use crate::state::AppState;
 
 pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     state.check_model(req.common.model.as_deref())?;
+    let guard = state.admit()?;
     let (model, context, vocab) = {
         let info = state.backend.info();
         (info.id.clone(), info.context_length, info.vocab_size)
@@ -49,11 +50,11 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
     let mut rx = state.backend.submit(gen)?;
     let meta = ResponseMeta::new("cmpl", &model);
     if params.stream {
-        let first = first_event(&mut rx).await?;
+        let first = first_event_until(&mut rx, &guard).await?;
         let fmt = CompletionChunks::new(meta, echo_ids, logprobs.is_some());
-        Ok(sse_response(first, rx, fmt, params.include_usage))
+        Ok(sse_response(first, rx, fmt, params.include_usage, guard))
     } else {
-        let done = collect(rx).await?;
+        let done = collect_until(rx, &guard).await?;
         Ok(axum::Json(whole(&meta, done, echo_ids, logprobs.is_some())).into_response())
     }
 }

@@ -5,14 +5,14 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::kv::KvBuffer;
+use crate::kv::LayerKv;
 use crate::loader::{Linear, WeightSource};
-use crate::ops::{causal_attention, Rope};
+use crate::ops::Rope;
 
 /// One sequence's share of a batch for an attention layer.
 pub struct AttnPart<'a> {
     pub len: usize,
-    pub kv: &'a mut KvBuffer,
+    pub kv: LayerKv<'a>,
     /// RoPE cos/sin for this part's positions.
     pub tables: &'a (Tensor, Tensor),
 }
@@ -73,8 +73,7 @@ impl GatedAttention {
             let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
             let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
             let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-            let (k_all, v_all) = part.kv.append(&kc, &vc)?;
-            let att = causal_attention(&q.contiguous()?, &k_all, &v_all, scale)?;
+            let att = part.kv.attend(&q.contiguous()?, &kc, &vc, scale)?;
             let att = att.transpose(0, 1)?.reshape((t, nh * hd))?;
             outs.push((att * candle_nn::ops::sigmoid(&gate)?)?);
             off += t;

@@ -30,7 +30,8 @@ pub struct MoeConfig {
 pub struct HybridConfig {
     /// `model_type` of the text model.
     pub model_type: String,
-    /// Qwen3-Next: `in_proj_qkvz` / `in_proj_ba` grouped per k-head; otherwise split projections.
+    /// Qwen3-Next family: HF checkpoints hold `in_proj_qkvz` / `in_proj_ba` grouped per k-head
+    /// (the GDN loader recognises the layout from the tensors present).
     pub grouped_projections: bool,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -55,6 +56,9 @@ pub struct HybridConfig {
     pub mlp_only_layers: Vec<usize>,
     /// MTP blocks declared by the config (the weights decide whether one is loaded).
     pub mtp_layers: usize,
+    /// GDN V heads stored in llama.cpp's "tiled" order (v-head `j·nk + g` reads k-head `g`), as
+    /// in `qwen35` / `qwen35moe` GGUFs; the loader puts them back in HF's grouped order.
+    pub v_heads_tiled: bool,
 }
 
 const TYPES: [&str; 5] = ["qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"];
@@ -155,6 +159,7 @@ impl HybridConfig {
                 .map(|a| a.iter().filter_map(Json::as_u64).map(|x| x as usize).collect())
                 .unwrap_or_default(),
             mtp_layers: opt_u("mtp_num_hidden_layers").or_else(|| opt_u("num_nextn_predict_layers")).unwrap_or(0),
+            v_heads_tiled: false,
         };
         cfg.validate()?;
         Ok(cfg)

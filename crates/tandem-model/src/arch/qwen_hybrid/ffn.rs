@@ -1,6 +1,7 @@
 //! Feed-forward blocks of the hybrid family: dense SwiGLU, and the sparse MoE block (softmax
 //! over all experts, top-k, renormalised, plus a sigmoid-gated shared expert). Expert weights
-//! load from per-expert tensors (`experts.{e}.gate_proj.weight`, ...) or from the fused
+//! load from per-expert tensors (`experts.{e}.gate_proj.weight`, ...; kept as the source stores
+//! them, so GGUF experts stay quantised) or from the fused
 //! Qwen3.5 layout (`experts.gate_up_proj` `[E, 2I, H]`, gate rows first; `experts.down_proj`
 //! `[E, H, I]`).
 
@@ -48,10 +49,26 @@ impl Mlp {
     }
 }
 
+/// An expert's projection: dense f32 (fused HF layout) or a [`Linear`] as the source stores it
+/// (per-expert tensors, possibly quantised slices of a GGUF's stacked experts).
+enum ExpertW {
+    Dense(Dense),
+    Linear(Linear),
+}
+
+impl ExpertW {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            ExpertW::Dense(d) => d.forward(x),
+            ExpertW::Linear(l) => l.forward(x),
+        }
+    }
+}
+
 struct Expert {
-    gate: Dense,
-    up: Dense,
-    down: Dense,
+    gate: ExpertW,
+    up: ExpertW,
+    down: ExpertW,
 }
 
 pub struct Moe {
@@ -77,15 +94,12 @@ impl Moe {
             }
             for e in 0..m.num_experts {
                 let g = gu.get(e)?;
-                experts.push(Expert {
-                    gate: Dense::from_weight(&g.narrow(0, 0, i)?)?,
-                    up: Dense::from_weight(&g.narrow(0, i, i)?)?,
-                    down: Dense::from_weight(&dn.get(e)?)?,
-                });
+                let d = |w: &Tensor| -> Result<ExpertW> { Ok(ExpertW::Dense(Dense::from_weight(w)?)) };
+                experts.push(Expert { gate: d(&g.narrow(0, 0, i)?)?, up: d(&g.narrow(0, i, i)?)?, down: d(&dn.get(e)?)? });
             }
         } else {
             for e in 0..m.num_experts {
-                let w = |s: &str| -> Result<Dense> { Dense::from_weight(&ws.tensor_f32(&format!("{p}experts.{e}.{s}.weight"))?) };
+                let w = |s: &str| -> Result<ExpertW> { Ok(ExpertW::Linear(ws.linear(&format!("{p}experts.{e}.{s}.weight"))?)) };
                 experts.push(Expert { gate: w("gate_proj")?, up: w("up_proj")?, down: w("down_proj")? });
             }
         }

@@ -4,6 +4,15 @@
 //! rule (chunked for prefill, recurrent for single tokens and verify mode); the gated RMSNorm
 //! with z; out_proj. Qwen3-Next's grouped `in_proj_qkvz` / `in_proj_ba` rows are permuted at
 //! load time into the split Qwen3.5 layout, so one code path serves both.
+//!
+//! GGUF layouts are recognised by the tensors present: a grouped `in_proj_ba` beside split
+//! `in_proj_qkv` / `in_proj_z` (`qwen3next` GGUFs) has its b and a columns picked after the
+//! matmul; V heads in llama.cpp's tiled order ([`HybridConfig::v_heads_tiled`], `qwen35*`
+//! GGUFs) are put back in grouped order by gathering the projection outputs (and scattering
+//! the `out_proj` input), so quantised weights are used exactly as stored, while the small
+//! per-head tensors (conv, A, dt_bias) are reordered at load time.
+
+use std::sync::Arc;
 
 use candle_core::Tensor;
 
@@ -22,6 +31,8 @@ use super::ffn::Dense;
 enum Proj {
     Stored(Linear),
     Permuted(Dense),
+    /// A stored projection whose output columns are picked and reordered by the `u32` indices.
+    Gathered(Arc<Linear>, Tensor),
 }
 
 impl Proj {
@@ -29,7 +40,12 @@ impl Proj {
         match self {
             Proj::Stored(l) => l.forward(x),
             Proj::Permuted(d) => d.forward(x),
+            Proj::Gathered(l, cols) => Ok(l.forward(x)?.index_select(cols, 1)?),
         }
+    }
+    fn gathered(l: Arc<Linear>, cols: Vec<u32>, dev: &candle_core::Device) -> Result<Self> {
+        let n = cols.len();
+        Ok(Proj::Gathered(l, Tensor::from_vec(cols, n, dev)?))
     }
     fn rows(w: &Tensor, rows: Vec<u32>) -> Result<Self> {
         let n = rows.len();
@@ -52,6 +68,8 @@ pub struct GdnLayer {
     b: Proj,
     a: Proj,
     out: Linear,
+    /// Tiled V-head order: the `out_proj` input columns, gathered from grouped order.
+    out_cols: Option<Tensor>,
     conv_w: Vec<f32>,
     neg_a: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -75,7 +93,12 @@ impl GdnLayer {
         let dims = GdnDims { nk, nv, dk, dv };
         let r = dims.ratio();
         let channels = cfg.conv_channels();
-        let (qkv, z, b, a) = if cfg.grouped_projections {
+        let dev = ws.device();
+        // Tiled V-head order (llama.cpp `qwen35*`): tiled head j·nk + g is grouped head g·r + j.
+        let tiled = cfg.v_heads_tiled && nk != nv;
+        let tiled_of = |h: usize| if tiled { (h % r) * nk + h / r } else { h };
+        let mut out_cols = None;
+        let (qkv, z, b, a) = if ws.has(&n("in_proj_qkvz.weight")) {
             let w = ws.tensor_f32(&n("in_proj_qkvz.weight"))?;
             let ba = ws.tensor_f32(&n("in_proj_ba.weight"))?;
             let group = 2 * dk + 2 * r * dv;
@@ -97,18 +120,59 @@ impl GdnLayer {
             }
             (Proj::rows(&w, qkv_rows)?, Proj::rows(&w, z_rows)?, Proj::rows(&ba, b_rows)?, Proj::rows(&ba, a_rows)?)
         } else {
-            let l = |s: &str| -> Result<Proj> { Ok(Proj::Stored(ws.linear(&n(s))?)) };
-            (l("in_proj_qkv.weight")?, l("in_proj_z.weight")?, l("in_proj_b.weight")?, l("in_proj_a.weight")?)
+            let kd = nk * dk;
+            // Output columns of the V-indexed projections, in grouped order.
+            let v_cols = |width: usize| -> Vec<u32> {
+                (0..nv).flat_map(|h| (0..width).map(move |d| (tiled_of(h) * width + d) as u32)).collect()
+            };
+            let stored = |s: &str, cols: Option<Vec<u32>>| -> Result<Proj> {
+                let l = ws.linear(&n(s))?;
+                match cols {
+                    Some(c) => Proj::gathered(Arc::new(l), c, dev),
+                    None => Ok(Proj::Stored(l)),
+                }
+            };
+            let qkv_cols = tiled.then(|| (0..2 * kd as u32).chain(v_cols(dv).into_iter().map(|c| c + 2 * kd as u32)).collect());
+            let qkv = stored("in_proj_qkv.weight", qkv_cols)?;
+            let z = stored("in_proj_z.weight", tiled.then(|| v_cols(dv)))?;
+            let (b, a) = if ws.has(&n("in_proj_ba.weight")) {
+                // Grouped per k-head: [b_g (r) | a_g (r)] for each k-head g.
+                let ba = Arc::new(ws.linear(&n("in_proj_ba.weight"))?);
+                let b_cols = (0..nv).map(|h| ((h / r) * 2 * r + h % r) as u32).collect();
+                let a_cols = (0..nv).map(|h| ((h / r) * 2 * r + r + h % r) as u32).collect();
+                (Proj::gathered(ba.clone(), b_cols, dev)?, Proj::gathered(ba, a_cols, dev)?)
+            } else {
+                (stored("in_proj_b.weight", tiled.then(|| v_cols(1)))?, stored("in_proj_a.weight", tiled.then(|| v_cols(1)))?)
+            };
+            if tiled {
+                // out_proj reads its input in tiled order: column t·dv + d is grouped head g·r + j.
+                let cols: Vec<u32> = (0..nv)
+                    .flat_map(|t| (0..dv).map(move |d| (((t % nk) * r + t / nk) * dv + d) as u32))
+                    .collect();
+                out_cols = Some(Tensor::from_vec(cols, nv * dv, dev)?);
+            }
+            (qkv, z, b, a)
         };
-        let conv_w = vec_of(&ws.tensor_f32(&n("conv1d.weight"))?)?;
+        let mut conv_w = vec_of(&ws.tensor_f32(&n("conv1d.weight"))?)?;
         if conv_w.len() != channels * cfg.conv_kernel {
             return Err(ModelError::Config(format!("{}: {} values, expected {channels} x {}", n("conv1d.weight"), conv_w.len(), cfg.conv_kernel)));
         }
-        let neg_a: Vec<f32> = vec_of(&ws.tensor_f32(&n("A_log"))?)?.iter().map(|x| -x.exp()).collect();
-        let dt_bias = vec_of(&ws.tensor_f32(&n("dt_bias"))?)?;
+        let mut neg_a: Vec<f32> = vec_of(&ws.tensor_f32(&n("A_log"))?)?.iter().map(|x| -x.exp()).collect();
+        let mut dt_bias = vec_of(&ws.tensor_f32(&n("dt_bias"))?)?;
         let norm_w = vec_of(&ws.tensor_f32(&n("norm.weight"))?)?;
         if neg_a.len() != nv || dt_bias.len() != nv || norm_w.len() != dv {
             return Err(ModelError::Config(format!("{p}linear_attn: A_log / dt_bias / norm sizes do not fit the config")));
+        }
+        if tiled {
+            let kc = cfg.conv_kernel;
+            let v0 = 2 * nk * dk * kc;
+            let (stored_a, stored_dt, stored_conv) = (neg_a.clone(), dt_bias.clone(), conv_w.clone());
+            for h in 0..nv {
+                let t = tiled_of(h);
+                neg_a[h] = stored_a[t];
+                dt_bias[h] = stored_dt[t];
+                conv_w[v0 + h * dv * kc..v0 + (h + 1) * dv * kc].copy_from_slice(&stored_conv[v0 + t * dv * kc..v0 + (t + 1) * dv * kc]);
+            }
         }
         Ok(Self {
             qkv,
@@ -116,6 +180,7 @@ impl GdnLayer {
             b,
             a,
             out: ws.linear(&n("out_proj.weight"))?,
+            out_cols,
             conv_w,
             neg_a,
             dt_bias,
@@ -194,7 +259,10 @@ impl GdnLayer {
             y[off * nv * dv..(off + t) * nv * dv].copy_from_slice(&o);
             off += t;
         }
-        let y = Tensor::from_vec(y, (total, nv * dv), h.device())?;
+        let mut y = Tensor::from_vec(y, (total, nv * dv), h.device())?;
+        if let Some(cols) = &self.out_cols {
+            y = y.index_select(cols, 1)?;
+        }
         self.out.forward(&y)
     }
 }

@@ -13,7 +13,10 @@ pub mod attention;
 pub mod config;
 pub mod ffn;
 pub mod gdn;
+pub mod gguf;
 pub mod mtp;
+pub mod random;
+pub mod to_gguf;
 
 use std::path::Path;
 
@@ -154,8 +157,7 @@ impl QwenHybrid {
                         .zip(&tables)
                         .map(|(c, tables)| {
                             let len = c.tokens.len();
-                            let kv = c.cache.layers.get_mut(li).ok_or_else(|| ModelError::Input("missing KV layer".into()))?;
-                            Ok(AttnPart { len, kv, tables })
+                            Ok(AttnPart { len, kv: c.cache.layer_kv(li)?, tables })
                         })
                         .collect::<Result<Vec<_>>>()?;
                     a.forward(&h, &self.rope, &mut parts)?
@@ -284,7 +286,6 @@ pub fn summarize(dir: &Path) -> Result<ModelSummary> {
 
 fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result<ModelSummary> {
     let (tensor_types, parameters) = src.tensor_types();
-    let kinds: String = cfg.layer_kinds.iter().map(|k| if *k == LayerKind::Full { 'A' } else { 'G' }).collect();
     let file_bytes = std::fs::read_dir(dir)
         .map_err(|e| ModelError::io(dir, e))?
         .filter_map(|e| e.ok())
@@ -295,14 +296,27 @@ fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result
     Ok(ModelSummary {
         path: dir.display().to_string(),
         format: "safetensors".into(),
-        architecture: format!(
-            "{} (layers {kinds}: G = Gated DeltaNet, A = gated attention; MTP head: {})",
-            cfg.model_type,
-            if src.has("mtp.fc.weight") { "yes" } else { "no" }
-        ),
+        architecture: describe(&cfg.model_type, cfg, src.has("mtp.fc.weight")),
         parameters,
         file_bytes,
         tensor_types,
+        chat_template: crate::chat_template::hf_chat_template(dir)?,
+        ..summary_fields(cfg)
+    })
+}
+
+/// `qwen3_5_text (layers GGAG: G = Gated DeltaNet, A = gated attention; MTP head: yes)`.
+pub(crate) fn describe(name: &str, cfg: &HybridConfig, mtp: bool) -> String {
+    let kinds: String = cfg.layer_kinds.iter().map(|k| if *k == LayerKind::Full { 'A' } else { 'G' }).collect();
+    format!(
+        "{name} (layers {kinds}: G = Gated DeltaNet, A = gated attention; MTP head: {})",
+        if mtp { "yes" } else { "no" }
+    )
+}
+
+/// The summary fields that come from the config.
+pub(crate) fn summary_fields(cfg: &HybridConfig) -> ModelSummary {
+    ModelSummary {
         context_length: cfg.max_position_embeddings,
         vocab_size: cfg.vocab_size,
         hidden_size: cfg.hidden_size,
@@ -312,6 +326,6 @@ fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result
         head_dim: cfg.head_dim,
         tie_word_embeddings: cfg.tie_word_embeddings,
         rope: format!("theta {}, partial rotary {} of {} dims", cfg.rope_theta, cfg.rotary_dim, cfg.head_dim),
-        chat_template: crate::chat_template::hf_chat_template(dir)?,
-    })
+        ..Default::default()
+    }
 }

@@ -7,7 +7,7 @@
 use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
-use crate::kv::KvBuffer;
+use crate::kv::{KvBuffer, LayerKv};
 use crate::loader::{Linear, WeightSource};
 
 use super::attention::{norm_1p, AttnPart, GatedAttention};
@@ -77,7 +77,7 @@ impl MtpHead {
         let positions: Vec<usize> = (start..start + n).collect();
         let tables = model.rope.tables(&positions, dev)?;
         let h = self.rms(&x, &self.in_norm)?;
-        let mut parts = [AttnPart { len: n, kv, tables: &tables }];
+        let mut parts = [AttnPart { len: n, kv: LayerKv::Contiguous(kv), tables: &tables }];
         let x = (x + self.attn.forward(&h, &model.rope, &mut parts)?)?;
         let x = (&x + self.ffn.forward(&self.rms(&x, &self.post_norm)?)?)?;
         let y = self.rms(&x, &self.norm)?;

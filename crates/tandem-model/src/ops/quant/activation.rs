@@ -15,14 +15,17 @@ use half::f16;
 use super::blocks::QK;
 use super::Kernel;
 
-/// 32 activations as `d · qs[j]`, with `s = d · Σ qs` (both rounded through f16).
+/// 32 activations as `d · qs[j]`, with `s = d · Σ qs` (both rounded through f16). `d` and `s`
+/// are adjacent and 8-byte aligned so a kernel can load them as one pair.
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
+#[repr(C, align(8))]
 pub struct Q8Block {
     pub qs: [i8; QK],
     pub d: f32,
     pub s: f32,
 }
+
+const _: () = assert!(std::mem::size_of::<Q8Block>() == 40 && std::mem::offset_of!(Q8Block, d) == 32);
 
 impl Q8Block {
     pub const ZERO: Q8Block = Q8Block { qs: [0; QK], d: 0.0, s: 0.0 };
@@ -62,7 +65,7 @@ pub fn quantize_row(kernel: Kernel, x: &[f32], out: &mut [Q8Block]) {
     match kernel {
         Kernel::Reference => quantize_row_scalar(x, out),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => {
+        Kernel::Avx2 | Kernel::AvxVnni => {
             assert_eq!(x.len(), out.len() * QK, "quantize_row: {} values for {} blocks", x.len(), out.len());
             assert!(Kernel::Avx2.available());
             // SAFETY: the CPU has AVX2 (checked above); lengths checked above.

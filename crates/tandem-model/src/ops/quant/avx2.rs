@@ -4,70 +4,113 @@
 //! * a weight block is unpacked to 32 bytes once (nibbles, plus the fifth bit for Q5) and
 //!   multiplied with up to 4 activation rows (prefill); for a single row (decode) 4 columns
 //!   are done at once so the activation block is loaded once per 4 weight rows;
+//! * the f16 scales of the tile's columns are converted together (F16C), and multiplied by
+//!   the activation's `(d, s)` pair in one vector: `[d_w·d_a, m_w·s_a]` per column;
 //! * per (row, column, block): `maddubs` (u8·i8 → i16 pairs), `madd` with ones (→ 8 × i32),
-//!   convert to f32 and `fma` with `d_w · d_a`; the `m_w · s_a` term is summed on the side.
+//!   convert to f32 and `fma` with `d_w · d_a`; the `m_w · s_a` lanes are summed on the side.
 //!
 //! The integer part is exact, so results equal [`super::reference`] up to f32 summation order.
+//!
+//! Memory is read only through `lddqu` and pointers are moved with `wrapping_add`: the
+//! workspace's dev profile keeps debug assertions on in our crates, and those add alignment
+//! and overlap checks (and a trip through the stack) to raw derefs, `read_unaligned` and
+//! `loadu` in the hot loop.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::Q8Block;
-use super::blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, QuantType, WeightBlock};
+use super::blocks::{QuantType, WeightBlock};
 
-/// Whether this CPU can run the kernels in this file.
-pub(super) fn detected() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+/// Whether this CPU can run [`plain`] (`vnni == false`) or [`vnni`].
+pub(super) fn detected(vnni: bool) -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+        && (!vnni || is_x86_feature_detected!("avxvnni"))
+}
+
+/// 16 bytes at `p` (any alignment).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load16(p: *const u8) -> __m128i {
+    _mm_lddqu_si128(p as *const __m128i)
 }
 
 /// Weights from 16 bytes of nibbles: bytes 0..16 the low nibbles, 16..32 the high ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles(qs: *const u8) -> __m256i {
-    let tmp = _mm_loadu_si128(qs as *const __m128i);
+    let tmp = load16(qs);
     let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
     _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
 }
 
-/// 0xFF in byte `j` where bit `j` of the little-endian `qh` is set, else 0 (ggml's
+/// 0xFF in byte `j` where bit `j` of the little-endian `u32` at `qh` is set, else 0 (ggml's
 /// `bytes_from_bits_32`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn high_bits(qh: *const u8) -> __m256i {
-    let x32 = u32::from_le_bytes(std::ptr::read_unaligned(qh as *const [u8; 4]));
     let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+    let bytes = _mm256_shuffle_epi8(_mm256_broadcastd_epi32(load16(qh)), shuf);
     let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
 }
 
+/// The block at `p` as 32 weight bytes: unsigned `q` for Q4_1/Q5_1, signed `q - 16` for Q5_0.
+/// Byte offsets are those of the layouts in [`super::blocks`]; no load leaves the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn h2f(bits: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
-/// The block's 32 weights as bytes (unsigned `q` for Q4_1/Q5_1, signed `q - 16` for Q5_0),
-/// its scale and its minimum.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack<B: WeightBlock>(p: *const B) -> (__m256i, f32, f32) {
+unsafe fn unpack<B: WeightBlock>(p: *const B) -> __m256i {
+    let p = p as *const u8;
     match B::TYPE {
-        QuantType::Q4_1 => {
-            let b = &*(p as *const BlockQ4_1);
-            (nibbles(b.qs.as_ptr()), h2f(b.d), h2f(b.m))
-        }
+        QuantType::Q4_1 => nibbles(p.wrapping_add(4)),
         QuantType::Q5_0 => {
-            let b = &*(p as *const BlockQ5_0);
             // q - 16 is the nibble with 0xF0 on top where the fifth bit is clear.
-            let hi = _mm256_andnot_si256(high_bits(b.qh.as_ptr()), _mm256_set1_epi8(0xF0u8 as i8));
-            (_mm256_or_si256(nibbles(b.qs.as_ptr()), hi), h2f(b.d), 0.0)
+            let hi = _mm256_andnot_si256(high_bits(p.wrapping_add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles(p.wrapping_add(6)), hi)
         }
         QuantType::Q5_1 => {
-            let b = &*(p as *const BlockQ5_1);
-            let hi = _mm256_and_si256(high_bits(b.qh.as_ptr()), _mm256_set1_epi8(0x10));
-            (_mm256_or_si256(nibbles(b.qs.as_ptr()), hi), h2f(b.d), h2f(b.m))
+            let hi = _mm256_and_si256(high_bits(p.wrapping_add(4)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles(p.wrapping_add(8)), hi)
         }
+    }
+}
+
+/// `[d0, m0, d1, m1, ...]` as f32 for the blocks at `p[0..C]` (C <= 4; unused lanes 0, `m`
+/// lanes 0 for Q5_0): every type starts with `d: f16`, then `m: f16` if it has one.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<B: WeightBlock, const C: usize>(p: [*const B; C]) -> __m256 {
+    let ld = |c: usize| load16(p[c] as *const u8);
+    let v = match C {
+        1 => ld(0),
+        2 => _mm_unpacklo_epi32(ld(0), ld(1)),
+        3 => _mm_unpacklo_epi64(_mm_unpacklo_epi32(ld(0), ld(1)), ld(2)),
+        _ => _mm_unpacklo_epi64(_mm_unpacklo_epi32(ld(0), ld(1)), _mm_unpacklo_epi32(ld(2), ld(3))),
+    };
+    // Keep the C used dwords (and only `d` for Q5_0) so no stray bits become NaNs or denormals.
+    let word = if B::HAS_MIN { -1 } else { 0xFFFF };
+    let keep = |c: usize| if c < C { word } else { 0 };
+    _mm256_cvtph_ps(_mm_and_si128(v, _mm_setr_epi32(keep(0), keep(1), keep(2), keep(3))))
+}
+
+/// `[d, s, d, s, ...]` of the activation block at `a` (`d`, `s` are its last 8 bytes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn act_scales(a: *const Q8Block) -> __m256 {
+    let tail = _mm256_lddqu_si256((a as *const u8).wrapping_add(8) as *const __m256i);
+    _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0xFF>(tail))
+}
+
+/// Lane `L` of `v` in all 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane<const L: i32>(v: __m256) -> __m256 {
+    if L == 0 {
+        _mm256_broadcastss_ps(_mm256_castps256_ps128(v))
+    } else {
+        _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(L))
     }
 }
 
@@ -80,128 +123,193 @@ unsafe fn hsum(x: __m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
-/// `R` activation rows × `C` weight rows. `w` points at the first weight row (rows `nb`
-/// blocks apart), `a` at the first activation row (rows `nb` blocks apart), `y` at the output
-/// element of the first row and column (rows `n` apart).
+/// 8 × i32 sums of 4 adjacent `u8 · i8` products (`w` unsigned, `y` signed): `maddubs` to i16
+/// pairs (no saturation for our ranges: |sum| <= 2·31·127), then `madd` with ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<B: WeightBlock, const R: usize, const C: usize>(
-    w: *const B,
-    a: *const Q8Block,
-    nb: usize,
-    y: *mut f32,
-    n: usize,
-) {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    let mut msum = [[0f32; C]; R];
-    for b in 0..nb {
-        let mut wq = [_mm256_setzero_si256(); C];
-        let mut wabs = [_mm256_setzero_si256(); C];
-        let mut wd = [0f32; C];
-        let mut wm = [0f32; C];
-        for c in 0..C {
-            (wq[c], wd[c], wm[c]) = unpack::<B>(w.add(c * nb + b));
-            if !B::HAS_MIN {
-                wabs[c] = _mm256_sign_epi8(wq[c], wq[c]);
+unsafe fn dot_maddubs(w: __m256i, y: __m256i, ones: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)
+}
+
+/// The same sums in one AVX-VNNI instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_vnni(w: __m256i, y: __m256i, _ones: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, y)
+}
+
+/// One activation row against the tile's columns for one block: `prod` = `[d_w·d_a, m_w·s_a]`
+/// per column, the `m·s` lanes summed into `msum`, the integer dot products scaled into `acc`
+/// (per lane, in block order, as ggml does).
+macro_rules! row_step {
+    ($B:ty, $dot:ident, $ab:expr, $wq:ident, $wabs:ident, $dm:ident, $ones:ident, $acc:expr, $msum:expr, [$($c:tt)+]) => {{
+        let ab: *const Q8Block = $ab;
+        let qy = _mm256_lddqu_si256(ab as *const __m256i);
+        let das = act_scales(ab);
+        let prod = _mm256_mul_ps($dm, das);
+        if <$B>::HAS_MIN {
+            // ggml's `summs += m * s` (m·s of two f16 values is exact: fused or not, same sum).
+            $msum = _mm256_fmadd_ps($dm, das, $msum);
+        }
+        $(
+            // Q5_0's weights are signed: |w| times y with w's sign (ggml's mul_sum_i8_pairs).
+            let (wu, ys) = if <$B>::HAS_MIN {
+                ($wq[$c], qy)
+            } else {
+                ($wabs[$c], _mm256_sign_epi8(qy, $wq[$c]))
+            };
+            let p = _mm256_cvtepi32_ps($dot(wu, ys, $ones));
+            $acc[$c] = _mm256_fmadd_ps(lane::<{ 2 * $c }>(prod), p, $acc[$c]);
+        )+
+    }};
+}
+
+/// Per-column pieces of [`tile!`] (a column list is passed around as one `[0 1 ..]` token).
+macro_rules! cols {
+    (zeros [$($c:tt)+]) => { [$({ let _ = $c; _mm256_setzero_ps() }),+] };
+    (count [$($c:tt)+]) => { [$($c),+].len() };
+    (ptrs $w:ident, $nb:ident, [$($c:tt)+]) => { [$($w.wrapping_add($c * $nb)),+] };
+    (unpack $B:ty, $wp:ident, [$($c:tt)+]) => { [$(unpack::<$B>($wp[$c])),+] };
+    (abs $wq:ident, [$($c:tt)+]) => { [$(_mm256_sign_epi8($wq[$c], $wq[$c])),+] };
+    (bump $wp:ident, [$($c:tt)+]) => { $( $wp[$c] = $wp[$c].wrapping_add(1); )+ };
+    (store $B:ty, $acc:expr, $ms:ident, $y:expr, [$($c:tt)+]) => {
+        $(
+            let m = if <$B>::HAS_MIN { $ms[2 * $c + 1] } else { 0.0 };
+            *$y.add($c) = hsum($acc[$c]) + m;
+        )+
+    };
+}
+
+/// Defines `$name`: rows `[$r..]` × columns `$cols`, written out so every accumulator has a
+/// fixed name (the dev profile does not unroll loops over rows and columns reliably).
+macro_rules! tile {
+    ($name:ident, $feat:literal, $dot:ident, [$($r:tt)+], $cols:tt) => {
+        /// `w`: the tile's first weight row (rows `nb` blocks apart); `a`: the first activation
+        /// row (rows `nb` blocks apart); `y`: the output for (first row, first column), rows
+        /// `n` apart.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<B: WeightBlock>(w: *const B, a: *const Q8Block, nb: usize, y: *mut f32, n: usize) {
+            let ones = _mm256_set1_epi16(1);
+            let mut wp = cols!(ptrs w, nb, $cols);
+            let mut ap = [$(a.wrapping_add($r * nb)),+];
+            let mut acc = [$({ let _ = $r; cols!(zeros $cols) }),+];
+            let mut msum = [$({ let _ = $r; _mm256_setzero_ps() }),+];
+            for _ in 0..nb {
+                let dm = scales::<B, { cols!(count $cols) }>(wp);
+                let wq = cols!(unpack B, wp, $cols);
+                let wabs = cols!(abs wq, $cols);
+                $( row_step!(B, $dot, ap[$r], wq, wabs, dm, ones, acc[$r], msum[$r], $cols); )+
+                cols!(bump wp, $cols);
+                $( ap[$r] = ap[$r].wrapping_add(1); )+
             }
+            $(
+                let mut ms = [0f32; 8];
+                _mm256_storeu_ps(ms.as_mut_ptr(), msum[$r]);
+                cols!(store B, acc[$r], ms, y.add($r * n), $cols);
+            )+
         }
-        for r in 0..R {
-            let ab = &*a.add(r * nb + b);
-            let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            for c in 0..C {
-                let pairs = if B::HAS_MIN {
-                    _mm256_maddubs_epi16(wq[c], qy)
-                } else {
-                    _mm256_maddubs_epi16(wabs[c], _mm256_sign_epi8(qy, wq[c]))
-                };
-                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(wd[c] * ab.d), p, acc[r][c]);
-                if B::HAS_MIN {
-                    msum[r][c] += wm[c] * ab.s;
-                }
-            }
-        }
-    }
-    for r in 0..R {
-        for c in 0..C {
-            *y.add(r * n + c) = hsum(acc[r][c]) + msum[r][c];
-        }
-    }
+    };
 }
 
 /// Weight bytes per column tile: the tile is reused by every row group, so keep it in L1/L2.
 const TILE_BYTES: usize = 32 * 1024;
 
-/// `y[r, c]` for all rows `r < m` and the columns in `cols`: columns in tiles of about
-/// [`TILE_BYTES`] of weights, rows in groups of 4 within a tile.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C ([`detected`]); `w` holds `n` rows and `a` `m`
-/// rows of `nb` blocks; `y` must be valid for writes at `r * n + c` for every `r < m`,
-/// `c` in `cols`, with no other thread accessing those elements meanwhile.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn matmul_cols<B: WeightBlock>(
-    w: &[B],
-    nb: usize,
-    a: &[Q8Block],
-    m: usize,
-    cols: Range<usize>,
-    y: *mut f32,
-    n: usize,
-) {
-    debug_assert!(w.len() >= cols.end * nb && a.len() >= m * nb);
-    let tile_cols = (TILE_BYTES / (nb * B::BYTES)).max(4) & !3;
-    let mut t0 = cols.start;
-    while t0 < cols.end {
-        let t1 = (t0 + tile_cols).min(cols.end);
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = (m - r0).min(4);
-            let ap = a.as_ptr().add(r0 * nb);
-            let mut c = t0;
-            macro_rules! run {
-                ($r:literal, $c:literal) => {{
-                    tile::<B, $r, $c>(w.as_ptr().add(c * nb), ap, nb, y.add(r0 * n + c), n);
-                    c += $c;
-                }};
+/// The tiles and the column driver for one instruction set.
+macro_rules! kernels {
+    ($feat:literal, $dot:ident) => {
+        use super::*;
+
+        tile!(tile_1x1, $feat, $dot, [0], [0]);
+        tile!(tile_1x4, $feat, $dot, [0], [0 1 2 3]);
+        tile!(tile_2x1, $feat, $dot, [0 1], [0]);
+        tile!(tile_2x2, $feat, $dot, [0 1], [0 1]);
+        tile!(tile_3x1, $feat, $dot, [0 1 2], [0]);
+        tile!(tile_3x2, $feat, $dot, [0 1 2], [0 1]);
+        tile!(tile_4x1, $feat, $dot, [0 1 2 3], [0]);
+        tile!(tile_4x2, $feat, $dot, [0 1 2 3], [0 1]);
+
+        /// `y[r, c]` for all rows `r < m` and the columns in `cols`: columns in tiles of about
+        /// [`super::TILE_BYTES`] of weights, rows in groups of 4 within a tile.
+        ///
+        /// # Safety
+        /// The CPU must support the module's features ([`super::detected`]); `w` holds `n` rows and `a` `m`
+        /// rows of `nb` blocks; `y` must be valid for writes at `r * n + c` for every `r < m`,
+        /// `c` in `cols`, with no other thread accessing those elements meanwhile.
+        #[target_feature(enable = $feat)]
+        pub(in super::super) unsafe fn matmul_cols<B: WeightBlock>(
+            w: &[B],
+            nb: usize,
+            a: &[Q8Block],
+            m: usize,
+            cols: Range<usize>,
+            y: *mut f32,
+            n: usize,
+        ) {
+            debug_assert!(w.len() >= cols.end * nb && a.len() >= m * nb);
+            let tile_cols = (TILE_BYTES / (nb * B::BYTES)).max(4) & !3;
+            let mut t0 = cols.start;
+            while t0 < cols.end {
+                let t1 = (t0 + tile_cols).min(cols.end);
+                let mut r0 = 0;
+                while r0 < m {
+                    let rows = (m - r0).min(4);
+                    let ap = a.as_ptr().add(r0 * nb);
+                    let mut c = t0;
+                    macro_rules! run {
+                        ($f:ident, $c:literal) => {{
+                            $f::<B>(w.as_ptr().add(c * nb), ap, nb, y.add(r0 * n + c), n);
+                            c += $c;
+                        }};
+                    }
+                    match rows {
+                        1 => {
+                            while c + 4 <= t1 {
+                                run!(tile_1x4, 4);
+                            }
+                            while c < t1 {
+                                run!(tile_1x1, 1);
+                            }
+                        }
+                        2 => {
+                            while c + 2 <= t1 {
+                                run!(tile_2x2, 2);
+                            }
+                            while c < t1 {
+                                run!(tile_2x1, 1);
+                            }
+                        }
+                        3 => {
+                            while c + 2 <= t1 {
+                                run!(tile_3x2, 2);
+                            }
+                            while c < t1 {
+                                run!(tile_3x1, 1);
+                            }
+                        }
+                        _ => {
+                            while c + 2 <= t1 {
+                                run!(tile_4x2, 2);
+                            }
+                            while c < t1 {
+                                run!(tile_4x1, 1);
+                            }
+                        }
+                    }
+                    r0 += rows;
+                }
+                t0 = t1;
             }
-            match rows {
-                1 => {
-                    while c + 4 <= t1 {
-                        run!(1, 4);
-                    }
-                    while c < t1 {
-                        run!(1, 1);
-                    }
-                }
-                2 => {
-                    while c + 2 <= t1 {
-                        run!(2, 2);
-                    }
-                    while c < t1 {
-                        run!(2, 1);
-                    }
-                }
-                3 => {
-                    while c + 2 <= t1 {
-                        run!(3, 2);
-                    }
-                    while c < t1 {
-                        run!(3, 1);
-                    }
-                }
-                _ => {
-                    while c + 2 <= t1 {
-                        run!(4, 2);
-                    }
-                    while c < t1 {
-                        run!(4, 1);
-                    }
-                }
-            }
-            r0 += rows;
         }
-        t0 = t1;
-    }
+    };
+}
+
+/// AVX2 + FMA + F16C.
+pub(super) mod plain {
+    kernels!("avx2,fma,f16c", dot_maddubs);
+}
+
+/// The same with AVX-VNNI's `vpdpbusd` for the integer sums (bit-identical results).
+pub(super) mod vnni {
+    kernels!("avx2,fma,f16c,avxvnni", dot_vnni);
 }

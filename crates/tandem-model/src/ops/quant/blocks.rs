@@ -68,8 +68,15 @@ fn u16_at(b: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([b[i], b[i + 1]])
 }
 
-/// One block of 32 quantised weights.
-pub trait WeightBlock: Copy + Send + Sync + std::fmt::Debug + 'static {
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::BlockQ4_1 {}
+    impl Sealed for super::BlockQ5_0 {}
+    impl Sealed for super::BlockQ5_1 {}
+}
+
+/// One block of 32 quantised weights. Sealed: the SIMD kernels rely on these three layouts.
+pub trait WeightBlock: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
     const TYPE: QuantType;
     /// Size in the file, `== size_of::<Self>()`.
     const BYTES: usize;

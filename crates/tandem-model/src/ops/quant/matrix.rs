@@ -165,7 +165,10 @@ impl GgmlMatrix {
         with_blocks!(&self.blocks, w => match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` was asserted by the caller; sizes checked there.
-            Kernel::Avx2 => unsafe { super::avx2::matmul_cols(w, nb, acts, m, cols, y, self.n) },
+            Kernel::Avx2 => unsafe { super::avx2::plain::matmul_cols(w, nb, acts, m, cols, y, self.n) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Kernel::AvxVnni => unsafe { super::avx2::vnni::matmul_cols(w, nb, acts, m, cols, y, self.n) },
             // SAFETY: forwarded from the caller.
             _ => unsafe { reference::matmul_cols(w, nb, acts, m, cols, y, self.n) },
         })

@@ -4,11 +4,15 @@
 //! * [`blocks`]: the weight blocks in file layout, with scalar decoding;
 //! * [`activation`]: activations quantised to Q8_0/Q8_1 exactly as ggml does;
 //! * [`reference`]: the plain dot products;
-//! * `avx2`: the AVX2 + FMA + F16C kernels (x86_64, picked at run time);
-//! * [`matrix`]: [`GgmlMatrix`], its rayon-parallel matmul and the candle integration.
+//! * `avx2`: the AVX2 + FMA + F16C kernels, with an AVX-VNNI variant (x86_64, picked at run
+//!   time);
+//! * [`matrix`]: [`GgmlMatrix`] and its rayon-parallel matmul;
+//! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`).
 //!
-//! Results equal llama.cpp's CPU backend up to f32 summation order: same activation
-//! quantisation, same exact integer block sums, same `d_w·d_a·Σ + m_w·s_a` combination.
+//! The SIMD kernels do per (row, column) exactly what ggml's x86 `ggml_vec_dot_q4_1_q8_1`,
+//! `q5_0_q8_0` and `q5_1_q8_1` do (same activation quantisation, same exact integer block
+//! sums, same f32 accumulation order), so a matmul equals llama.cpp's AVX2 CPU backend given
+//! the same input. The reference only differs in f32 summation order.
 
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
@@ -31,6 +35,8 @@ pub enum Kernel {
     Reference,
     /// AVX2 + FMA + F16C (x86_64 only).
     Avx2,
+    /// [`Kernel::Avx2`] with AVX-VNNI for the integer dot products (same results).
+    AvxVnni,
 }
 
 impl Kernel {
@@ -41,23 +47,33 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
                 static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                *DETECTED.get_or_init(avx2::detected)
+                *DETECTED.get_or_init(|| avx2::detected(false))
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => {
+                static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                *DETECTED.get_or_init(|| avx2::detected(true))
             }
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
 
-    /// The fastest available kernel; `TANDEM_QUANT_KERNEL=reference` forces the plain one.
+    /// Every kernel, fastest last.
+    pub const ALL: [Kernel; 3] = [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni];
+
+    /// The fastest available kernel. `TANDEM_QUANT_KERNEL=reference` or `=avx2` caps the
+    /// choice (for comparisons).
     pub fn best() -> Kernel {
         static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let forced = std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("reference"));
-            if !forced && Kernel::Avx2.available() {
-                Kernel::Avx2
-            } else {
-                Kernel::Reference
-            }
+            let cap = match std::env::var("TANDEM_QUANT_KERNEL").map(|v| v.to_ascii_lowercase()).as_deref() {
+                Ok("reference") => Kernel::Reference,
+                Ok("avx2") => Kernel::Avx2,
+                _ => Kernel::AvxVnni,
+            };
+            let allowed = &Kernel::ALL[..=Kernel::ALL.iter().position(|&k| k == cap).unwrap_or(0)];
+            allowed.iter().rev().copied().find(|k| k.available()).unwrap_or(Kernel::Reference)
         })
     }
 }

@@ -163,16 +163,78 @@ fn check_type<B: WeightBlock>(seed: u64) {
             let tol = if B::HAS_MIN { 2e-3 } else { 1e-5 };
             assert!(e <= tol, "{:?} m={m} k={k}: reference vs dequantised float rel err {e}", B::TYPE);
 
-            if Kernel::Avx2.available() {
+            let mut simd_results: Vec<Vec<f32>> = Vec::new();
+            for kernel in [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()) {
                 let mut y_simd = vec![f32::NAN; m * N];
-                w.matmul_with(Kernel::Avx2, &x, m, &mut y_simd);
+                w.matmul_with(kernel, &x, m, &mut y_simd);
                 let e = rel_err(&y_simd, &y_ref);
                 worst[2] = worst[2].max(e);
-                assert!(e <= 1e-5, "{:?} m={m} k={k}: AVX2 vs reference rel err {e}", B::TYPE);
+                assert!(e <= 1e-5, "{:?} m={m} k={k}: {kernel:?} vs reference rel err {e}", B::TYPE);
+                simd_results.push(y_simd);
+            }
+            // The SIMD kernels only differ in how they form the exact integer sums.
+            if let [a, b] = &simd_results[..] {
+                assert_eq!(a, b, "{:?} m={m} k={k}: AVX2 and AVX-VNNI differ", B::TYPE);
             }
         }
     }
-    eprintln!("{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), AVX2 vs reference {:.1e}", B::TYPE, worst[0], worst[1], worst[2]);
+    let simd: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()).collect();
+    eprintln!(
+        "{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), {simd:?} vs reference {:.1e}",
+        B::TYPE,
+        worst[0],
+        worst[1],
+        worst[2]
+    );
+}
+
+/// ggml's AVX2 `ggml_vec_dot_*` written out in scalar code: 8 lanes of 4-product integer
+/// sums, `acc[l] = fma(d_w·d_a, sum[l], acc[l])` per block, `summs = fma(m_w, s_a, summs)`, and
+/// `hsum_float_8(acc) + summs`. The SIMD kernels must equal it bit for bit.
+fn ggml_avx2_dot<B: WeightBlock>(w: &[B], a: &[Q8Block]) -> f32 {
+    let (mut acc, mut summs) = ([0f32; 8], 0f32);
+    for (wb, ab) in w.iter().zip(a) {
+        let q = wb.ints();
+        let dd = wb.d() * ab.d;
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let sum: i32 = (4 * l..4 * l + 4).map(|j| q[j] * ab.qs[j] as i32).sum();
+            *acc = dd.mul_add(sum as f32, *acc);
+        }
+        if B::HAS_MIN {
+            summs = wb.m().mul_add(ab.s, summs);
+        }
+    }
+    let r = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    ((r[0] + r[2]) + (r[1] + r[3])) + summs
+}
+
+#[test]
+fn simd_equals_ggml_order_bit_for_bit() {
+    let kernels: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()).collect();
+    if kernels.is_empty() {
+        eprintln!("no AVX2 here: skipped");
+        return;
+    }
+    fn check<B: WeightBlock>(kernels: &[Kernel], seed: u64) {
+        let mut rng = Rng(seed);
+        let (m, k) = (5, 576);
+        let blocks: Vec<B> = random_blocks(&mut rng, N * k / 32);
+        let w = GgmlMatrix::from_blocks(N, k, &blocks).unwrap();
+        let x = random_x(&mut rng, m * k);
+        let acts = quantize_rows(&x, k);
+        let nb = k / 32;
+        let want: Vec<f32> = (0..m * N)
+            .map(|i| ggml_avx2_dot(&blocks[i % N * nb..][..nb], &acts[i / N * nb..][..nb]))
+            .collect();
+        for &kernel in kernels {
+            let mut y = vec![0f32; m * N];
+            w.matmul_with(kernel, &x, m, &mut y);
+            assert_eq!(y, want, "{:?} {kernel:?}", B::TYPE);
+        }
+    }
+    check::<BlockQ4_1>(&kernels, 21);
+    check::<BlockQ5_0>(&kernels, 22);
+    check::<BlockQ5_1>(&kernels, 23);
 }
 
 #[test]

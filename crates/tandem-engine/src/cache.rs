@@ -1,0 +1,284 @@
+//! The engine's side of the KV and state cache: the paged KV store the model writes into, the
+//! block pool and state slots that ration it, and the prefix tree that keeps finished work.
+//!
+//! Sequences get their cache from here at admission ([`EngineCache::start`]: prefix lookup,
+//! shared blocks, recurrent state from the deepest usable checkpoint), reserve blocks before
+//! every forward pass ([`EngineCache::reserve`], copy-on-write included), publish full blocks
+//! and checkpoints after it ([`EngineCache::commit`]) and give everything back when they
+//! finish, are cancelled or preempted ([`EngineCache::release`]). Everything is sized from the
+//! model's per-layer cache description, never from its architecture.
+
+use std::sync::Arc;
+
+use candle_core::Device;
+use tandem_cache::{BlockPool, CacheError, PrefixTree, StateSlots};
+use tandem_model::kv::{LayerCacheSpec, PagedKvStore, RecurrentSnapshot, SequenceCache};
+
+use crate::engine::{EngineConfig, EngineError};
+use crate::sequence::Sequence;
+
+/// Occupancy numbers for stats.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CacheStats {
+    pub blocks_total: usize,
+    pub blocks_free: usize,
+    pub block_bytes: usize,
+    pub tree_blocks: usize,
+    pub slots_total: usize,
+    pub slots_free: usize,
+    pub checkpoints: usize,
+    pub checkpoint_bytes: usize,
+}
+
+pub(crate) struct EngineCache {
+    spec: Vec<LayerCacheSpec>,
+    store: Arc<PagedKvStore>,
+    pool: BlockPool,
+    tree: Option<PrefixTree<RecurrentSnapshot>>,
+    slots: StateSlots,
+    recurrent: bool,
+    block_bytes: usize,
+    /// Tokens between interval checkpoints (a multiple of the block size; 0 = none).
+    checkpoint_interval: usize,
+}
+
+fn snapshot_bytes(s: &RecurrentSnapshot) -> usize {
+    s.layers.iter().flatten().map(|l| l.bytes()).sum()
+}
+
+impl EngineCache {
+    pub fn new(spec: Vec<LayerCacheSpec>, cfg: &EngineConfig, context_length: usize, device: &Device) -> Result<Self, EngineError> {
+        let bs = cfg.block_size;
+        if bs == 0 {
+            return Err(EngineError::Config("the KV block size must be positive".into()));
+        }
+        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs);
+        let budget = cfg.kv_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
+        let num_blocks = if block_bytes == 0 {
+            // No attention layers: blocks are bookkeeping only.
+            cfg.max_running * context_length.div_ceil(bs)
+        } else {
+            (budget / block_bytes as u64).min(u32::MAX as u64) as usize
+        };
+        if num_blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "a KV memory of {budget} bytes holds no block of {block_bytes} bytes ({bs} tokens); raise --kv-memory"
+            )));
+        }
+        let checkpoint_budget = cfg.checkpoint_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
+        let recurrent = spec.iter().any(|s| matches!(s, LayerCacheSpec::Recurrent { .. }));
+        let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, device)?);
+        tracing::info!(
+            blocks = num_blocks,
+            block_tokens = bs,
+            kv_mib = (num_blocks * block_bytes) >> 20,
+            prefix_cache = cfg.prefix_cache,
+            "paged KV cache"
+        );
+        Ok(Self {
+            spec,
+            store,
+            pool: BlockPool::new(num_blocks, bs).map_err(|e| EngineError::Config(e.to_string()))?,
+            tree: cfg.prefix_cache.then(|| PrefixTree::new(bs, checkpoint_budget as usize)),
+            slots: StateSlots::new(cfg.max_running),
+            recurrent,
+            block_bytes,
+            checkpoint_interval: cfg.checkpoint_interval.div_ceil(bs) * bs,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    /// A fresh, empty cache for a new or preempted sequence.
+    pub fn new_cache(&self) -> SequenceCache {
+        SequenceCache::new_paged(&self.spec, self.store.clone())
+    }
+
+    /// Whether a sequence that may grow to `max_len` positions can ever run alone.
+    pub fn fits(&self, max_len: usize) -> bool {
+        self.pool.blocks_for(max_len) < self.pool.total()
+    }
+
+    /// Blocks free now or after evicting everything unreferenced from the prefix tree.
+    pub fn available_blocks(&self) -> usize {
+        self.pool.free_count() + self.tree.as_ref().map_or(0, |t| t.evictable_blocks(&self.pool))
+    }
+
+    /// Block-aligned positions at which a sequence with this prompt checkpoints its
+    /// recurrent state: the end of the prompt, every message boundary, every interval.
+    pub fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
+        if !self.recurrent || self.tree.is_none() {
+            return Vec::new();
+        }
+        let bs = self.block_size();
+        let down = |p: usize| p / bs * bs;
+        let mut at = vec![down(prompt_len)];
+        if prompt_len % bs == 0 {
+            // The same prompt again must recompute its last token: keep a checkpoint before it.
+            at.push(prompt_len.saturating_sub(bs));
+        }
+        at.extend(boundaries.iter().filter(|&&b| b <= prompt_len).map(|&b| down(b)));
+        if self.checkpoint_interval > 0 {
+            at.extend((1..=prompt_len / self.checkpoint_interval).map(|i| i * self.checkpoint_interval));
+        }
+        at.retain(|&p| p > 0);
+        at.sort_unstable();
+        at.dedup();
+        at
+    }
+
+    /// Takes a state slot and starts the sequence at its longest usable cached prefix: the
+    /// whole match for attention-only models, the deepest checkpoint on it for models with
+    /// recurrent layers; at least one token is always left to compute. Returns the cached
+    /// tokens, or `None` when no slot is free.
+    pub fn start(&mut self, seq: &mut Sequence) -> Result<Option<usize>, EngineError> {
+        let Some(slot) = self.slots.acquire() else { return Ok(None) };
+        seq.slot = Some(slot);
+        seq.cache = self.new_cache();
+        let bs = self.block_size();
+        let limit = seq.tokens().len().saturating_sub(1);
+        let (mut usable, mut snapshot, mut nodes) = (0, None, Vec::new());
+        if let Some(tree) = &mut self.tree {
+            let m = tree.lookup(seq.tokens());
+            if self.recurrent {
+                if let Some((pos, snap)) = tree.deepest_checkpoint(&m, limit) {
+                    usable = pos;
+                    snapshot = Some(snap.clone());
+                }
+            } else {
+                usable = (m.blocks.len() * bs).min(limit);
+            }
+            let shared = self.pool.blocks_for(usable);
+            seq.table.share_prefix(&mut self.pool, &m.blocks[..shared]).map_err(cache_err)?;
+            nodes = m.nodes;
+        }
+        seq.cache.resume(usable, snapshot.as_ref())?;
+        seq.cache.set_block_table(seq.table.blocks());
+        seq.tree_blocks = usable / bs;
+        seq.tree_node = seq.tree_blocks.checked_sub(1).and_then(|i| nodes.get(i).copied());
+        seq.checkpoints.retain(|&p| p > usable);
+        Ok(Some(usable))
+    }
+
+    /// Free blocks writing the sequence's next `n` tokens takes.
+    pub fn blocks_needed(&self, seq: &Sequence, n: usize) -> usize {
+        let pos = seq.cache.position();
+        seq.table.blocks_needed(&self.pool, pos, pos + n)
+    }
+
+    /// Evicts unreferenced prefix-tree blocks until `need` blocks are free; whether they are.
+    pub fn make_room(&mut self, need: usize) -> bool {
+        let free = self.pool.free_count();
+        if need > free {
+            if let Some(tree) = &mut self.tree {
+                tree.evict(&mut self.pool, need - free);
+            }
+        }
+        self.pool.free_count() >= need
+    }
+
+    /// Makes the sequence's next `n` positions writable (new blocks, copies of shared ones)
+    /// and hands the block table to its cache.
+    pub fn reserve(&mut self, seq: &mut Sequence, n: usize) -> Result<(), CacheError> {
+        let pos = seq.cache.position();
+        let copies = seq.table.prepare_write(&mut self.pool, pos, pos + n)?;
+        for c in copies {
+            if let Err(e) = self.store.copy_block(c.src, c.dst) {
+                tracing::error!("copy-on-write of KV block {} failed: {e}", c.src);
+                return Err(CacheError::NotAllocated(c.src));
+            }
+        }
+        seq.cache.set_block_table(seq.table.blocks());
+        Ok(())
+    }
+
+    /// After a forward pass: caches the sequence's newly filled blocks in the prefix tree and
+    /// checkpoints its recurrent state if it stands at a checkpoint position.
+    pub fn commit(&mut self, seq: &mut Sequence) {
+        let Some(tree) = &mut self.tree else { return };
+        let bs = self.pool.block_size();
+        let pos = seq.cache.position();
+        while !seq.tree_stuck && seq.tree_blocks < pos / bs {
+            let i = seq.tree_blocks;
+            let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
+            let Some(&block) = seq.table.blocks().get(i) else { break };
+            match tree.insert(&mut self.pool, seq.tree_node, tokens, block) {
+                Ok(Some(node)) => {
+                    seq.tree_node = Some(node);
+                    seq.tree_blocks += 1;
+                }
+                Ok(None) => seq.tree_stuck = true,
+                Err(CacheError::StaleNode) => {
+                    // The node we hung below was evicted: walk again from the root.
+                    let end = (i + 1) * bs;
+                    let path = tree.insert_chain(&mut self.pool, &seq.tokens()[..end], &seq.table.blocks()[..=i]);
+                    match path {
+                        Ok(p) if p.len() == i + 1 => {
+                            seq.tree_node = p.last().copied();
+                            seq.tree_blocks += 1;
+                        }
+                        _ => seq.tree_stuck = true,
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("prefix cache insert failed: {e}");
+                    seq.tree_stuck = true;
+                }
+            }
+        }
+        while seq.checkpoints.first().is_some_and(|&p| p < pos) {
+            seq.checkpoints.remove(0);
+        }
+        if seq.checkpoints.first() == Some(&pos) && !seq.tree_stuck && seq.tree_blocks == pos / bs {
+            seq.checkpoints.remove(0);
+            if let Some(node) = seq.tree_node {
+                let snap = seq.cache.snapshot();
+                let bytes = snapshot_bytes(&snap);
+                if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
+                    tracing::warn!("checkpoint at position {pos} not kept: {e}");
+                }
+            }
+        }
+    }
+
+    /// Gives back everything the sequence holds; its cache is left empty.
+    pub fn release(&mut self, seq: &mut Sequence) {
+        if let Err(e) = seq.table.release(&mut self.pool) {
+            tracing::error!("releasing KV blocks failed: {e}");
+        }
+        if let Some(slot) = seq.slot.take() {
+            if let Err(e) = self.slots.release(slot) {
+                tracing::error!("releasing a state slot failed: {e}");
+            }
+        }
+        seq.cache = self.new_cache();
+        seq.tree_blocks = 0;
+        seq.tree_node = None;
+        seq.tree_stuck = false;
+    }
+
+    /// Bytes of KV blocks and recurrent state a live sequence holds.
+    pub fn seq_bytes(&self, seq: &Sequence) -> usize {
+        seq.table.blocks().len() * self.block_bytes + seq.cache.allocated_bytes()
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let tree = self.tree.as_ref();
+        CacheStats {
+            blocks_total: self.pool.total(),
+            blocks_free: self.pool.free_count(),
+            block_bytes: self.block_bytes,
+            tree_blocks: tree.map_or(0, |t| t.node_count()),
+            slots_total: self.slots.total(),
+            slots_free: self.slots.free_count(),
+            checkpoints: tree.map_or(0, |t| t.checkpoint_count()),
+            checkpoint_bytes: tree.map_or(0, |t| t.checkpoint_bytes()),
+        }
+    }
+}
+
+fn cache_err(e: CacheError) -> EngineError {
+    EngineError::Config(format!("cache bookkeeping: {e}"))
+}

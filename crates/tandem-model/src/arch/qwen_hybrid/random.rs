@@ -1,0 +1,264 @@
+//! Random-weight hybrid models built in memory from a config, so that real shapes can be
+//! benchmarked without a checkpoint: [`preset`] configs and a [`RandomSource`] that makes every
+//! tensor [`QwenHybrid::load`] asks for (scaled so activations stay O(1)), with the weight
+//! matrices optionally quantised by candle (e.g. Q8_0).
+
+use std::collections::HashMap;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::config::{HybridConfig, LayerKind, MoeConfig};
+use super::QwenHybrid;
+use crate::error::{ModelError, Result};
+use crate::loader::{Embedding, LinearWeight, WeightSource};
+
+/// Names of the presets [`preset`] knows.
+pub const PRESETS: [&str; 2] = ["0.8b", "tiny"];
+
+/// A named configuration:
+/// - `0.8b`: Qwen3.5-0.8B-like: 24 layers (3 GDN : 1 attention), hidden 1024, GDN nk = nv = 16,
+///   dk = dv = 128, attention 8 heads / 2 KV heads / head_dim 256 (rotary 64), dense SwiGLU
+///   3584, vocab 248320, tied embeddings;
+/// - `tiny`: 4 layers, hidden 64, MoE with 4 experts (for quick checks).
+pub fn preset(name: &str) -> Result<HybridConfig> {
+    let base = HybridConfig {
+        model_type: "qwen3_5_text".into(),
+        grouped_projections: false,
+        vocab_size: 248_320,
+        hidden_size: 1024,
+        layer_kinds: (0..24).map(|i| if (i + 1) % 4 == 0 { LayerKind::Full } else { LayerKind::Linear }).collect(),
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 256,
+        rotary_dim: 64,
+        rope_theta: 10_000_000.0,
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: 262_144,
+        tie_word_embeddings: true,
+        linear_num_key_heads: 16,
+        linear_num_value_heads: 16,
+        linear_key_head_dim: 128,
+        linear_value_head_dim: 128,
+        conv_kernel: 4,
+        intermediate_size: 3584,
+        moe: None,
+        decoder_sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+        mtp_layers: 0,
+        v_heads_tiled: false,
+    };
+    Ok(match name {
+        "0.8b" => base,
+        "tiny" => HybridConfig {
+            model_type: "qwen3_5_moe_text".into(),
+            vocab_size: 512,
+            hidden_size: 64,
+            layer_kinds: (0..4).map(|i| if i == 3 { LayerKind::Full } else { LayerKind::Linear }).collect(),
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 32,
+            rotary_dim: 8,
+            tie_word_embeddings: false,
+            linear_num_key_heads: 2,
+            linear_num_value_heads: 4,
+            linear_key_head_dim: 32,
+            linear_value_head_dim: 32,
+            intermediate_size: 0,
+            moe: Some(MoeConfig { num_experts: 4, top_k: 2, intermediate_size: 32, shared_intermediate_size: 32, norm_topk_prob: true }),
+            ..base
+        },
+        other => return Err(ModelError::Config(format!("unknown random-model preset `{other}` (known: {})", PRESETS.join(", ")))),
+    })
+}
+
+/// A weight type by name: `f32`, `f16`, `q8_0`, `q4_0`, `q4_k`, `q6_k`.
+pub fn parse_weight_type(s: &str) -> Result<GgmlDType> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "f32" => GgmlDType::F32,
+        "f16" => GgmlDType::F16,
+        "q8_0" => GgmlDType::Q8_0,
+        "q4_0" => GgmlDType::Q4_0,
+        "q4_k" => GgmlDType::Q4K,
+        "q6_k" => GgmlDType::Q6K,
+        other => return Err(ModelError::Config(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_0, q4_k, q6_k)"))),
+    })
+}
+
+/// What a tensor is, which decides its random values.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// A weight matrix `[out, in]` (or an embedding): N(0, 1/in).
+    Matrix,
+    /// A zero-centred norm (stored as w, used as 1 + w): zeros.
+    ZeroNorm,
+    /// The GDN output norm (plain weight): ones.
+    OneNorm,
+    /// Depthwise conv taps: N(0, 1/K).
+    Conv,
+    /// `A_log`: ln of 1..16.
+    ALog,
+    /// `dt_bias`: zeros.
+    Zero,
+}
+
+/// Makes every tensor of a hybrid model with config `cfg` on request.
+pub struct RandomSource {
+    shapes: HashMap<String, (Vec<usize>, Kind)>,
+    dtype: GgmlDType,
+    device: Device,
+}
+
+impl RandomSource {
+    /// Weight matrices whose rows split into blocks of `dtype` are quantised to it (F32 keeps
+    /// everything dense).
+    pub fn new(cfg: &HybridConfig, dtype: GgmlDType, device: &Device) -> Self {
+        let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (kd, vd) = (cfg.linear_num_key_heads * cfg.linear_key_head_dim, cfg.linear_num_value_heads * cfg.linear_value_head_dim);
+        let nv = cfg.linear_num_value_heads;
+        let mut s: HashMap<String, (Vec<usize>, Kind)> = HashMap::new();
+        let mut put = |name: String, shape: Vec<usize>, kind: Kind| {
+            s.insert(name, (shape, kind));
+        };
+        put("token_embd.weight".into(), vec![cfg.vocab_size, h], Kind::Matrix);
+        put("output_norm.weight".into(), vec![h], Kind::ZeroNorm);
+        if !cfg.tie_word_embeddings {
+            put("output.weight".into(), vec![cfg.vocab_size, h], Kind::Matrix);
+        }
+        for (i, kind) in cfg.layer_kinds.iter().enumerate() {
+            let p = |t: &str| format!("blk.{i}.{t}");
+            put(p("input_layernorm.weight"), vec![h], Kind::ZeroNorm);
+            put(p("post_attention_layernorm.weight"), vec![h], Kind::ZeroNorm);
+            match kind {
+                LayerKind::Linear => {
+                    put(p("linear_attn.in_proj_qkv.weight"), vec![2 * kd + vd, h], Kind::Matrix);
+                    put(p("linear_attn.in_proj_z.weight"), vec![vd, h], Kind::Matrix);
+                    put(p("linear_attn.in_proj_b.weight"), vec![nv, h], Kind::Matrix);
+                    put(p("linear_attn.in_proj_a.weight"), vec![nv, h], Kind::Matrix);
+                    put(p("linear_attn.conv1d.weight"), vec![2 * kd + vd, 1, cfg.conv_kernel], Kind::Conv);
+                    put(p("linear_attn.A_log"), vec![nv], Kind::ALog);
+                    put(p("linear_attn.dt_bias"), vec![nv], Kind::Zero);
+                    put(p("linear_attn.norm.weight"), vec![cfg.linear_value_head_dim], Kind::OneNorm);
+                    put(p("linear_attn.out_proj.weight"), vec![h, vd], Kind::Matrix);
+                }
+                LayerKind::Full => {
+                    put(p("self_attn.q_proj.weight"), vec![2 * nh * hd, h], Kind::Matrix);
+                    put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
+                    put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
+                    put(p("self_attn.o_proj.weight"), vec![h, nh * hd], Kind::Matrix);
+                    put(p("self_attn.q_norm.weight"), vec![hd], Kind::ZeroNorm);
+                    put(p("self_attn.k_norm.weight"), vec![hd], Kind::ZeroNorm);
+                }
+            }
+            match (&cfg.moe, cfg.is_moe_layer(i)) {
+                (Some(m), true) => {
+                    put(p("mlp.gate.weight"), vec![m.num_experts, h], Kind::Matrix);
+                    for e in 0..m.num_experts {
+                        put(p(&format!("mlp.experts.{e}.gate_proj.weight")), vec![m.intermediate_size, h], Kind::Matrix);
+                        put(p(&format!("mlp.experts.{e}.up_proj.weight")), vec![m.intermediate_size, h], Kind::Matrix);
+                        put(p(&format!("mlp.experts.{e}.down_proj.weight")), vec![h, m.intermediate_size], Kind::Matrix);
+                    }
+                    if m.shared_intermediate_size > 0 {
+                        let si = m.shared_intermediate_size;
+                        put(p("mlp.shared_expert.gate_proj.weight"), vec![si, h], Kind::Matrix);
+                        put(p("mlp.shared_expert.up_proj.weight"), vec![si, h], Kind::Matrix);
+                        put(p("mlp.shared_expert.down_proj.weight"), vec![h, si], Kind::Matrix);
+                        put(p("mlp.shared_expert_gate.weight"), vec![1, h], Kind::Matrix);
+                    }
+                }
+                _ => {
+                    let n = cfg.intermediate_size;
+                    put(p("mlp.gate_proj.weight"), vec![n, h], Kind::Matrix);
+                    put(p("mlp.up_proj.weight"), vec![n, h], Kind::Matrix);
+                    put(p("mlp.down_proj.weight"), vec![h, n], Kind::Matrix);
+                }
+            }
+        }
+        Self { shapes: s, dtype, device: device.clone() }
+    }
+
+    fn make(&self, name: &str) -> Result<(Tensor, Kind)> {
+        let (shape, kind) = self.shapes.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let dev = &self.device;
+        let fan_in = *shape.last().unwrap_or(&1) as f64;
+        let t = match kind {
+            Kind::Matrix => Tensor::randn(0f32, (1.0 / fan_in.sqrt()) as f32, shape.as_slice(), dev)?,
+            Kind::Conv => Tensor::randn(0f32, (1.0 / fan_in.sqrt()) as f32, shape.as_slice(), dev)?,
+            Kind::ZeroNorm | Kind::Zero => Tensor::zeros(shape.as_slice(), candle_core::DType::F32, dev)?,
+            Kind::OneNorm => Tensor::ones(shape.as_slice(), candle_core::DType::F32, dev)?,
+            Kind::ALog => Tensor::rand(1f32, 16f32, shape.as_slice(), dev)?.log()?,
+        };
+        Ok((t, *kind))
+    }
+
+    /// The tensor quantised to the source's type when its rows split into blocks.
+    fn quantised(&self, t: &Tensor) -> Result<Option<QTensor>> {
+        let k = t.dims().last().copied().unwrap_or(0);
+        if self.dtype == GgmlDType::F32 || k % self.dtype.block_size() != 0 {
+            return Ok(None);
+        }
+        Ok(Some(QTensor::quantize(t, self.dtype)?))
+    }
+}
+
+impl WeightSource for RandomSource {
+    fn has(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        let (t, _) = self.make(name)?;
+        Ok(LinearWeight::Candle(match self.quantised(&t)? {
+            Some(q) => QMatMul::from_qtensor(q)?,
+            None => QMatMul::Tensor(t),
+        }))
+    }
+    fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        Ok(self.make(name)?.0)
+    }
+    fn embedding(&self, name: &str) -> Result<Embedding> {
+        let (t, _) = self.make(name)?;
+        Ok(match self.quantised(&t)? {
+            Some(q) => Embedding::Quantized(std::sync::Arc::new(q)),
+            None => Embedding::Dense(t),
+        })
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+/// A random-weight model of config `cfg` (weight matrices in `dtype`).
+pub fn random_model(cfg: &HybridConfig, dtype: GgmlDType, device: &Device) -> Result<QwenHybrid> {
+    QwenHybrid::load(cfg, &RandomSource::new(cfg, dtype, device))
+}
+
+/// Parameters of a model of config `cfg` (main layers, embeddings, output head if untied).
+pub fn parameter_count(cfg: &HybridConfig) -> u64 {
+    RandomSource::new(cfg, GgmlDType::F32, &Device::Cpu)
+        .shapes
+        .values()
+        .map(|(s, _)| s.iter().product::<usize>() as u64)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::CausalLm;
+    use crate::batch::{LogitsWanted, SeqChunk};
+    use crate::kv::SequenceCache;
+
+    #[test]
+    fn tiny_random_model_runs_and_counts_parameters() {
+        let cfg = preset("tiny").unwrap();
+        let m = random_model(&cfg, GgmlDType::Q8_0, &Device::Cpu).unwrap();
+        let mut cache = SequenceCache::new(&m.cache_spec(), &Device::Cpu);
+        let tokens: Vec<u32> = (0..70).collect();
+        let mut chunks = [SeqChunk { tokens: &tokens, cache: &mut cache, logits: LogitsWanted::Last }];
+        let logits = m.forward(&mut chunks).unwrap().pop().flatten().unwrap();
+        assert_eq!(logits.dims(), [1, 512]);
+        assert!(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
+        let p = parameter_count(&preset("0.8b").unwrap());
+        assert!((700_000_000..900_000_000).contains(&p), "0.8b preset has {p} parameters");
+    }
+}

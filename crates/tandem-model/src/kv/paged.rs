@@ -1,0 +1,214 @@
+//! Paged KV storage: one pool of fixed-size blocks per attention layer, shared by every
+//! sequence, and [`LayerKv`], the view of one layer of one sequence the attention call sites
+//! use whether its KV is paged or contiguous.
+//!
+//! Each attention layer keeps two f32 pool tensors `[num_blocks * block_size, kv_heads,
+//! head_dim]`; block `b` is rows `b * block_size ..`. Which blocks a sequence owns is decided
+//! outside the model (the engine's block pool and tables); the model only writes new
+//! positions into the blocks it is given and attends over them with
+//! [`crate::ops::paged_attention`]. Writes go through candle's in-place `slice_set`, so the
+//! store is shared behind `&` (one engine thread drives it).
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::kv::{KvBuffer, LayerCacheSpec};
+use crate::ops::attention::causal_attention;
+use crate::ops::paged_attention::{gather_kv, paged_attention, PagedKv};
+
+struct PoolLayer {
+    k: Tensor,
+    v: Tensor,
+}
+
+/// The KV pools of every attention layer of a model.
+pub struct PagedKvStore {
+    block_size: usize,
+    num_blocks: usize,
+    layers: Vec<Option<PoolLayer>>,
+}
+
+impl std::fmt::Debug for PagedKvStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagedKvStore").field("block_size", &self.block_size).field("num_blocks", &self.num_blocks).finish()
+    }
+}
+
+impl PagedKvStore {
+    /// Pools of `num_blocks` blocks of `block_size` positions for every attention layer of
+    /// `spec`. The memory is zeroed lazily by the OS, so a large pool costs only what is used.
+    pub fn new(spec: &[LayerCacheSpec], num_blocks: usize, block_size: usize, device: &Device) -> Result<Self> {
+        if block_size == 0 {
+            return Err(ModelError::Input("KV block size must be positive".into()));
+        }
+        let layers = spec
+            .iter()
+            .map(|s| match s {
+                LayerCacheSpec::Attention { kv_heads, head_dim } => {
+                    let shape = (num_blocks * block_size, *kv_heads, *head_dim);
+                    Ok(Some(PoolLayer {
+                        k: Tensor::zeros(shape, DType::F32, device)?,
+                        v: Tensor::zeros(shape, DType::F32, device)?,
+                    }))
+                }
+                LayerCacheSpec::Recurrent { .. } => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { block_size, num_blocks, layers })
+    }
+
+    /// Bytes one block takes over all attention layers of `spec`.
+    pub fn bytes_per_block(spec: &[LayerCacheSpec], block_size: usize) -> usize {
+        spec.iter().map(LayerCacheSpec::bytes_per_token).sum::<usize>() * block_size
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn layer(&self, li: usize) -> Result<&PoolLayer> {
+        self.layers
+            .get(li)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| ModelError::Input(format!("layer {li} has no paged KV")))
+    }
+
+    fn check_block(&self, b: u32) -> Result<()> {
+        if (b as usize) < self.num_blocks {
+            Ok(())
+        } else {
+            Err(ModelError::Input(format!("KV block {b} is outside a pool of {} blocks", self.num_blocks)))
+        }
+    }
+
+    /// Copies block `src` into block `dst` in every layer (copy-on-write).
+    pub fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
+        self.check_block(src)?;
+        self.check_block(dst)?;
+        let bs = self.block_size;
+        for l in self.layers.iter().flatten() {
+            for pool in [&l.k, &l.v] {
+                let block = pool.narrow(0, src as usize * bs, bs)?.copy()?;
+                pool.slice_set(&block, 0, dst as usize * bs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `k`, `v: [kv_heads, t, head_dim]` as positions `start..start + t` of the
+    /// sequence whose blocks are `blocks`.
+    pub fn write(&self, li: usize, blocks: &[u32], start: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let l = self.layer(li)?;
+        let t = k.dim(1)?;
+        let bs = self.block_size;
+        if (start + t).div_ceil(bs) > blocks.len() {
+            return Err(ModelError::Input(format!(
+                "block table of {} blocks cannot hold positions {start}..{}",
+                blocks.len(),
+                start + t
+            )));
+        }
+        for (pool, new) in [(&l.k, k), (&l.v, v)] {
+            let rows = new.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
+            let mut i = 0;
+            while i < t {
+                let p = start + i;
+                let b = blocks[p / bs];
+                self.check_block(b)?;
+                let run = (bs - p % bs).min(t - i);
+                pool.slice_set(&rows.narrow(0, i, run)?, 0, b as usize * bs + p % bs)?;
+                i += run;
+            }
+        }
+        Ok(())
+    }
+
+    /// Attention of `q: [n_heads, t, head_dim]` at positions `past..past + t` over positions
+    /// `0..past + t` of the sequence whose blocks are `blocks`.
+    pub fn attend(&self, li: usize, blocks: &[u32], past: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
+        let l = self.layer(li)?;
+        paged_attention(q, &l.k, &l.v, PagedKv { blocks, block_size: self.block_size }, past, scale)
+    }
+
+    /// Positions `0..len` of layer `li` as contiguous `[kv_heads, len, head_dim]` K and V.
+    pub fn read(&self, li: usize, blocks: &[u32], len: usize) -> Result<(Tensor, Tensor)> {
+        let l = self.layer(li)?;
+        let kv = PagedKv { blocks, block_size: self.block_size };
+        Ok((gather_kv(&l.k, kv, len)?, gather_kv(&l.v, kv, len)?))
+    }
+}
+
+/// One attention layer's KV of one sequence, as the attention call sites see it.
+pub enum LayerKv<'a> {
+    /// A growable per-sequence buffer.
+    Contiguous(&'a mut KvBuffer),
+    /// Blocks of a shared pool; `past` positions are already written.
+    Paged { store: &'a PagedKvStore, layer: usize, blocks: &'a [u32], past: usize },
+}
+
+impl LayerKv<'_> {
+    /// Appends `k_new`, `v_new: [kv_heads, t, head_dim]` and returns the causal attention of
+    /// `q: [n_heads, t, head_dim]` (those same `t` positions) over all positions so far.
+    pub fn attend(&mut self, q: &Tensor, k_new: &Tensor, v_new: &Tensor, scale: f64) -> Result<Tensor> {
+        match self {
+            LayerKv::Contiguous(buf) => {
+                let (k, v) = buf.append(k_new, v_new)?;
+                causal_attention(q, &k, &v, scale)
+            }
+            LayerKv::Paged { store, layer, blocks, past } => {
+                store.write(*layer, blocks, *past, k_new, v_new)?;
+                store.attend(*layer, blocks, *past, q, scale)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(shape: (usize, usize, usize), seed: f32) -> Tensor {
+        let n = shape.0 * shape.1 * shape.2;
+        Tensor::from_vec((0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect::<Vec<_>>(), shape, &Device::Cpu).unwrap()
+    }
+
+    /// Appending chunk by chunk through the paged store equals the contiguous buffer, across
+    /// block boundaries and after a copy-on-write.
+    #[test]
+    fn paged_layer_equals_contiguous_buffer() -> Result<()> {
+        let spec = [LayerCacheSpec::Attention { kv_heads: 2, head_dim: 8 }, LayerCacheSpec::Recurrent {
+            conv_channels: 4,
+            conv_kernel: 4,
+            state_heads: 1,
+            key_dim: 2,
+            value_dim: 2,
+        }];
+        assert_eq!(PagedKvStore::bytes_per_block(&spec, 4), 2 * 2 * 8 * 4 * 4);
+        let store = PagedKvStore::new(&spec, 8, 4, &Device::Cpu)?;
+        let blocks = [5u32, 2, 7];
+        let mut buf = KvBuffer::new(2, 8);
+        let mut past = 0;
+        for (i, t) in [3usize, 1, 6, 1].into_iter().enumerate() {
+            let q = ramp((4, t, 8), i as f32);
+            let (k, v) = (ramp((2, t, 8), 10.0 + i as f32), ramp((2, t, 8), 20.0 + i as f32));
+            let want = LayerKv::Contiguous(&mut buf).attend(&q, &k, &v, 0.3)?;
+            let got = LayerKv::Paged { store: &store, layer: 0, blocks: &blocks, past }.attend(&q, &k, &v, 0.3)?;
+            let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-5, "chunk {i}: {diff}");
+            past += t;
+        }
+        // Copy-on-write: the copy of block 2 holds the same positions.
+        store.copy_block(2, 0)?;
+        let (k1, _) = store.read(0, &[5, 2], 8)?;
+        let (k2, _) = store.read(0, &[5, 0], 8)?;
+        assert_eq!((k1 - k2)?.abs()?.max_all()?.to_scalar::<f32>()?, 0.0);
+        assert!(store.read(1, &blocks, 4).is_err(), "recurrent layers have no pool");
+        assert!(store.copy_block(8, 0).is_err());
+        assert!(store.write(0, &[1], 2, &ramp((2, 3, 8), 0.0), &ramp((2, 3, 8), 0.0)).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! The Anthropic Messages API: `POST /v1/messages` (whole or streamed) and
+//! `POST /v1/messages/count_tokens`. Requests are translated into the chat pipeline's inputs
+//! ([`request`]), submitted like OpenAI chat requests ([`crate::chat::submit`]), and answered in
+//! Anthropic's shapes ([`response`]); every error has Anthropic's body
+//! `{"type":"error","error":{"type","message"}}`.
+//!
+//! Differences from Anthropic's service: `thinking` blocks carry an empty `signature`; when
+//! generation ends on one of `stop_sequences` the stop reason is `end_turn` and `stop_sequence`
+//! is `null` (the engine does not report which rule stopped it); without a `thinking` field the
+//! chat template's default applies (Qwen3 models think by default); `budget_tokens` counts
+//! separately from `max_tokens`, which bounds the answer after the thinking block (as
+//! `max_thinking_tokens` does on the OpenAI route).
+
+pub mod request;
+pub mod response;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tandem_engine::GenerationEvent;
+use tokio::sync::mpsc;
+
+use crate::chat::submit::{submit_chat, ChatJob};
+use crate::error::{AnthropicError, ApiError};
+use crate::extract::{parse_json, JsonBody};
+use crate::generation::collect_until;
+use crate::prompt::chat_prompt;
+use crate::sse::{first_event_until, recv_until};
+use crate::state::{AppState, RequestGuard};
+use request::MessagesRequest;
+use response::{message_id, whole_message, EventWriter};
+
+/// A JSON body whose rejections are Anthropic-style errors.
+pub struct AnthropicJson<T>(pub T);
+
+impl<S: Send + Sync, T: JsonBody> FromRequest<S> for AnthropicJson<T> {
+    type Rejection = AnthropicError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::payload_too_large()
+            } else {
+                ApiError::invalid(format!("Could not read the request body: {}", rejection.body_text()))
+            }
+        })?;
+        Ok(AnthropicJson(parse_json(&bytes)?))
+    }
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(State(state): State<AppState>, AnthropicJson(req): AnthropicJson<MessagesRequest>) -> Result<Response, AnthropicError> {
+    state.check_model(req.model.as_deref())?;
+    let guard = state.admit()?;
+    let (model, vocab) = {
+        let info = state.backend.info();
+        (info.id.clone(), info.vocab_size)
+    };
+    let params = req.common(false)?.validate(vocab)?;
+    let (budget, enable_thinking) = req.thinking()?;
+    let (opts, parallel) = req.render_options(enable_thinking)?;
+    let job = ChatJob { messages: req.template_messages()?, opts, params: params.clone(), logprobs: None, parallel, max_thinking_tokens: budget };
+    drop(req);
+    let mut sub = submit_chat(&state, job).await?;
+    let id = message_id();
+    if !params.stream {
+        let done = collect_until(sub.rx, &guard).await?;
+        let body = whole_message(&id, &model, &sub.output, &done.text, done.finish_reason, &done.usage);
+        return Ok(axum::Json(body).into_response());
+    }
+    let first = first_event_until(&mut sub.rx, &guard).await?;
+    let pending = VecDeque::from(EventWriter::start(&id, &model, sub.prompt_ids.len()));
+    let st = StreamState { rx: Some(sub.rx), first: Some(first), pending, writer: EventWriter::new(&sub.output), guard };
+    let events = futures::stream::unfold(st, |mut s| async move {
+        loop {
+            if let Some((name, data)) = s.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(Event::default().event(name).data(data.to_string())), s));
+            }
+            let deadline = s.guard.deadline;
+            let rx = s.rx.as_mut()?;
+            let event = match s.first.take() {
+                Some(e) => Some(e),
+                None => match recv_until(rx, deadline).await {
+                    Ok(e) => e,
+                    Err(()) => {
+                        s.pending.push_back(("error", ApiError::timeout().anthropic_body()));
+                        s.rx = None;
+                        continue;
+                    }
+                },
+            };
+            let (events, done) = on_event(&mut s.writer, event);
+            s.pending.extend(events);
+            if done {
+                s.rx = None;
+            }
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// The stream's state: dropping it drops the receiver (cancelling the request) and the guard.
+struct StreamState {
+    rx: Option<mpsc::Receiver<GenerationEvent>>,
+    first: Option<GenerationEvent>,
+    pending: VecDeque<response::Event>,
+    writer: EventWriter,
+    guard: RequestGuard,
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}` for the rendered prompt.
+pub async fn count_tokens(State(state): State<AppState>, AnthropicJson(req): AnthropicJson<MessagesRequest>) -> Result<Response, AnthropicError> {
+    state.check_model(req.model.as_deref())?;
+    let _guard = state.admit()?;
+    let (_, enable_thinking) = req.thinking()?;
+    let (opts, _) = req.render_options(enable_thinking)?;
+    let messages = req.template_messages()?;
+    let prompt = state.blocking(move |b| chat_prompt(b, &messages, &opts)).await?;
+    Ok(axum::Json(json!({"input_tokens": prompt.ids.len()})).into_response())
+}
+
+/// Applies one engine event to the writer, returning the events to send and whether the
+/// stream is over.
+fn on_event(writer: &mut EventWriter, event: Option<GenerationEvent>) -> (Vec<response::Event>, bool) {
+    match event {
+        Some(GenerationEvent::Token { text, .. }) => (writer.text(&text), false),
+        Some(GenerationEvent::Finished { reason, text, usage, .. }) => (writer.finish(reason, &text, &usage), true),
+        Some(GenerationEvent::Error(msg)) => (vec![("error", ApiError::internal(format!("Generation failed: {msg}")).anthropic_body())], true),
+        None => (vec![("error", ApiError::internal("The engine ended the request without finishing it.").anthropic_body())], true),
+    }
+}

@@ -1,0 +1,233 @@
+//! Anthropic response shapes: the whole `message` object and the streaming events
+//! (`message_start`, `content_block_start` / `_delta` / `_stop` with `text_delta`,
+//! `thinking_delta` and `input_json_delta`, `message_delta` with the stop reason and usage,
+//! `message_stop`, `ping`). Text goes through the shared [`OutputParser`], as for OpenAI.
+
+use serde_json::{json, Value};
+use tandem_engine::{FinishReason, Usage};
+
+use crate::output::{OutEvent, OutputConfig, OutputParser, Parsed};
+use crate::response_meta::response_id;
+
+/// `msg_…` ids.
+pub fn message_id() -> String {
+    response_id("msg").replacen("msg-", "msg_", 1)
+}
+
+/// Tool-use ids in Anthropic's `toolu_` form.
+fn tool_id(id: &str) -> String {
+    match id.strip_prefix("call_") {
+        Some(rest) => format!("toolu_{rest}"),
+        None => id.to_string(),
+    }
+}
+
+/// `stop_reason` of an answer.
+pub fn stop_reason(reason: FinishReason, made_calls: bool) -> &'static str {
+    match (made_calls, reason) {
+        (true, _) => "tool_use",
+        (false, FinishReason::Length) => "max_tokens",
+        (false, FinishReason::Stop) => "end_turn",
+    }
+}
+
+fn usage_body(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+/// Tool arguments as the `input` object (`{}` when they are not a JSON object).
+fn input_object(args: &str) -> Value {
+    serde_json::from_str::<Value>(args).ok().filter(Value::is_object).unwrap_or_else(|| json!({}))
+}
+
+/// The whole `message` object.
+pub fn whole_message(id: &str, model: &str, output: &OutputConfig, text: &str, reason: FinishReason, usage: &Usage) -> Value {
+    let p = Parsed::from_text(output, text);
+    let mut content = Vec::new();
+    if !p.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": p.reasoning, "signature": ""}));
+    }
+    if !p.content.is_empty() || (p.calls.is_empty() && content.is_empty()) {
+        content.push(json!({"type": "text", "text": p.content}));
+    }
+    for c in &p.calls {
+        content.push(json!({"type": "tool_use", "id": tool_id(&c.id), "name": c.name, "input": input_object(&c.arguments)}));
+    }
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(reason, !p.calls.is_empty()),
+        "stop_sequence": null,
+        "usage": usage_body(usage),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Thinking,
+    Text,
+    Tool,
+}
+
+/// Turns generated text into Anthropic stream events (`(event name, data)` pairs).
+pub struct EventWriter {
+    parser: OutputParser,
+    open: Option<Block>,
+    /// Index of the open block, or of the next one.
+    index: usize,
+}
+
+pub type Event = (&'static str, Value);
+
+impl EventWriter {
+    pub fn new(output: &OutputConfig) -> Self {
+        Self { parser: OutputParser::new(output), open: None, index: 0 }
+    }
+
+    /// `message_start` and a `ping`.
+    pub fn start(id: &str, model: &str, input_tokens: usize) -> Vec<Event> {
+        vec![
+            ("message_start", json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": input_tokens, "output_tokens": 0}
+            }})),
+            ("ping", json!({"type": "ping"})),
+        ]
+    }
+
+    /// Events for one text delta.
+    pub fn text(&mut self, text: &str) -> Vec<Event> {
+        let events = self.parser.push(text);
+        self.blocks(events)
+    }
+
+    /// The closing events: the last block's stop, `message_delta` and `message_stop`.
+    pub fn finish(&mut self, reason: FinishReason, tail: &str, usage: &Usage) -> Vec<Event> {
+        let mut events = self.parser.push(tail);
+        events.extend(self.parser.finish());
+        let mut out = self.blocks(events);
+        if self.open.is_none() && self.index == 0 {
+            // An empty answer still has one (empty) text block.
+            out.extend(self.open_block(Block::Text, json!({"type": "text", "text": ""})));
+        }
+        out.extend(self.close());
+        out.push(("message_delta", json!({"type": "message_delta",
+            "delta": {"stop_reason": stop_reason(reason, self.parser.made_calls()), "stop_sequence": null},
+            "usage": {"output_tokens": usage.completion_tokens}})));
+        out.push(("message_stop", json!({"type": "message_stop"})));
+        out
+    }
+
+    fn blocks(&mut self, events: Vec<OutEvent>) -> Vec<Event> {
+        let mut out = Vec::new();
+        for e in events {
+            match e {
+                OutEvent::Reasoning(s) => {
+                    if self.open != Some(Block::Thinking) {
+                        out.extend(self.open_block(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""})));
+                    }
+                    out.push(self.delta(json!({"type": "thinking_delta", "thinking": s})));
+                }
+                OutEvent::Content(s) => {
+                    if self.open != Some(Block::Text) {
+                        out.extend(self.open_block(Block::Text, json!({"type": "text", "text": ""})));
+                    }
+                    out.push(self.delta(json!({"type": "text_delta", "text": s})));
+                }
+                OutEvent::ToolStart { id, name, .. } => {
+                    out.extend(self.open_block(Block::Tool, json!({"type": "tool_use", "id": tool_id(&id), "name": name, "input": {}})));
+                }
+                OutEvent::ToolArgs { fragment, .. } => {
+                    if self.open == Some(Block::Tool) {
+                        out.push(self.delta(json!({"type": "input_json_delta", "partial_json": fragment})));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn open_block(&mut self, kind: Block, block: Value) -> Vec<Event> {
+        let mut out = self.close();
+        self.open = Some(kind);
+        out.push(("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": block})));
+        out
+    }
+
+    fn delta(&self, delta: Value) -> Event {
+        ("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": delta}))
+    }
+
+    fn close(&mut self) -> Vec<Event> {
+        match self.open.take() {
+            Some(_) => {
+                let e = ("content_block_stop", json!({"type": "content_block_stop", "index": self.index}));
+                self.index += 1;
+                vec![e]
+            }
+            None => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::{ToolFormat, ToolSchemas};
+
+    fn cfg() -> OutputConfig {
+        OutputConfig { reasoning_inside: true, parse_reasoning: true, tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)) }
+    }
+
+    const TEXT: &str = "hmm\n</think>\n\nOk.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+
+    #[test]
+    fn whole() {
+        let usage = Usage { prompt_tokens: 3, completion_tokens: 9, cached_tokens: 0 };
+        let m = whole_message("msg_1", "m", &cfg(), TEXT, FinishReason::Stop, &usage);
+        assert_eq!(m["stop_reason"], "tool_use");
+        assert_eq!(m["content"][0], json!({"type": "thinking", "thinking": "hmm", "signature": ""}));
+        assert_eq!(m["content"][1], json!({"type": "text", "text": "Ok."}));
+        assert_eq!(m["content"][2]["input"], json!({"a": 1}));
+        assert!(m["content"][2]["id"].as_str().unwrap().starts_with("toolu_"));
+        assert_eq!(m["usage"]["input_tokens"], 3);
+        let empty = whole_message("msg_2", "m", &OutputConfig::default(), "", FinishReason::Length, &usage);
+        assert_eq!(empty["content"], json!([{"type": "text", "text": ""}]));
+        assert_eq!(empty["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn stream_events() {
+        let mut w = EventWriter::new(&cfg());
+        let mut events = EventWriter::start("msg_1", "m", 3);
+        for ch in TEXT.chars() {
+            events.extend(w.text(&ch.to_string()));
+        }
+        events.extend(w.finish(FinishReason::Stop, "", &Usage::default()));
+        let names: Vec<&str> = events.iter().map(|e| e.0).collect();
+        let mut dedup = names.clone();
+        dedup.dedup();
+        assert_eq!(
+            dedup,
+            ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop", "content_block_start",
+             "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
+             "message_delta", "message_stop"]
+        );
+        for (name, data) in &events {
+            assert_eq!(data["type"], *name);
+        }
+        let json: String = events.iter().filter_map(|e| e.1["delta"]["partial_json"].as_str()).collect();
+        assert_eq!(json, "{\"a\":1}");
+        let last_delta = &events[events.len() - 2].1;
+        assert_eq!(last_delta["delta"]["stop_reason"], "tool_use");
+    }
+}

@@ -1,0 +1,157 @@
+//! Parser tests for every format: whole answers, malformed calls degrading to content, and the
+//! output cut at every byte (and fed character by character) giving the same result.
+
+use serde_json::{json, Value};
+
+use super::*;
+
+fn parser(format: ToolFormat) -> ToolParser {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+    ToolParser::new(format, ToolSchemas::from_tools(Some(&tools)), true).with_sequential_ids()
+}
+
+type Parsed = (String, Vec<(String, Value)>);
+
+fn simplify((content, calls): (String, Vec<ToolCall>)) -> Parsed {
+    let calls = calls
+        .into_iter()
+        .map(|c| (c.name, serde_json::from_str(&c.arguments).unwrap_or(Value::String(c.arguments))))
+        .collect();
+    (content, calls)
+}
+
+fn stream(format: ToolFormat, deltas: &[&str]) -> (String, Vec<ToolCall>) {
+    let mut p = parser(format);
+    let mut events = Vec::new();
+    for d in deltas {
+        events.extend(p.push(d));
+    }
+    events.extend(p.finish());
+    // Every call starts before its arguments, with consecutive indices.
+    let mut next = 0;
+    for e in &events {
+        match e {
+            ToolEvent::Start { index, id, .. } => {
+                assert_eq!((*index, id.as_str()), (next, format!("call_{next}").as_str()));
+                next += 1;
+            }
+            ToolEvent::Args { index, .. } => assert!(*index < next),
+            ToolEvent::Content(s) => assert!(!s.is_empty()),
+        }
+    }
+    assemble(&events)
+}
+
+/// The whole-text parse, checked against every two-piece cut, every three-piece cut on a
+/// coarse grid, and a character-by-character feed.
+fn check(format: ToolFormat, text: &str) -> Parsed {
+    let whole = parser(format).parse_all(text);
+    assert_eq!(stream(format, &[text]), whole);
+    let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+    for &i in &bounds {
+        assert_eq!(stream(format, &[&text[..i], &text[i..]]), whole, "{format:?} cut at {i}: {text:?}");
+    }
+    for &i in bounds.iter().step_by(5) {
+        for &j in bounds.iter().filter(|&&j| j >= i).step_by(3) {
+            assert_eq!(stream(format, &[&text[..i], &text[i..j], &text[j..]]), whole, "{format:?} cuts {i},{j}");
+        }
+    }
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(stream(format, &refs), whole, "{format:?} char by char");
+    simplify(whole)
+}
+
+fn call(name: &str, args: Value) -> (String, Value) {
+    (name.to_string(), args)
+}
+
+#[test]
+fn hermes_calls() {
+    let f = ToolFormat::Hermes;
+    let text = "Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>";
+    assert_eq!(
+        check(f, text),
+        ("Let me check.".into(), vec![call("get_weather", json!({"city": "Paris", "days": 2})), call("get_weather", json!({"city": "Zürich"}))])
+    );
+    // Content after the calls, a call cut off at the end of output (no closing tag).
+    assert_eq!(
+        check(f, "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n\nDone.\n"),
+        ("Done.".into(), vec![call("a", json!({}))])
+    );
+    assert_eq!(check(f, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n"), (String::new(), vec![call("a", json!({"x": 1}))]));
+}
+
+#[test]
+fn malformed_hermes_is_content() {
+    let f = ToolFormat::Hermes;
+    let bad = "Hi <tool_call>{\"name\": \"a\", \"arguments\": {</tool_call> bye";
+    assert_eq!(check(f, bad), (bad.into(), vec![]));
+    let unclosed = "Hi\n<tool_call>{\"nam";
+    assert_eq!(check(f, unclosed), (unclosed.into(), vec![]));
+    assert_eq!(check(f, "a < b <tool_ and <tool_call"), ("a < b <tool_ and <tool_call".into(), vec![]));
+    // A good call after a bad one still counts.
+    let mixed = "<tool_call>nope</tool_call><tool_call>{\"name\":\"b\"}</tool_call>";
+    assert_eq!(check(f, mixed), ("<tool_call>nope</tool_call>".into(), vec![call("b", json!({}))]));
+    // Plain text passes through exactly, whitespace included.
+    assert_eq!(check(f, "\n  plain text\n\n"), ("\n  plain text\n\n".into(), vec![]));
+}
+
+#[test]
+fn qwen_xml_calls() {
+    let f = ToolFormat::QwenXml;
+    let text = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(check(f, text), ("Checking.".into(), vec![call("get_weather", json!({"city": "São Paulo", "days": 3}))]));
+    // Without the <tool_call> wrapper, and two calls in a row.
+    let bare = "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n<function=other>\n<parameter=q>\n{\"a\": 1}\n</parameter>\n</function>";
+    assert_eq!(check(f, bare), (String::new(), vec![call("get_weather", json!({"city": "Rome"})), call("other", json!({"q": {"a": 1}}))]));
+    let bad = "x <tool_call>\n<function=>\n</function>\n</tool_call> y";
+    assert_eq!(check(f, bad), (bad.into(), vec![]));
+}
+
+#[test]
+fn llama3_calls() {
+    let f = ToolFormat::Llama3;
+    assert_eq!(
+        check(f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+        (String::new(), vec![call("get_weather", json!({"city": "Oslo"}))])
+    );
+    assert_eq!(
+        check(f, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": true}}"),
+        (String::new(), vec![call("a", json!({})), call("b", json!({"k": true}))])
+    );
+    assert_eq!(check(f, "The answer is {x}."), ("The answer is {x}.".into(), vec![]));
+    assert_eq!(check(f, "{\"not\": \"a call\"}"), ("{\"not\": \"a call\"}".into(), vec![]));
+    assert_eq!(check(f, "  {broken"), ("  {broken".into(), vec![]));
+}
+
+#[test]
+fn parallel_off_keeps_the_first_call() {
+    let text = "<tool_call>{\"name\":\"a\"}</tool_call><tool_call>{\"name\":\"b\"}</tool_call>";
+    let (_, calls) = ToolParser::new(ToolFormat::Hermes, ToolSchemas::default(), false).parse_all(text);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "a");
+    assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
+}
+
+#[test]
+fn format_detection() {
+    assert_eq!(ToolFormat::detect("{{- '<tool_call>\\n<function=' + name }}"), Some(ToolFormat::QwenXml));
+    assert_eq!(ToolFormat::detect("<tool_call>\\n{\"name\": ...}"), Some(ToolFormat::Hermes));
+    assert_eq!(ToolFormat::detect("{%- if message.role == 'ipython' %}"), Some(ToolFormat::Llama3));
+    assert_eq!(ToolFormat::detect("<|im_start|>"), None);
+    assert_eq!(ToolFormat::from_name("qwen3_coder"), Some(ToolFormat::QwenXml));
+    assert_eq!(ToolFormat::from_name("nope"), None);
+}
+
+#[test]
+fn template_arguments_become_objects() {
+    let mut m = json!({"role": "assistant", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}},
+        {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json"}}
+    ]});
+    arguments_as_objects(m.as_object_mut().unwrap());
+    assert_eq!(m["tool_calls"][0]["function"]["arguments"], json!({"a": 1}));
+    assert_eq!(m["tool_calls"][1]["function"]["arguments"], "not json");
+}
