@@ -135,7 +135,7 @@ mod tests {
         let whole = Parsed::from_text(&cfg, text);
         assert_eq!(whole.reasoning, "I should call f.");
         assert_eq!(whole.content, "Sure.");
-        assert_eq!((whole.calls[0].name.as_str(), whole.calls[0].arguments.as_str()), ("f", "{\"a\":1}"));
+        assert_eq!((whole.calls[0].name.as_str(), whole.calls[0].arguments.as_str()), ("f", "{\"a\": 1}"));
         // Byte by byte gives the same (ids aside).
         let mut p = OutputParser::new(&cfg);
         let mut streamed = Parsed::default();

@@ -101,6 +101,8 @@ async fn tool_calls_whole_and_streamed() {
     assert_eq!(finish, "tool_calls");
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["function"]["arguments"], call["function"]["arguments"]);
+    let fragments = chunks(&data).iter().filter(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty())).count();
+    assert!(fragments > 1, "arguments arrive in several deltas while generated");
 
     // XML format typed by the schema when the server is told to parse it.
     let xml = ServerConfig { tool_parser: tandem_server::config::ToolParserChoice::Fixed(tandem_server::tools::ToolFormat::QwenXml), ..cfg() };

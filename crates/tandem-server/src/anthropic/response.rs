@@ -226,7 +226,7 @@ mod tests {
             assert_eq!(data["type"], *name);
         }
         let json: String = events.iter().filter_map(|e| e.1["delta"]["partial_json"].as_str()).collect();
-        assert_eq!(json, "{\"a\":1}");
+        assert_eq!(json, "{\"a\": 1}");
         let last_delta = &events[events.len() - 2].1;
         assert_eq!(last_delta["delta"]["stop_reason"], "tool_use");
     }

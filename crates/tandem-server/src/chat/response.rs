@@ -344,7 +344,7 @@ mod tests {
         assert!(m["content"].is_null());
         assert_eq!(m["reasoning_content"], "hm");
         assert_eq!(m["tool_calls"][0]["type"], "function");
-        assert_eq!(m["tool_calls"][0]["function"], serde_json::json!({"name": "f", "arguments": "{\"a\":1}"}));
+        assert_eq!(m["tool_calls"][0]["function"], serde_json::json!({"name": "f", "arguments": "{\"a\": 1}"}));
 
         let mut f = ChatChunks::new(meta(), &out, None, false);
         let mut deltas = Vec::new();
@@ -360,6 +360,6 @@ mod tests {
         assert_eq!(calls[0]["function"]["name"], "f");
         assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
         let args: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
-        assert_eq!(args, "{\"a\":1}");
+        assert_eq!(args, "{\"a\": 1}");
     }
 }

@@ -9,57 +9,32 @@
 //!   `;`), optionally after `<|python_tag|>` ([`llama3`]).
 //!
 //! [`ToolParser`] is fed text deltas and returns [`ToolEvent`]s: content deltas, and for every
-//! call a [`ToolEvent::Start`] (index, id, name) followed by its [`ToolEvent::Args`]. A call is
-//! held back until its closing tag (or the end of the output) so that it can be checked first:
-//! anything that does not parse is passed on as plain content, never as an error. The
-//! non-streaming parse ([`ToolParser::parse_all`]) runs the same machine over the whole text, so
-//! streamed deltas always concatenate to the non-streaming result.
+//! call a [`ToolEvent::Start`] (index, id, name) as soon as the name is complete, followed by
+//! [`ToolEvent::Args`] fragments while the arguments are generated (Hermes: the JSON text as it
+//! comes, checked by a strict incremental JSON scanner; XML: one fragment per completed
+//! parameter). A call whose header does not have the streaming shape (other key order, string
+//! arguments, Llama 3) is held back to its end and parsed whole. Anything that is not a call
+//! stays plain content, never an error; arguments that break off (invalid JSON, end of output)
+//! end the call where they break. The non-streaming parse ([`ToolParser::parse_all`]) runs the
+//! same machine over the whole text, so streamed deltas always concatenate to the non-streaming
+//! result.
 //!
-//! Whitespace: content whitespace directly before a call and after the last one is dropped
-//! (so "text\n\n<tool_call>…" gives content "text"); output without calls is passed on exactly.
+//! Whitespace: content whitespace directly before a call is dropped, and so is whitespace after
+//! a call when no content came before it (so "text\n\n<tool_call>…" gives content "text");
+//! output without calls is passed on exactly.
 
 pub mod hermes;
 pub mod llama3;
 pub mod qwen_xml;
+mod format;
+mod scan;
+mod xml_stream;
 #[cfg(test)]
 mod tests;
 
-use serde_json::{Map, Value};
-
-/// The tool-call syntax a model writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolFormat {
-    Hermes,
-    QwenXml,
-    Llama3,
-}
-
-impl ToolFormat {
-    /// Parses a `--tool-parser` value: `hermes`, `qwen-xml` (or `qwen3-coder`), `llama3`.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().replace('_', "-").as_str() {
-            "hermes" | "qwen" | "json" => Some(Self::Hermes),
-            "qwen-xml" | "qwen3-coder" | "xml" => Some(Self::QwenXml),
-            "llama3" | "llama-3" | "llama3-json" => Some(Self::Llama3),
-            _ => None,
-        }
-    }
-
-    /// Picks the format from a chat template's source: `<function=` means the XML format,
-    /// `<tool_call>` Hermes JSON, `<|python_tag|>` or `ipython` Llama 3. `None` when the template
-    /// shows no tool syntax.
-    pub fn detect(template: &str) -> Option<Self> {
-        if template.contains("<function=") {
-            Some(Self::QwenXml)
-        } else if template.contains("<tool_call>") {
-            Some(Self::Hermes)
-        } else if template.contains("<|python_tag|>") || template.contains("ipython") {
-            Some(Self::Llama3)
-        } else {
-            None
-        }
-    }
-}
+use crate::reasoning::partial_suffix;
+pub use format::{arguments_as_objects, ToolFormat, ToolSchemas};
+use scan::{Feed, Header, JsonScan};
 
 /// One complete tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,30 +53,6 @@ pub enum ToolEvent {
     Start { index: usize, id: String, name: String },
     /// A fragment of the arguments of call `index`.
     Args { index: usize, fragment: String },
-}
-
-/// JSON schemas of the offered tools' parameters, by function name (for typing XML values).
-#[derive(Debug, Clone, Default)]
-pub struct ToolSchemas(Map<String, Value>);
-
-impl ToolSchemas {
-    /// From an OpenAI `tools` array (`[{"type":"function","function":{"name","parameters"}}]`);
-    /// entries of other shapes are skipped.
-    pub fn from_tools(tools: Option<&Value>) -> Self {
-        let mut map = Map::new();
-        for tool in tools.and_then(Value::as_array).into_iter().flatten() {
-            let f = tool.get("function").unwrap_or(tool);
-            if let Some(name) = f.get("name").and_then(Value::as_str) {
-                map.insert(name.to_string(), f.get("parameters").cloned().unwrap_or(Value::Null));
-            }
-        }
-        Self(map)
-    }
-
-    /// The schema of parameter `param` of function `name`.
-    pub fn param(&self, name: &str, param: &str) -> Option<&Value> {
-        self.0.get(name)?.get("properties")?.get(param)
-    }
 }
 
 /// A call as a format parser found it.
@@ -131,8 +82,30 @@ enum State {
     /// Nothing but whitespace seen yet (Llama 3 decides here whether the answer is a call).
     Start,
     Text,
-    /// Inside a call opened by `markers[i]`.
+    /// Inside a call opened by `markers[i]` (`usize::MAX`: a bare Llama 3 answer).
     InCall(usize),
+}
+
+/// Progress inside one call.
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Waiting for the call's header (its function name); nothing emitted yet.
+    Header,
+    /// The header does not fit the streaming grammar: the call is parsed whole at its end.
+    Buffered,
+    /// Hermes arguments streaming through the JSON scanner (`index` is `None` for a call
+    /// dropped by `parallel_tool_calls: false`).
+    JsonArgs { index: Option<usize>, scan: JsonScan },
+    /// XML parameters of a call; `count` parameters emitted so far.
+    XmlParams { index: Option<usize>, name: String, count: usize },
+    /// The call's content is complete; waiting for the closing tag.
+    Tail,
+}
+
+/// Whether [`ToolParser::step`] made progress.
+enum Progress {
+    Continue,
+    Wait,
 }
 
 /// The streaming splitter of one answer.
@@ -142,12 +115,14 @@ pub struct ToolParser {
     schemas: ToolSchemas,
     parallel: bool,
     state: State,
+    phase: Phase,
     buf: String,
     /// Trailing whitespace of the content, emitted once more content follows.
     held_ws: String,
     /// Whitespace that preceded the call being read (restored if the call does not parse).
     pre_call_ws: String,
     last_was_call: bool,
+    emitted_content: bool,
     calls: usize,
     ids: IdSource,
 }
@@ -158,6 +133,12 @@ enum IdSource {
     Random,
     Sequential,
 }
+
+const FUNC: &str = "<function=";
+const FUNC_END: &str = "</function>";
+const PARAM: &str = "<parameter=";
+const PARAM_END: &str = "</parameter>";
+const CALL_END: &str = "</tool_call>";
 
 impl ToolParser {
     /// `parallel = false` keeps only the first call (later ones are dropped).
@@ -173,10 +154,12 @@ impl ToolParser {
             schemas,
             parallel,
             state: State::Start,
+            phase: Phase::Header,
             buf: String::new(),
             held_ws: String::new(),
             pre_call_ws: String::new(),
             last_was_call: false,
+            emitted_content: false,
             calls: 0,
             ids: IdSource::Random,
         }
@@ -198,18 +181,22 @@ impl ToolParser {
         self.buf.push_str(text);
         let mut out = Vec::new();
         self.run(&mut out, false);
-        out
+        merge(out)
     }
 
-    /// Ends the output: an unclosed call is parsed as it stands, held text is flushed.
+    /// Ends the output: an unclosed call is completed as it stands, held text is flushed.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = Vec::new();
         self.run(&mut out, true);
         match self.state {
-            State::InCall(i) => {
-                let body = std::mem::take(&mut self.buf);
-                self.close_call(i, &body, None, &mut out);
-            }
+            State::InCall(i) => match std::mem::replace(&mut self.phase, Phase::Header) {
+                Phase::Buffered | Phase::Header => {
+                    let body = std::mem::take(&mut self.buf);
+                    self.close_buffered(i, &body, None, &mut out);
+                }
+                Phase::XmlParams { index, count, .. } => args(&mut out, index, if count == 0 { "{}" } else { "}" }),
+                Phase::JsonArgs { .. } | Phase::Tail => {}
+            },
             State::Start | State::Text => {
                 let rest = std::mem::take(&mut self.buf);
                 self.content(&rest, &mut out);
@@ -242,7 +229,7 @@ impl ToolParser {
                         // The whole answer is the call; parsed at the end.
                         let lead = self.buf.len() - trimmed.len();
                         self.pre_call_ws = self.buf.drain(..lead).collect();
-                        self.state = State::InCall(usize::MAX);
+                        self.enter_call(usize::MAX);
                         continue;
                     }
                     if !at_end && self.markers.iter().any(|m| m.open.starts_with(trimmed) && m.open != trimmed) {
@@ -257,7 +244,7 @@ impl ToolParser {
                         self.pre_call_ws = std::mem::take(&mut self.held_ws);
                         let skip = if self.markers[i].keep_open { pos } else { pos + self.markers[i].open.len() };
                         self.buf.drain(..skip);
-                        self.state = State::InCall(i);
+                        self.enter_call(i);
                     }
                     None => {
                         let keep = if at_end { 0 } else { self.partial_open_len() };
@@ -267,16 +254,122 @@ impl ToolParser {
                         return;
                     }
                 },
-                State::InCall(i) => {
-                    let Some(close) = self.markers.get(i).and_then(|m| m.close) else { return };
-                    let Some(pos) = self.buf.find(close) else { return };
-                    let body: String = self.buf[..pos].to_string();
-                    self.buf.drain(..pos + close.len());
-                    self.close_call(i, &body, Some(close), out);
-                    self.state = State::Text;
-                }
+                State::InCall(i) => match self.step(i, out, at_end) {
+                    Progress::Continue => {}
+                    Progress::Wait => return,
+                },
             }
         }
+    }
+
+    fn enter_call(&mut self, marker: usize) {
+        self.state = State::InCall(marker);
+        self.phase = if self.format == ToolFormat::Llama3 { Phase::Buffered } else { Phase::Header };
+    }
+
+    /// The call is over: back to content.
+    fn end_call(&mut self) {
+        self.state = State::Text;
+        self.phase = Phase::Header;
+        self.last_was_call = true;
+    }
+
+    /// One step inside call `marker`.
+    fn step(&mut self, marker: usize, out: &mut Vec<ToolEvent>, at_end: bool) -> Progress {
+        let close = self.markers.get(marker).and_then(|m| m.close);
+        match std::mem::replace(&mut self.phase, Phase::Buffered) {
+            Phase::Buffered => {
+                let Some(close) = close else { return Progress::Wait };
+                let Some(pos) = self.buf.find(close) else { return Progress::Wait };
+                let body: String = self.buf[..pos].to_string();
+                self.buf.drain(..pos + close.len());
+                self.close_buffered(marker, &body, Some(close), out);
+                Progress::Continue
+            }
+            Phase::Header if self.format == ToolFormat::Hermes => match scan::hermes_header(&self.buf) {
+                Header::Match { name, consumed } => {
+                    self.buf.drain(..consumed);
+                    let index = self.start_call(name, out);
+                    self.phase = Phase::JsonArgs { index, scan: JsonScan::new() };
+                    Progress::Continue
+                }
+                Header::Incomplete if !at_end && !close.is_some_and(|c| self.buf.contains(c)) => {
+                    self.phase = Phase::Header;
+                    Progress::Wait
+                }
+                _ => Progress::Continue, // Buffered
+            },
+            Phase::Header => self.xml_header(marker, at_end, out),
+            Phase::JsonArgs { index, mut scan } => {
+                let mut taken = 0;
+                let mut finished = false;
+                for (k, c) in self.buf.char_indices() {
+                    match scan.feed(c) {
+                        Feed::More => taken = k + c.len_utf8(),
+                        Feed::Done => {
+                            taken = k + c.len_utf8();
+                            finished = true;
+                            break;
+                        }
+                        Feed::Reject => {
+                            finished = true;
+                            break;
+                        }
+                    }
+                }
+                let fragment: String = self.buf.drain(..taken).collect();
+                if !fragment.is_empty() {
+                    args(out, index, &fragment);
+                }
+                self.phase = if finished { Phase::Tail } else { Phase::JsonArgs { index, scan } };
+                if finished { Progress::Continue } else { Progress::Wait }
+            }
+            Phase::XmlParams { index, name, count } => self.xml_params(marker, index, name, count, at_end, out),
+            Phase::Tail => self.tail(marker, at_end),
+        }
+    }
+
+    /// After a call's content: skip to the closing tag (Qwen XML may open another function).
+    fn tail(&mut self, marker: usize, at_end: bool) -> Progress {
+        let close = self.markers.get(marker).and_then(|m| m.close).unwrap_or(CALL_END);
+        let func = if self.format == ToolFormat::QwenXml { self.buf.find(FUNC) } else { None };
+        match (func, self.buf.find(close)) {
+            (Some(f), c) if c.is_none_or(|c| f < c) => {
+                self.buf.drain(..f);
+                self.phase = Phase::Header;
+                return Progress::Continue;
+            }
+            (_, Some(pos)) => {
+                self.buf.drain(..pos + close.len());
+                self.end_call();
+                return Progress::Continue;
+            }
+            _ => {}
+        }
+        if at_end {
+            self.buf.clear();
+            self.end_call();
+            return Progress::Continue;
+        }
+        // Drop what cannot begin the closing tag (or another function).
+        let keep = partial_suffix(&self.buf, close).max(partial_suffix(&self.buf, FUNC));
+        let cut = self.buf.len() - keep;
+        self.buf.drain(..cut);
+        self.phase = Phase::Tail;
+        Progress::Wait
+    }
+
+    /// Reports the start of a call; `None` when `parallel_tool_calls: false` drops it.
+    fn start_call(&mut self, name: String, out: &mut Vec<ToolEvent>) -> Option<usize> {
+        self.pre_call_ws.clear();
+        self.held_ws.clear();
+        if !self.parallel && self.calls > 0 {
+            return None;
+        }
+        let index = self.calls;
+        self.calls += 1;
+        out.push(ToolEvent::Start { index, id: self.next_id(index), name });
+        Some(index)
     }
 
     /// The earliest complete open marker in the buffer.
@@ -290,22 +383,11 @@ impl ToolParser {
 
     /// Length of the longest buffer suffix that is a proper prefix of an open marker.
     fn partial_open_len(&self) -> usize {
-        let mut best = 0;
-        for m in self.markers {
-            for n in (1..m.open.len()).rev() {
-                if n <= best {
-                    break;
-                }
-                if self.buf.len() >= n && self.buf.is_char_boundary(self.buf.len() - n) && self.buf.ends_with(&m.open[..n]) {
-                    best = n;
-                    break;
-                }
-            }
-        }
-        best
+        self.markers.iter().map(|m| partial_suffix(&self.buf, m.open)).max().unwrap_or(0)
     }
 
-    /// Emits content, holding back trailing whitespace.
+    /// Emits content, holding back trailing whitespace; whitespace right after a call is
+    /// dropped unless content came before the call.
     fn content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
         if text.is_empty() {
             return;
@@ -315,20 +397,19 @@ impl ToolParser {
             self.held_ws.push_str(text);
             return;
         }
-        let s = if self.last_was_call {
-            // Whitespace right after a call is dropped.
-            self.held_ws.clear();
-            text[..core_len].trim_start().to_string()
-        } else {
-            std::mem::take(&mut self.held_ws) + &text[..core_len]
-        };
+        let mut s = std::mem::take(&mut self.held_ws) + &text[..core_len];
+        if self.last_was_call && !self.emitted_content {
+            s = s.trim_start().to_string();
+        }
         out.push(ToolEvent::Content(s));
+        self.emitted_content = true;
         self.held_ws = text[core_len..].to_string();
         self.last_was_call = false;
     }
 
-    /// A call's text is complete: report it, or pass it on as content when it does not parse.
-    fn close_call(&mut self, marker: usize, body: &str, close: Option<&str>, out: &mut Vec<ToolEvent>) {
+    /// A whole call's text (the buffered path): report it, or pass it on as content when it
+    /// does not parse.
+    fn close_buffered(&mut self, marker: usize, body: &str, close: Option<&str>, out: &mut Vec<ToolEvent>) {
         let parsed = match self.format {
             ToolFormat::Hermes => hermes::parse(body),
             ToolFormat::QwenXml => qwen_xml::parse(body, &self.schemas),
@@ -337,16 +418,10 @@ impl ToolParser {
         match parsed {
             Some(calls) if !calls.is_empty() => {
                 for c in calls {
-                    if !self.parallel && self.calls > 0 {
-                        continue;
-                    }
-                    let index = self.calls;
-                    self.calls += 1;
-                    out.push(ToolEvent::Start { index, id: self.next_id(index), name: c.name });
-                    out.push(ToolEvent::Args { index, fragment: c.arguments });
+                    let index = self.start_call(c.name, out);
+                    args(out, index, &c.arguments);
                 }
-                self.pre_call_ws.clear();
-                self.last_was_call = true;
+                self.end_call();
             }
             _ => {
                 let open = match self.markers.get(marker) {
@@ -355,6 +430,8 @@ impl ToolParser {
                 };
                 let ws = std::mem::take(&mut self.pre_call_ws);
                 let raw = format!("{ws}{open}{body}{}", close.unwrap_or(""));
+                self.state = State::Text;
+                self.phase = Phase::Header;
                 self.content(&raw, out);
             }
         }
@@ -365,6 +442,13 @@ impl ToolParser {
             IdSource::Sequential => format!("call_{index}"),
             IdSource::Random => random_call_id(),
         }
+    }
+}
+
+/// An arguments fragment of call `index` (nothing for a dropped call).
+fn args(out: &mut Vec<ToolEvent>, index: Option<usize>, fragment: &str) {
+    if let Some(index) = index {
+        out.push(ToolEvent::Args { index, fragment: fragment.to_string() });
     }
 }
 
@@ -383,6 +467,7 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
     for e in events {
         match (out.last_mut(), e) {
             (Some(ToolEvent::Content(a)), ToolEvent::Content(b)) => a.push_str(&b),
+            (Some(ToolEvent::Args { index: i, fragment: a }), ToolEvent::Args { index: j, fragment: b }) if *i == j => a.push_str(&b),
             (_, e) => out.push(e),
         }
     }
@@ -405,18 +490,4 @@ pub fn assemble(events: &[ToolEvent]) -> (String, Vec<ToolCall>) {
         }
     }
     (content, calls)
-}
-
-/// OpenAI assistant `tool_calls` as the chat templates want them: `arguments` given as an object
-/// (when it parses as JSON) rather than a JSON string, as Hugging Face's pipelines do.
-pub fn arguments_as_objects(message: &mut Map<String, Value>) {
-    let Some(Value::Array(calls)) = message.get_mut("tool_calls") else { return };
-    for call in calls {
-        let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) else { continue };
-        if let Some(Value::String(s)) = f.get("arguments") {
-            if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
-                f.insert("arguments".into(), v);
-            }
-        }
-    }
 }

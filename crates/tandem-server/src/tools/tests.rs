@@ -86,8 +86,12 @@ fn hermes_calls() {
 #[test]
 fn malformed_hermes_is_content() {
     let f = ToolFormat::Hermes;
-    let bad = "Hi <tool_call>{\"name\": \"a\", \"arguments\": {</tool_call> bye";
+    // A header that is not a call's stays content; ...
+    let bad = "Hi <tool_call>{\"nme\": \"a\", \"arguments\": {}}</tool_call> bye";
     assert_eq!(check(f, bad), (bad.into(), vec![]));
+    // ... once the name is out, broken arguments end the call where they break.
+    let broken = "Hi <tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1 oops}</tool_call> bye";
+    assert_eq!(check(f, broken), ("Hi bye".into(), vec![call("a", json!("{\"x\": 1 "))]));
     let unclosed = "Hi\n<tool_call>{\"nam";
     assert_eq!(check(f, unclosed), (unclosed.into(), vec![]));
     assert_eq!(check(f, "a < b <tool_ and <tool_call"), ("a < b <tool_ and <tool_call".into(), vec![]));
@@ -126,6 +130,28 @@ fn llama3_calls() {
     assert_eq!(check(f, "  {broken"), ("  {broken".into(), vec![]));
 }
 
+/// Name first, then arguments while they are generated, before the call closes.
+#[test]
+fn calls_stream_incrementally() {
+    let mut p = parser(ToolFormat::Hermes);
+    assert_eq!(p.push("Sure. <tool_call>\n{\"name\": \"get_weather\", "), vec![ToolEvent::Content("Sure.".into())]);
+    assert_eq!(p.push("\"arguments\": {\"ci"), vec![
+        ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },
+        ToolEvent::Args { index: 0, fragment: "{\"ci".into() }
+    ]);
+    assert_eq!(p.push("ty\": \"Paris\"}"), vec![ToolEvent::Args { index: 0, fragment: "ty\": \"Paris\"}".into() }]);
+    assert_eq!(p.push("}\n</tool_call>"), vec![]);
+    assert_eq!(p.finish(), vec![]);
+
+    let mut x = parser(ToolFormat::QwenXml);
+    assert_eq!(x.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"), vec![
+        ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },
+    ]);
+    assert_eq!(x.push("is\n</parameter>\n<parameter=days>"), vec![ToolEvent::Args { index: 0, fragment: "{\"city\":\"Paris\"".into() }]);
+    assert_eq!(x.push("\n2\n</parameter>\n</function>"), vec![ToolEvent::Args { index: 0, fragment: ",\"days\":2}".into() }]);
+    assert_eq!(x.push("\n</tool_call>"), vec![]);
+}
+
 #[test]
 fn parallel_off_keeps_the_first_call() {
     let text = "<tool_call>{\"name\":\"a\"}</tool_call><tool_call>{\"name\":\"b\"}</tool_call>";
@@ -154,4 +180,57 @@ fn template_arguments_become_objects() {
     arguments_as_objects(m.as_object_mut().unwrap());
     assert_eq!(m["tool_calls"][0]["function"]["arguments"], json!({"a": 1}));
     assert_eq!(m["tool_calls"][1]["function"]["arguments"], "not json");
+}
+
+#[test]
+fn tricky_calls() {
+    let f = ToolFormat::Hermes;
+    assert_eq!(
+        check(f, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"),
+        (String::new(), vec![call("f", json!({"a": 1}))])
+    );
+    assert_eq!(
+        check(f, "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call> é\"}}</tool_call>"),
+        (String::new(), vec![call("f", json!({"s": "</tool_call> é"}))])
+    );
+    let x = ToolFormat::QwenXml;
+    assert_eq!(
+        check(x, "<tool_call>\n<function=f>\njunk\n<parameter=q>\na < b\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+        (String::new(), vec![call("f", json!({"q": "a < b", "days": "2"}))])
+    );
+    assert_eq!(check(x, "<tool_call>\n<function=f>\n<parameter=city>\nOslo"), (String::new(), vec![call("f", json!({"city": "Oslo"}))]));
+}
+
+/// Random texts built from tags and JSON pieces: every random cut streams to the whole parse.
+/// `TOOLS_SEED` and `TOOLS_TEXTS` widen the search when run by hand.
+#[test]
+fn random_texts_stream_like_whole() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    const PIECES: &[&str] = &[
+        "<tool_call>", "</tool_call>", "<function=", "f>", "</function>", "<parameter=", "a>", "</parameter>", "{\"name\": \"f\", ",
+        "\"arguments\": ", "{", "}", "\"x\"", ": ", "1", ",", "\n", " ", "é", "<", "text", "\"", "[", "]", "<|python_tag|>", "\\",
+    ];
+    let seed: u64 = std::env::var("TOOLS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let n: usize = std::env::var("TOOLS_TEXTS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    let mut rng = StdRng::seed_from_u64(seed);
+    for _ in 0..n {
+        let text: String = (0..rng.random_range(0..30)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect();
+        for f in [ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Llama3] {
+            let whole = parser(f).parse_all(&text);
+            let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            for _ in 0..8 {
+                let mut cuts: Vec<usize> = (0..rng.random_range(1..5)).map(|_| bounds[rng.random_range(0..bounds.len())]).collect();
+                cuts.sort();
+                let mut pieces = Vec::new();
+                let mut last = 0;
+                for c in cuts {
+                    pieces.push(&text[last..c]);
+                    last = c;
+                }
+                pieces.push(&text[last..]);
+                assert_eq!(stream(f, &pieces), whole, "{f:?} {text:?} cut into {pieces:?}");
+            }
+        }
+    }
 }

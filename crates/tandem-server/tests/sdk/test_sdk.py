@@ -149,7 +149,7 @@ def scripted_tests(port):
         assert r2.choices[0].finish_reason == "stop"
 
     def openai_streamed_tool_call():
-        calls, finish = {}, None
+        calls, finish, fragments = {}, None, 0
         for chunk in oc.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Paris weather?"}],
                                                 tools=TOOLS, stream=True):
             for c in chunk.choices:
@@ -157,9 +157,11 @@ def scripted_tests(port):
                 for tc in c.delta.tool_calls or []:
                     entry = calls.setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "args": ""})
                     entry["args"] += tc.function.arguments or ""
+                    fragments += bool(tc.function.arguments)
         assert finish == "tool_calls"
         assert calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
         assert json.loads(calls[0]["args"]) == {"city": "Paris"}
+        assert fragments > 1, "arguments stream in several fragments"
 
     def openai_reasoning_content():
         r = oc.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "two plus two?"}])

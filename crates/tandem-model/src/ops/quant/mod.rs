@@ -23,6 +23,8 @@ mod op;
 pub mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_candle;
 
 pub use activation::Q8Block;
 pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, QuantType, WeightBlock};
