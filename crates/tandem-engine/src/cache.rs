@@ -120,8 +120,8 @@ impl EngineCache {
             at.push(prompt_len.saturating_sub(bs));
         }
         at.extend(boundaries.iter().filter(|&&b| b <= prompt_len).map(|&b| down(b)));
-        if self.checkpoint_interval > 0 {
-            at.extend((1..=prompt_len / self.checkpoint_interval).map(|i| i * self.checkpoint_interval));
+        if let Some(n) = prompt_len.checked_div(self.checkpoint_interval) {
+            at.extend((1..=n).map(|i| i * self.checkpoint_interval));
         }
         at.retain(|&p| p > 0);
         at.sort_unstable();

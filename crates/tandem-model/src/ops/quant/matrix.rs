@@ -51,7 +51,7 @@ impl std::fmt::Debug for GgmlMatrix {
 impl GgmlMatrix {
     /// From the raw bytes of a tensor in GGUF layout: `n` rows of `k / 32` blocks.
     pub fn from_bytes(ty: QuantType, n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
-        if k == 0 || k % QK != 0 {
+        if k == 0 || !k.is_multiple_of(QK) {
             candle_core::bail!("{ty:?} matrix: k = {k} is not a positive multiple of {QK}");
         }
         let want = n * (k / QK) * ty.block_bytes();
