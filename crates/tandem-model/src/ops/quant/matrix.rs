@@ -140,7 +140,11 @@ impl GgmlMatrix {
         with_scratch(m * nb, |acts| {
             quantize_rows(kernel, x, self.k, acts);
             let out = OutPtr(y.as_mut_ptr());
-            let threads = rayon::current_num_threads();
+            // candle's barrier pool (spin, then park) is the one its own kernels run on; using
+            // it rather than rayon's keeps one set of workers hot instead of two fighting over
+            // the cores, which matters for the many short matmuls of a decode step.
+            let pool = candle_core::utils::barrier_pool();
+            let threads = pool.n_workers() + 1;
             // Below ~100k multiply-adds a task costs more than it saves.
             if threads <= 1 || m * self.n * self.k < 1 << 17 {
                 // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call.
@@ -150,10 +154,12 @@ impl GgmlMatrix {
             // Several tasks per thread so a busy core does not hold the others back; columns
             // in multiples of 4 (the decode tile).
             let chunk = (self.n.div_ceil(threads * 4).max(16) + 3) & !3;
-            (0..self.n.div_ceil(chunk)).into_par_iter().for_each(|t| {
-                let cols = t * chunk..((t + 1) * chunk).min(self.n);
-                // SAFETY: tasks write disjoint column ranges of y, which outlives the loop.
-                unsafe { self.matmul_cols(kernel, acts, m, cols, out.get()) };
+            pool.execute_chunked(self.n.div_ceil(chunk), |tiles| {
+                for t in tiles {
+                    let cols = t * chunk..((t + 1) * chunk).min(self.n);
+                    // SAFETY: tasks write disjoint column ranges of y, which outlives the call.
+                    unsafe { self.matmul_cols(kernel, acts, m, cols, out.get()) };
+                }
             });
         })
     }
