@@ -1,12 +1,11 @@
 //! The CPU kernel of paged attention on plain slices: tiles of (query heads sharing one KV
 //! head) x (up to [`TILE_Q`] query positions) walk the sequence's key blocks in order with an
 //! online softmax, in segments of [`SEGMENT_KEYS`] keys whose partial states are merged in
-//! order. Rayon spreads (tile, segment) items over threads; on x86-64 CPUs with AVX2 and FMA
+//! order. candle's barrier pool spreads (tile, segment) items over threads; on x86-64 CPUs with AVX2 and FMA
 //! the same code is compiled a second time with those features (fused multiply-adds, 8
 //! lanes). A row's arithmetic never depends on its tile, so results are bit-identical whatever
 //! the chunking — but may differ in the last bits between the two instruction sets.
 
-use rayon::prelude::*;
 
 /// Query positions per tile.
 const TILE_Q: usize = 16;
@@ -236,18 +235,28 @@ fn run(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, sim
             }
         }
     }
-    let partials: Vec<Partial> = items
-        .par_iter()
-        .map(|&(kh, ti, b0, b1)| {
-            let (i0, i1) = (ti * TILE_Q, ((ti + 1) * TILE_Q).min(t));
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: only chosen when the CPU reports AVX2 and FMA.
-                return unsafe { tile_avx2(q, k, v, blocks, d, scale, kh, i0, i1, b0, b1) };
-            }
-            let _ = simd;
-            tile::<Plain>(q, k, v, blocks, d, scale, kh, i0, i1, b0, b1)
-        })
+    let one = |&(kh, ti, b0, b1): &(usize, usize, usize, usize)| {
+        let (i0, i1) = (ti * TILE_Q, ((ti + 1) * TILE_Q).min(t));
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: only chosen when the CPU reports AVX2 and FMA.
+            return unsafe { tile_avx2(q, k, v, blocks, d, scale, kh, i0, i1, b0, b1) };
+        }
+        let _ = simd;
+        tile::<Plain>(q, k, v, blocks, d, scale, kh, i0, i1, b0, b1)
+    };
+    // Items run on candle's barrier pool, the workers every other CPU op of a step uses (a
+    // second pool would fight it for the same cores).
+    let slots: Vec<std::sync::OnceLock<Partial>> = items.iter().map(|_| std::sync::OnceLock::new()).collect();
+    candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
+        for i in range {
+            let _ = slots[i].set(one(&items[i]));
+        }
+    });
+    let partials: Vec<Partial> = slots
+        .into_iter()
+        .zip(&items)
+        .map(|(s, item)| s.into_inner().unwrap_or_else(|| one(item)))
         .collect();
     let mut out = vec![0f32; n_heads * t * hd];
     let mut idx = 0;
