@@ -128,9 +128,11 @@ impl<C> PrefixTree<C> {
     fn child(&self, parent: Option<u32>, tokens: &[u32]) -> (u64, Option<u32>) {
         let pkey = parent.and_then(|p| self.live(p)).map(|n| n.key).unwrap_or(ROOT_KEY);
         let key = chain_key(pkey, tokens);
-        let found = self.by_key.get(&key).copied().filter(|&i| {
-            self.live(i).is_some_and(|n| n.parent == parent && &*n.tokens == tokens)
-        });
+        let found = self
+            .by_key
+            .get(&key)
+            .copied()
+            .filter(|&i| self.live(i).is_some_and(|n| n.parent == parent && &*n.tokens == tokens));
         (key, found)
     }
 
@@ -161,9 +163,19 @@ impl<C> PrefixTree<C> {
     /// at the root). Takes a reference to the block. If the node exists already it is only
     /// marked used and keeps its own block. Returns the node, or `None` when a hash collision
     /// makes the position uncacheable.
-    pub fn insert(&mut self, pool: &mut BlockPool, parent: Option<NodeRef>, tokens: &[u32], block: BlockId) -> Result<Option<NodeRef>> {
+    pub fn insert(
+        &mut self,
+        pool: &mut BlockPool,
+        parent: Option<NodeRef>,
+        tokens: &[u32],
+        block: BlockId,
+    ) -> Result<Option<NodeRef>> {
         if tokens.len() != self.block_size {
-            return Err(CacheError::Config(format!("a tree node holds {} tokens, got {}", self.block_size, tokens.len())));
+            return Err(CacheError::Config(format!(
+                "a tree node holds {} tokens, got {}",
+                self.block_size,
+                tokens.len()
+            )));
         }
         let parent = match parent {
             Some(r) => Some(self.resolve(r).ok_or(CacheError::StaleNode)?),
@@ -179,15 +191,8 @@ impl<C> PrefixTree<C> {
             return Ok(None);
         }
         pool.retain(block)?;
-        let node = Node {
-            parent,
-            key,
-            tokens: tokens.into(),
-            block,
-            children: 0,
-            last_used: self.tick,
-            checkpoint: None,
-        };
+        let node =
+            Node { parent, key, tokens: tokens.into(), block, children: 0, last_used: self.tick, checkpoint: None };
         let index = match self.free_slots.pop() {
             Some(i) => {
                 self.slots[i as usize].node = Some(node);
@@ -401,7 +406,11 @@ impl<C> PrefixTree<C> {
             }
         }
         if (nodes, cps, bytes) != (self.nodes, self.checkpoints, self.checkpoint_bytes) {
-            return Err(format!("counters {:?} vs actual {:?}", (self.nodes, self.checkpoints, self.checkpoint_bytes), (nodes, cps, bytes)));
+            return Err(format!(
+                "counters {:?} vs actual {:?}",
+                (self.nodes, self.checkpoints, self.checkpoint_bytes),
+                (nodes, cps, bytes)
+            ));
         }
         if bytes > self.checkpoint_budget {
             return Err(format!("checkpoints hold {bytes} bytes over a budget of {}", self.checkpoint_budget));

@@ -64,7 +64,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         None => {
             let path = a.model.resolve()?;
-            let loaded = tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;
+            let loaded = tandem_model::loader::load(&path, &device)
+                .with_context(|| format!("cannot load {}", path.display()))?;
             (path.display().to_string(), loaded.model)
         }
     };

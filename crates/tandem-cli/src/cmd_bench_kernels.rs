@@ -143,6 +143,8 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             row("recurrent prefill", d, t, secs, bytes(t, d), recurrent_flops(t, d));
         }
     }
-    println!("bytes: the state read and written once plus q, k, v, β, g and the output; FLOPs as the kernels compute them.");
+    println!(
+        "bytes: the state read and written once plus q, k, v, β, g and the output; FLOPs as the kernels compute them."
+    );
     Ok(())
 }

@@ -56,7 +56,11 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
         let req = GenerateRequest {
             prompt_ids,
             sampling: a.sampling.params(),
-            stop: StopParams { max_tokens: a.sampling.max_tokens.min(room), stop_strings: a.sampling.stop.clone(), ..Default::default() },
+            stop: StopParams {
+                max_tokens: a.sampling.max_tokens.min(room),
+                stop_strings: a.sampling.stop.clone(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let (ids, usage, timings) = stream_to_stdout(&engine, req)?;

@@ -29,7 +29,10 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     println!("file size:       {:.1} MB", s.file_bytes as f64 / 1e6);
     println!("context length:  {}", s.context_length);
     println!("vocab size:      {}", s.vocab_size);
-    println!("layers:          {} (hidden {}, heads {}/{} kv, head_dim {})", s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim);
+    println!(
+        "layers:          {} (hidden {}, heads {}/{} kv, head_dim {})",
+        s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
+    );
     println!("tied embeddings: {}", s.tie_word_embeddings);
     println!("rope:            {}", s.rope);
     let types: Vec<String> = s.tensor_types.iter().map(|(k, v)| format!("{k}: {v}")).collect();
@@ -38,7 +41,12 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         Some(t) if a.template => println!("chat template:\n{t}"),
         Some(t) => {
             let first: String = t.chars().take(160).collect();
-            println!("chat template:   {} chars: {}{}", t.len(), first.replace('\n', "\\n"), if t.len() > 160 { "…" } else { "" });
+            println!(
+                "chat template:   {} chars: {}{}",
+                t.len(),
+                first.replace('\n', "\\n"),
+                if t.len() > 160 { "…" } else { "" }
+            );
         }
         None => println!("chat template:   none (ChatML is used)"),
     }

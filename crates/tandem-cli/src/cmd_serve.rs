@@ -90,7 +90,8 @@ pub struct ServeArgs {
 }
 
 fn parse_tool_parser(s: &str) -> Result<ToolParserChoice, String> {
-    ToolParserChoice::from_name(s).ok_or_else(|| format!("unknown tool parser `{s}` (auto, hermes, qwen-xml, llama3, none)"))
+    ToolParserChoice::from_name(s)
+        .ok_or_else(|| format!("unknown tool parser `{s}` (auto, hermes, qwen-xml, llama3, none)"))
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {

@@ -29,7 +29,10 @@ fn inspect_describes_a_checkpoint() {
     assert_eq!(v["vocab_size"], 384);
     assert_eq!(v["tie_word_embeddings"], false);
     assert!(v["chat_template"].as_str().unwrap().contains("im_start"));
-    assert_eq!(v["tensor_types"]["F32"], v["tensor_types"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum::<u64>());
+    assert_eq!(
+        v["tensor_types"]["F32"],
+        v["tensor_types"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum::<u64>()
+    );
 }
 
 #[test]
@@ -91,11 +94,23 @@ fn inspect_hybrid_gguf_and_bench_hybrid_kernels() {
     std::fs::remove_dir_all(&dir).ok();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("qwen35 (layers GGAG") && text.contains("MTP head: yes"), "{text}");
-    let out = tandem(&["bench", "kernels", "--heads", "4", "--key-heads", "2", "--head-dim", "32", "--tokens", "70", "--min-seconds", "0.01"]);
+    let out = tandem(&[
+        "bench",
+        "kernels",
+        "--heads",
+        "4",
+        "--key-heads",
+        "2",
+        "--head-dim",
+        "32",
+        "--tokens",
+        "70",
+        "--min-seconds",
+        "0.01",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("chunked prefill") && text.contains("GFLOP/s"), "{text}");
     let out = tandem(&["bench", "--random-hybrid", "tiny", "-p", "70", "-g", "2", "-r", "1"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("pp70") && text.contains("tg2"), "{text}");
 }
-

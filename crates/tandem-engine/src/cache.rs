@@ -47,7 +47,12 @@ fn snapshot_bytes(s: &RecurrentSnapshot) -> usize {
 }
 
 impl EngineCache {
-    pub fn new(spec: Vec<LayerCacheSpec>, cfg: &EngineConfig, context_length: usize, device: &Device) -> Result<Self, EngineError> {
+    pub fn new(
+        spec: Vec<LayerCacheSpec>,
+        cfg: &EngineConfig,
+        context_length: usize,
+        device: &Device,
+    ) -> Result<Self, EngineError> {
         let bs = cfg.block_size;
         if bs == 0 {
             return Err(EngineError::Config("the KV block size must be positive".into()));

@@ -157,13 +157,22 @@ impl EngineHandle {
 
     /// Starts the engine thread on an already loaded model.
     pub fn start(loaded: LoadedModel, cfg: EngineConfig) -> Result<Self, EngineError> {
-        if cfg.max_queue == 0 || cfg.max_running == 0 || cfg.prefill_chunk == 0 || cfg.max_batch_tokens == 0 || cfg.block_size == 0 {
+        if cfg.max_queue == 0
+            || cfg.max_running == 0
+            || cfg.prefill_chunk == 0
+            || cfg.max_batch_tokens == 0
+            || cfg.block_size == 0
+        {
             return Err(EngineError::Config(
                 "max_queue, max_running, prefill_chunk, max_batch_tokens and block_size must be positive".into(),
             ));
         }
         let LoadedModel { model, tokenizer, chat_template, summary } = loaded;
-        let context_length = if cfg.context_length > 0 { cfg.context_length.min(model.context_length()) } else { model.context_length() };
+        let context_length = if cfg.context_length > 0 {
+            cfg.context_length.min(model.context_length())
+        } else {
+            model.context_length()
+        };
         let info = ModelInfo {
             id: cfg.model_id.clone(),
             context_length,
@@ -182,9 +191,13 @@ impl EngineHandle {
         };
         let template = match template {
             Some(t) => Some(t),
-            None => ChatTemplate::new(tandem_model::chat_template::CHATML_TEMPLATE, tokenizer.bos_token(), tokenizer.eos_token())
-                .ok()
-                .map(Arc::new),
+            None => ChatTemplate::new(
+                tandem_model::chat_template::CHATML_TEMPLATE,
+                tokenizer.bos_token(),
+                tokenizer.eos_token(),
+            )
+            .ok()
+            .map(Arc::new),
         };
         let tokenizer = Arc::new(tokenizer);
         let eos_ids = tokenizer.eos_ids().to_vec();

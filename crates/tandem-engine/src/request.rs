@@ -124,7 +124,11 @@ pub struct Timings {
 
 impl Timings {
     pub fn prefill_tok_per_s(&self, prompt_tokens: usize) -> f64 {
-        if self.prefill_s > 0.0 { prompt_tokens as f64 / self.prefill_s } else { 0.0 }
+        if self.prefill_s > 0.0 {
+            prompt_tokens as f64 / self.prefill_s
+        } else {
+            0.0
+        }
     }
     /// Decode rate counts the tokens after the first (the first comes from prefill).
     pub fn decode_tok_per_s(&self, completion_tokens: usize) -> f64 {

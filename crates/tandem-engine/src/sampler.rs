@@ -62,10 +62,7 @@ impl Sampler {
             return Err(format!("min_p must be in [0, 1], got {}", p.min_p));
         }
         if !(p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0) {
-            return Err(format!(
-                "repetition_penalty must be a finite number > 0, got {}",
-                p.repetition_penalty
-            ));
+            return Err(format!("repetition_penalty must be a finite number > 0, got {}", p.repetition_penalty));
         }
         if !p.presence_penalty.is_finite() {
             return Err(format!("presence_penalty must be finite, got {}", p.presence_penalty));
@@ -137,8 +134,7 @@ impl Sampler {
     /// `count * frequency + presence`). Ids outside the vocabulary are ignored.
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;
-        if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
-        {
+        if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             return;
         }
         let n = if p.penalty_last_n == 0 { history.len() } else { p.penalty_last_n.min(history.len()) };

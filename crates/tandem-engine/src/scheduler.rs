@@ -55,7 +55,8 @@ impl Scheduler {
         stats: Arc<EngineStats>,
     ) -> Result<Self, EngineError> {
         let cache = EngineCache::new(model.cache_spec(), &cfg, context_length, model.device())?;
-        let s = Self { model, tokenizer, cfg, context_length, stats, cache, waiting: VecDeque::new(), running: Vec::new() };
+        let s =
+            Self { model, tokenizer, cfg, context_length, stats, cache, waiting: VecDeque::new(), running: Vec::new() };
         s.publish_stats();
         Ok(s)
     }

@@ -133,7 +133,10 @@ impl Sequence {
             (Some(raw), Some(n)) => {
                 let (lp, top) = top_logprobs(&raw, id, n);
                 let entry = |id: u32, logprob: f32| TokenLogprob { id, text: tok.token_text(id), logprob };
-                Some(PositionLogprobs { chosen: entry(id, lp), top: top.into_iter().map(|(i, l)| entry(i, l)).collect() })
+                Some(PositionLogprobs {
+                    chosen: entry(id, lp),
+                    top: top.into_iter().map(|(i, l)| entry(i, l)).collect(),
+                })
             }
             _ => None,
         };
@@ -168,8 +171,11 @@ impl Sequence {
             prefill_s: self.prefill_s,
             decode_s: self.last_token.map(|l| (l - first).as_secs_f64()).unwrap_or(0.0),
         };
-        let usage =
-            Usage { prompt_tokens: self.prompt_len, completion_tokens: self.generated(), cached_tokens: self.cached_tokens };
+        let usage = Usage {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+            cached_tokens: self.cached_tokens,
+        };
         self.emit(GenerationEvent::Finished { reason, text, usage, timings });
         self.finished = true;
     }

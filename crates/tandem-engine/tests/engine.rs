@@ -87,7 +87,8 @@ fn batch_invariance() {
     let (prompt, _, _) = reference("qwen2");
     let e = engine("qwen2", EngineConfig::default());
     let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt[i..i + 12 + 3 * i].to_vec()).collect();
-    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
+    let alone: Vec<Vec<u32>> =
+        prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
     let rxs: Vec<_> = prompts.iter().map(|p| e.submit(greedy_req(p.clone(), 16)).unwrap()).collect();
     let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).ids).collect();
     assert_eq!(alone, together);
@@ -187,7 +188,8 @@ fn invalid_submissions_are_refused() {
     assert!(matches!(e.submit(greedy_req(vec![5; 64], 1)).unwrap_err(), SubmitError::PromptTooLong { .. }));
     assert!(matches!(e.submit(greedy_req(vec![5; 10], 60)).unwrap_err(), SubmitError::MaxTokensTooLarge { .. }));
     assert_eq!(e.submit(greedy_req(vec![5, 100_000], 4)).unwrap_err(), SubmitError::InvalidToken(100_000));
-    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..Default::default() }, ..greedy_req(vec![5], 4) };
+    let bad =
+        GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..Default::default() }, ..greedy_req(vec![5], 4) };
     assert!(matches!(e.submit(bad).unwrap_err(), SubmitError::InvalidParam(_)));
     // Context limit during generation ends with Length.
     let o = collect(e.submit(greedy_req(vec![5; 60], 4)).unwrap());

@@ -16,7 +16,8 @@ use tandem_engine::*;
 fn batch_invariance_with_prefix_sharing() {
     for path in ["tiny/llama", "hybrid/qwen3_5", "hybrid/qwen3_5_moe"] {
         let p = long_prompt(path, 200);
-        let prompts: Vec<Vec<u32>> = (0..8).map(|i| if i % 2 == 0 { p[..20 + 6 * i].to_vec() } else { p[i..i + 25].to_vec() }).collect();
+        let prompts: Vec<Vec<u32>> =
+            (0..8).map(|i| if i % 2 == 0 { p[..20 + 6 * i].to_vec() } else { p[i..i + 25].to_vec() }).collect();
         let alone_engine = engine(path, cache_off());
         let alone: Vec<Outcome> = prompts.iter().map(|q| run(&alone_engine, greedy(q.clone(), 12))).collect();
         let e = engine(path, EngineConfig::default());
@@ -98,7 +99,8 @@ fn memory_pressure_preempts_and_recomputes_without_changing_outputs() {
             assert_eq!(e.stats().kv_blocks_total.load(Ordering::Relaxed), 10);
             let rxs: Vec<_> = prompts.iter().map(|q| e.submit(greedy(q.clone(), max_tokens)).unwrap()).collect();
             // Four more that give up: two at once, two after their first token.
-            let dropped: Vec<_> = (0..4).map(|i| e.submit(greedy(p[40 + i..64 + i].to_vec(), max_tokens)).unwrap()).collect();
+            let dropped: Vec<_> =
+                (0..4).map(|i| e.submit(greedy(p[40 + i..64 + i].to_vec(), max_tokens)).unwrap()).collect();
             for (i, mut rx) in dropped.into_iter().enumerate() {
                 if i >= 2 {
                     let _ = rx.blocking_recv();
@@ -123,7 +125,8 @@ fn a_request_larger_than_the_pool_is_refused() {
     let p = long_prompt("tiny/llama", 200);
     let probe = engine("tiny/llama", EngineConfig::default());
     let block_bytes = probe.stats().kv_block_bytes.load(Ordering::Relaxed) as u64;
-    let e = engine("tiny/llama", EngineConfig { kv_memory: MemoryBudget::Bytes(3 * block_bytes), ..Default::default() });
+    let e =
+        engine("tiny/llama", EngineConfig { kv_memory: MemoryBudget::Bytes(3 * block_bytes), ..Default::default() });
     let mut rx = e.submit(greedy(p[..30].to_vec(), 40)).unwrap();
     let mut saw_error = false;
     while let Some(ev) = rx.blocking_recv() {
@@ -138,5 +141,8 @@ fn a_request_larger_than_the_pool_is_refused() {
     assert_eq!(o.ids.len(), 5);
     assert_no_leaks(&e);
     let tiny = EngineConfig { kv_memory: MemoryBudget::Bytes(block_bytes - 1), ..Default::default() };
-    assert!(EngineHandle::load(&fixture("tiny/llama"), tiny).is_err(), "a pool without a single block is a config error");
+    assert!(
+        EngineHandle::load(&fixture("tiny/llama"), tiny).is_err(),
+        "a pool without a single block is a config error"
+    );
 }

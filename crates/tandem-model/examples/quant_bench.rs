@@ -39,7 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for m in [1usize, 512].into_iter().filter(|m| only_m.is_none_or(|o| o == *m)) {
                 let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
                 let t_ours = time(|| drop(ours.forward(&x).unwrap()));
-                let t_candle = if m == 1 && with_candle { time(|| drop(theirs.forward(&x).unwrap())) } else { f64::NAN };
+                let t_candle =
+                    if m == 1 && with_candle { time(|| drop(theirs.forward(&x).unwrap())) } else { f64::NAN };
                 let gmac = (m * n * k) as f64 / 1e9;
                 println!(
                     "{ty:?} n={n:5} k={k:5} m={m:4}: ours {:8.1} µs ({:5.1} GMAC/s)  candle {:8.1} µs",

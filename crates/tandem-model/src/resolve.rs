@@ -73,8 +73,11 @@ pub(crate) fn resolve_with(
 ) -> Result<ModelSource> {
     let arg = arg.trim();
     if arg.is_empty() {
-        return Err(ModelError::Input("no model given: pass a .gguf file, a model directory, \
-             a Hugging Face repo id or a catalogue alias".into()));
+        return Err(ModelError::Input(
+            "no model given: pass a .gguf file, a model directory, \
+             a Hugging Face repo id or a catalogue alias"
+                .into(),
+        ));
     }
     let path = expand_tilde(arg);
     if path.exists() {
@@ -136,7 +139,11 @@ fn from_path(path: &Path) -> Result<ModelSource> {
     }
     if path.file_name().is_some_and(|n| n == "config.json") {
         if let Some(dir) = path.parent() {
-            return Ok(ModelSource::HfDir(if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir.to_path_buf() }));
+            return Ok(ModelSource::HfDir(if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir.to_path_buf()
+            }));
         }
     }
     Err(ModelError::Input(format!(

@@ -25,7 +25,8 @@ struct Reference {
 }
 
 fn reference(name: &str) -> Reference {
-    let r = candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
+    let r =
+        candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
     let ids = |k: &str| r[k].to_vec1::<i64>().expect("ids").into_iter().map(|x| x as u32).collect::<Vec<_>>();
     Reference {
         prompt: ids("prompt_ids"),
@@ -50,7 +51,12 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
     diff / scale
 }
 
-fn forward_one(model: &dyn CausalLm, cache: &mut SequenceCache, tokens: &[u32], logits: LogitsWanted) -> Option<Tensor> {
+fn forward_one(
+    model: &dyn CausalLm,
+    cache: &mut SequenceCache,
+    tokens: &[u32],
+    logits: LogitsWanted,
+) -> Option<Tensor> {
     let mut chunks = [SeqChunk { tokens, cache, logits }];
     model.forward(&mut chunks).expect("forward").pop().flatten()
 }
@@ -107,7 +113,8 @@ fn chunked_prefill_equals_one_shot() {
             let mut parts = Vec::new();
             for s in sizes.iter().copied() {
                 let s = s.min(r.prompt.len() - off);
-                parts.push(forward_one(model.as_ref(), &mut cache, &r.prompt[off..off + s], LogitsWanted::All).unwrap());
+                parts
+                    .push(forward_one(model.as_ref(), &mut cache, &r.prompt[off..off + s], LogitsWanted::All).unwrap());
                 off += s;
             }
             assert_eq!(off, r.prompt.len());

@@ -37,7 +37,8 @@ struct Reference {
 }
 
 fn reference(name: &str) -> Reference {
-    let r = candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
+    let r =
+        candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
     let ids = |k: &str| r[k].to_vec1::<i64>().expect("ids").into_iter().map(|x| x as u32).collect::<Vec<_>>();
     Reference {
         prompt: ids("prompt_ids"),

@@ -45,9 +45,15 @@ struct Reference {
 }
 
 fn reference(name: &str) -> Reference {
-    let r = candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
+    let r =
+        candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &Device::Cpu).expect("reference");
     let ids = |k: &str| r[k].to_vec1::<i64>().expect("ids").into_iter().map(|x| x as u32).collect::<Vec<_>>();
-    Reference { prompt: ids("prompt_ids"), greedy: ids("greedy_ids"), margins: r["margins"].to_vec1::<f32>().unwrap(), r }
+    Reference {
+        prompt: ids("prompt_ids"),
+        greedy: ids("greedy_ids"),
+        margins: r["margins"].to_vec1::<f32>().unwrap(),
+        r,
+    }
 }
 
 /// max |a - b| / max |b|
@@ -173,15 +179,17 @@ fn tamed_copy(tmp: &Path, name: &str, s: f64) -> PathBuf {
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    let ts: std::collections::HashMap<String, Tensor> = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| {
-            let linear = v.rank() >= 2 && !k.contains("conv1d") && !k.contains("embed_tokens") && !k.contains("lm_head");
-            let v = if linear { v.affine(s, 0.0).unwrap() } else { v };
-            (k, v)
-        })
-        .collect();
+    let ts: std::collections::HashMap<String, Tensor> =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| {
+                let linear =
+                    v.rank() >= 2 && !k.contains("conv1d") && !k.contains("embed_tokens") && !k.contains("lm_head");
+                let v = if linear { v.affine(s, 0.0).unwrap() } else { v };
+                (k, v)
+            })
+            .collect();
     candle_core::safetensors::save(&ts, dir.join("model.safetensors")).unwrap();
     dir
 }
@@ -200,7 +208,8 @@ fn q8_0_gguf_stays_quantised_and_close() {
         let q_model = QwenHybrid::load(&src.config, &src).unwrap();
         let f_model = load(&fp);
         let prompt = reference(name).prompt;
-        let run = |m: &QwenHybrid| fwd(m, &mut SequenceCache::new(&m.cache_spec(), &Device::Cpu), &prompt, LogitsWanted::All);
+        let run =
+            |m: &QwenHybrid| fwd(m, &mut SequenceCache::new(&m.cache_spec(), &Device::Cpu), &prompt, LogitsWanted::All);
         let (q, f) = (run(&q_model), run(&f_model));
         let e = rel_err(&q, &f);
         eprintln!("{name} (weights x0.2): Q8_0 vs f32 prompt logits relative error {e:.2e}");

@@ -18,14 +18,16 @@ fn fixture(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(path)
 }
 
-const MODELS: [&str; 6] = ["tiny/llama", "tiny/qwen2", "tiny/qwen3", "tiny/mistral", "hybrid/qwen3_5", "hybrid/qwen3_next"];
+const MODELS: [&str; 6] =
+    ["tiny/llama", "tiny/qwen2", "tiny/qwen3", "tiny/mistral", "hybrid/qwen3_5", "hybrid/qwen3_next"];
 
 fn load(path: &str) -> Box<dyn CausalLm> {
     tandem_model::loader::load(&fixture(path), &Device::Cpu).expect("load fixture").model
 }
 
 fn prompt(path: &str) -> Vec<u32> {
-    let r = candle_core::safetensors::load(fixture(path).join("reference.safetensors"), &Device::Cpu).expect("reference");
+    let r =
+        candle_core::safetensors::load(fixture(path).join("reference.safetensors"), &Device::Cpu).expect("reference");
     r["prompt_ids"].to_vec1::<i64>().expect("ids").into_iter().map(|x| x as u32).collect()
 }
 
@@ -96,7 +98,9 @@ fn resuming_on_shared_blocks_continues_exactly() {
         let spec = m.cache_spec();
         let p = prompt(path);
         let split = 2 * BS;
-        let want = run(m.as_ref(), &mut SequenceCache::new(&spec, &Device::Cpu), &p, &[p.len()]).narrow(0, split, p.len() - split).unwrap();
+        let want = run(m.as_ref(), &mut SequenceCache::new(&spec, &Device::Cpu), &p, &[p.len()])
+            .narrow(0, split, p.len() - split)
+            .unwrap();
         let store = Arc::new(PagedKvStore::new(&spec, 64, BS, &Device::Cpu).unwrap());
         // A computes the prefix and snapshots its recurrent state there.
         let table_a = scattered_table(p.len(), 5);

@@ -84,7 +84,11 @@ fn greedy_matches_llama_cpp() {
             } else {
                 // A close call for llama.cpp: its token must be a close call for us too.
                 let gap = v[a] - v[w as usize];
-                assert!(gap < TIE_MARGIN as f32, "{:?}: close call at {i}: llama.cpp's {w} is {gap} below our top {a}", case["prompt"]);
+                assert!(
+                    gap < TIE_MARGIN as f32,
+                    "{:?}: close call at {i}: llama.cpp's {w} is {gap} below our top {a}",
+                    case["prompt"]
+                );
             }
             input = vec![w];
         }

@@ -5,9 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use tandem_model::chat_template::{
-    gguf_chat_template, hf_chat_template, ChatTemplate, RenderOptions,
-};
+use tandem_model::chat_template::{gguf_chat_template, hf_chat_template, ChatTemplate, RenderOptions};
 use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 
 fn workspace() -> PathBuf {
@@ -75,11 +73,7 @@ fn smollm2_prompts_and_greedy_outputs_match_llamacpp() {
     let fx = fixture();
     for case in fx["cases"].as_array().expect("cases") {
         let prompt = case["prompt"].as_str().expect("prompt");
-        assert_eq!(
-            tok.encode(prompt, false).unwrap(),
-            ids(&case["prompt_ids"]),
-            "prompt {prompt:?}"
-        );
+        assert_eq!(tok.encode(prompt, false).unwrap(), ids(&case["prompt_ids"]), "prompt {prompt:?}");
         assert_eq!(tok.decode(&ids(&case["prompt_ids"]), false), prompt);
         let greedy = ids(&case["greedy_ids"]);
         let want = case["detokenized"].as_str().expect("detokenized");
@@ -150,10 +144,7 @@ fn smollm2_chat_template_renders_the_fixture_prompt() {
     let case = &fx["cases"][2];
     assert_eq!(r.text, case["prompt"].as_str().unwrap());
     assert_eq!(tok.encode(&r.text, false).unwrap(), ids(&case["prompt_ids"]));
-    assert_eq!(
-        &r.text[..r.message_ends[0]],
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    );
+    assert_eq!(&r.text[..r.message_ends[0]], "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
     assert_eq!(r.message_ends[1], r.text.len() - "<|im_start|>assistant\n".len());
 
     // Without a system message the template inserts its default one.

@@ -16,7 +16,9 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" || presented(req.headers()).is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes())) {
+    if path == "/health"
+        || presented(req.headers()).is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()))
+    {
         return next.run(req).await;
     }
     let style = ErrorStyle::for_path(path);

@@ -72,8 +72,12 @@ impl ApiError {
     pub fn overloaded() -> Self {
         ApiError {
             retry_after: Some(1),
-            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "The server is at its limit of concurrent requests; retry shortly.")
-                .with_code("server_busy")
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "The server is at its limit of concurrent requests; retry shortly.",
+            )
+            .with_code("server_busy")
         }
     }
 
@@ -84,7 +88,8 @@ impl ApiError {
 
     /// 401 for a missing or wrong API key.
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Incorrect or missing API key.").with_code("invalid_api_key")
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Incorrect or missing API key.")
+            .with_code("invalid_api_key")
     }
 
     /// 500 `server_error`.

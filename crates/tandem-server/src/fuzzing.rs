@@ -18,7 +18,8 @@ use crate::tools::{ToolFormat, ToolSchemas};
 fn backend() -> Option<&'static ScriptedBackend> {
     static B: OnceLock<Option<ScriptedBackend>> = OnceLock::new();
     B.get_or_init(|| {
-        let script = Script { model: None, context_length: None, chat_template: None, rules: Vec::new(), default_reply: None };
+        let script =
+            Script { model: None, context_length: None, chat_template: None, rules: Vec::new(), default_reply: None };
         ScriptedBackend::new(script).ok()
     })
     .as_ref()
@@ -52,7 +53,11 @@ pub fn request_and_template(data: &[u8]) {
 fn output(text: &str) {
     for inside in [false, true] {
         for format in [None, Some(ToolFormat::Hermes), Some(ToolFormat::QwenXml), Some(ToolFormat::Llama3)] {
-            let cfg = OutputConfig { reasoning_inside: inside, parse_reasoning: true, tools: format.map(|f| (f, ToolSchemas::default(), true)) };
+            let cfg = OutputConfig {
+                reasoning_inside: inside,
+                parse_reasoning: true,
+                tools: format.map(|f| (f, ToolSchemas::default(), true)),
+            };
             let _ = Parsed::from_text(&cfg, text);
         }
     }

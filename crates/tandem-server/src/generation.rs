@@ -64,9 +64,14 @@ mod tests {
         tx.send(tok(1, "he")).await.unwrap();
         tx.send(tok(2, "")).await.unwrap();
         let usage = Usage { prompt_tokens: 5, completion_tokens: 2, cached_tokens: 0 };
-        tx.send(GenerationEvent::Finished { reason: FinishReason::Length, text: "y".into(), usage, timings: Timings::default() })
-            .await
-            .unwrap();
+        tx.send(GenerationEvent::Finished {
+            reason: FinishReason::Length,
+            text: "y".into(),
+            usage,
+            timings: Timings::default(),
+        })
+        .await
+        .unwrap();
         let c = collect(rx).await.unwrap();
         assert_eq!((c.text.as_str(), c.token_ids, c.finish_reason), ("hey", vec![1, 2], FinishReason::Length));
         assert_eq!(c.usage, usage);

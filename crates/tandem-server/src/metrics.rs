@@ -44,7 +44,12 @@ pub fn render(stats: Option<&EngineStats>) -> String {
         ("tandem_requests_finished_total", Counter, "Requests that finished or failed.", v(&s.finished)),
         ("tandem_requests_cancelled_total", Counter, "Requests cancelled by their client.", v(&s.cancelled)),
         ("tandem_kv_blocks_total", Gauge, "KV blocks in the paged pool.", v(&s.kv_blocks_total)),
-        ("tandem_kv_blocks_used", Gauge, "KV blocks in use (live sequences and prefix cache).", s.kv_blocks_used() as f64),
+        (
+            "tandem_kv_blocks_used",
+            Gauge,
+            "KV blocks in use (live sequences and prefix cache).",
+            s.kv_blocks_used() as f64,
+        ),
         ("tandem_kv_blocks_free", Gauge, "KV blocks on the free list.", v(&s.kv_blocks_free)),
         ("tandem_kv_block_bytes", Gauge, "Bytes of one KV block over all attention layers.", v(&s.kv_block_bytes)),
         ("tandem_kv_live_bytes", Gauge, "Bytes of KV and recurrent state held by live sequences.", v(&s.kv_bytes)),
@@ -54,13 +59,29 @@ pub fn render(stats: Option<&EngineStats>) -> String {
         ("tandem_checkpoints", Gauge, "Recurrent-state checkpoints held by the prefix cache.", v(&s.checkpoints)),
         ("tandem_checkpoint_bytes", Gauge, "Bytes of recurrent-state checkpoints held.", v(&s.checkpoint_bytes)),
         ("tandem_prompt_tokens_total", Counter, "Prompt tokens of admitted requests.", v(&s.prompt_tokens)),
-        ("tandem_prefix_hit_tokens_total", Counter, "Prompt tokens served from the prefix cache.", v(&s.prefix_hit_tokens)),
-        ("tandem_preemptions_total", Counter, "Sequences preempted for recompute when KV blocks ran out.", v(&s.preemptions)),
+        (
+            "tandem_prefix_hit_tokens_total",
+            Counter,
+            "Prompt tokens served from the prefix cache.",
+            v(&s.prefix_hit_tokens),
+        ),
+        (
+            "tandem_preemptions_total",
+            Counter,
+            "Sequences preempted for recompute when KV blocks ran out.",
+            v(&s.preemptions),
+        ),
     ];
     for (name, kind, help, value) in rows {
         metric(&mut out, name, kind, help, value);
     }
-    metric(&mut out, "tandem_prefix_hit_ratio", Gauge, "Share of admitted prompt tokens served from the prefix cache.", s.prefix_hit_ratio());
+    metric(
+        &mut out,
+        "tandem_prefix_hit_ratio",
+        Gauge,
+        "Share of admitted prompt tokens served from the prefix cache.",
+        s.prefix_hit_ratio(),
+    );
     out
 }
 
@@ -78,7 +99,14 @@ mod tests {
         s.prefix_hit_tokens.store(50, Ordering::Relaxed);
         s.preemptions.store(2, Ordering::Relaxed);
         let text = render(Some(&s));
-        for line in ["tandem_requests_running 3", "tandem_kv_blocks_used 40", "tandem_kv_blocks_free 60", "tandem_prefix_hit_ratio 0.25", "tandem_preemptions_total 2", "# TYPE tandem_preemptions_total counter"] {
+        for line in [
+            "tandem_requests_running 3",
+            "tandem_kv_blocks_used 40",
+            "tandem_kv_blocks_free 60",
+            "tandem_prefix_hit_ratio 0.25",
+            "tandem_preemptions_total 2",
+            "# TYPE tandem_preemptions_total counter",
+        ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();

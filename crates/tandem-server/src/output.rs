@@ -104,7 +104,9 @@ impl Parsed {
             match e {
                 OutEvent::Reasoning(s) => self.reasoning.push_str(&s),
                 OutEvent::Content(s) => self.content.push_str(&s),
-                OutEvent::ToolStart { id, name, .. } => self.calls.push(ToolCall { id, name, arguments: String::new() }),
+                OutEvent::ToolStart { id, name, .. } => {
+                    self.calls.push(ToolCall { id, name, arguments: String::new() })
+                }
                 OutEvent::ToolArgs { index, fragment } => {
                     if let Some(c) = self.calls.get_mut(index) {
                         c.arguments.push_str(&fragment);
@@ -130,7 +132,11 @@ mod tests {
 
     #[test]
     fn reasoning_then_calls() {
-        let cfg = OutputConfig { reasoning_inside: true, parse_reasoning: true, tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)) };
+        let cfg = OutputConfig {
+            reasoning_inside: true,
+            parse_reasoning: true,
+            tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)),
+        };
         let text = "I should call f.\n</think>\n\nSure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let whole = Parsed::from_text(&cfg, text);
         assert_eq!(whole.reasoning, "I should call f.");

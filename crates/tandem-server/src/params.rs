@@ -65,7 +65,10 @@ impl CommonParams {
     pub fn validate(&self, vocab_size: usize) -> Result<Validated, ApiError> {
         if let Some(n) = self.n {
             if n != 1 {
-                return Err(ApiError::invalid_param("n", format!("n must be 1 (got {n}); only one choice per request is supported.")));
+                return Err(ApiError::invalid_param(
+                    "n",
+                    format!("n must be 1 (got {n}); only one choice per request is supported."),
+                ));
             }
         }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
@@ -124,7 +127,12 @@ impl CommonParams {
         let stream = self.stream.unwrap_or(false);
         Ok(Validated {
             sampling,
-            stop: StopParams { max_tokens: 0, stop_token_ids, stop_strings, ignore_eos: self.ignore_eos.unwrap_or(false) },
+            stop: StopParams {
+                max_tokens: 0,
+                stop_token_ids,
+                stop_strings,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+            },
             max_tokens,
             stream,
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
@@ -144,7 +152,12 @@ fn check(ok: bool, param: &str, rule: &str) -> Result<(), ApiError> {
 /// The number of tokens to generate: the requested count if it fits in the context, else
 /// `min(default_max, context - prompt)` (`default_max == 0` means no cap). The prompt must leave
 /// room for at least one token.
-pub fn token_budget(prompt_len: usize, requested: Option<usize>, context: usize, default_max: usize) -> Result<usize, ApiError> {
+pub fn token_budget(
+    prompt_len: usize,
+    requested: Option<usize>,
+    context: usize,
+    default_max: usize,
+) -> Result<usize, ApiError> {
     if prompt_len >= context {
         return Err(ApiError::context_length(
             "messages",
@@ -245,7 +258,9 @@ mod tests {
 
     #[test]
     fn wrong_types_are_rejected_by_the_parser() {
-        for (json, param) in [(r#"{"temperature":"hot"}"#, "temperature"), (r#"{"stop":[1]}"#, "stop"), (r#"{"n":1.5}"#, "n")] {
+        for (json, param) in
+            [(r#"{"temperature":"hot"}"#, "temperature"), (r#"{"stop":[1]}"#, "stop"), (r#"{"n":1.5}"#, "n")]
+        {
             let e = parse_json::<CommonParams>(json.as_bytes()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{json}: {}", e.message);
         }

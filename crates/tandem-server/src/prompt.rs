@@ -19,7 +19,9 @@ pub struct Prompt {
 /// Encodes prompt text, adding BOS when the model wants one and the text does not already start
 /// with it (chat templates often write it themselves).
 pub fn encode_text(backend: &dyn Backend, text: &str) -> Result<Vec<u32>, ApiError> {
-    backend.tokenize(text, wants_bos(backend, text)).map_err(|e| ApiError::invalid(format!("Could not tokenize the prompt: {e}")))
+    backend
+        .tokenize(text, wants_bos(backend, text))
+        .map_err(|e| ApiError::invalid(format!("Could not tokenize the prompt: {e}")))
 }
 
 fn wants_bos(backend: &dyn Backend, text: &str) -> bool {
@@ -46,7 +48,8 @@ pub fn chat_prompt(backend: &dyn Backend, messages: &[Value], opts: &ChatRenderO
             cuts.push(end);
         }
     }
-    let message_boundaries = if cuts.is_empty() { Vec::new() } else { boundaries(&text, &cuts, &ids, add_bos, &tokenize)? };
+    let message_boundaries =
+        if cuts.is_empty() { Vec::new() } else { boundaries(&text, &cuts, &ids, add_bos, &tokenize)? };
     Ok(Prompt { ids, message_boundaries, opens_reasoning })
 }
 
@@ -55,7 +58,13 @@ type Tokenize<'a> = dyn Fn(&str, bool) -> Result<Vec<u32>, ApiError> + 'a;
 /// Token offsets of byte offsets `cuts`. Tokenises each segment on its own (linear cost); when
 /// the segments' tokens concatenate to exactly `ids` the offsets are exact. Otherwise (a merge
 /// across a cut) falls back to tokenising each prefix.
-fn boundaries(text: &str, cuts: &[usize], ids: &[u32], add_bos: bool, tokenize: &Tokenize) -> Result<Vec<usize>, ApiError> {
+fn boundaries(
+    text: &str,
+    cuts: &[usize],
+    ids: &[u32],
+    add_bos: bool,
+    tokenize: &Tokenize,
+) -> Result<Vec<usize>, ApiError> {
     let mut joined = Vec::with_capacity(ids.len());
     let mut offsets = Vec::with_capacity(cuts.len());
     let mut start = 0;
@@ -101,7 +110,10 @@ pub fn completion_prompt(backend: &dyn Backend, prompt: &Value) -> Result<Vec<u3
 }
 
 fn bad_prompt() -> ApiError {
-    ApiError::invalid_param("prompt", "prompt must be a string, an array of token ids, or a one-element array of either.")
+    ApiError::invalid_param(
+        "prompt",
+        "prompt must be a string, an array of token ids, or a one-element array of either.",
+    )
 }
 
 fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
@@ -109,7 +121,11 @@ fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
         .iter()
         .map(|v| match v.as_u64().and_then(|id| u32::try_from(id).ok()) {
             Some(id) if (id as usize) < vocab => Ok(id),
-            _ => Err(ApiError::invalid_param("prompt", format!("Token id {v} is outside the vocabulary (size {vocab}).")).with_code("invalid_token")),
+            _ => Err(ApiError::invalid_param(
+                "prompt",
+                format!("Token id {v} is outside the vocabulary (size {vocab})."),
+            )
+            .with_code("invalid_token")),
         })
         .collect()
 }
@@ -221,7 +237,17 @@ mod tests {
         assert_eq!(completion_prompt(&b, &json!(["x"])).unwrap(), vec!['x' as u32 + 10]);
         assert_eq!(completion_prompt(&b, &json!([3, 4])).unwrap(), vec![3, 4]);
         assert_eq!(completion_prompt(&b, &json!([[3, 4]])).unwrap(), vec![3, 4]);
-        for bad in [json!([]), json!([[]]), json!(["a", "b"]), json!([[1], [2]]), json!([1, "a"]), json!(5), json!({}), json!(null), json!([true])] {
+        for bad in [
+            json!([]),
+            json!([[]]),
+            json!(["a", "b"]),
+            json!([[1], [2]]),
+            json!([1, "a"]),
+            json!(5),
+            json!({}),
+            json!(null),
+            json!([true]),
+        ] {
             let e = completion_prompt(&b, &bad).unwrap_err();
             assert_eq!(e.status.as_u16(), 400, "{bad}");
             assert_eq!(e.param.as_deref(), Some("prompt"), "{bad}");

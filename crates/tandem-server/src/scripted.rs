@@ -138,7 +138,11 @@ impl Backend for ScriptedBackend {
     }
 
     fn render_chat(&self, messages: &[Value], opts: &ChatRenderOptions) -> Result<RenderedChat, String> {
-        let ro = RenderOptions { add_generation_prompt: opts.add_generation_prompt, tools: opts.tools.clone(), extra: opts.extra.clone() };
+        let ro = RenderOptions {
+            add_generation_prompt: opts.add_generation_prompt,
+            tools: opts.tools.clone(),
+            extra: opts.extra.clone(),
+        };
         let r = self.template.render(messages, &ro).map_err(|e| e.to_string())?;
         Ok(RenderedChat { text: r.text, message_ends: r.message_ends })
     }
@@ -167,7 +171,14 @@ impl Backend for ScriptedBackend {
             for b in reply.bytes() {
                 if n == req.stop.max_tokens {
                     let text = String::from_utf8_lossy(&pending).into_owned();
-                    let _ = tx.send(GenerationEvent::Finished { reason: FinishReason::Length, text, usage: usage(n), timings: Timings::default() }).await;
+                    let _ = tx
+                        .send(GenerationEvent::Finished {
+                            reason: FinishReason::Length,
+                            text,
+                            usage: usage(n),
+                            timings: Timings::default(),
+                        })
+                        .await;
                     return;
                 }
                 pending.push(b);
@@ -184,7 +195,12 @@ impl Backend for ScriptedBackend {
                 }
                 n += 1;
             }
-            let done = GenerationEvent::Finished { reason: FinishReason::Stop, text: String::new(), usage: usage(n), timings: Timings::default() };
+            let done = GenerationEvent::Finished {
+                reason: FinishReason::Stop,
+                text: String::new(),
+                usage: usage(n),
+                timings: Timings::default(),
+            };
             let _ = tx.send(done).await;
         });
         Ok(rx)
@@ -214,18 +230,40 @@ mod tests {
             json!({"role": "assistant", "content": "", "reasoning_content": "hm", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
             json!({"role": "tool", "tool_call_id": "c", "content": "22C"}),
         ];
-        let opts = ChatRenderOptions { add_generation_prompt: true, tools: Some(json!([{"type": "function", "function": {"name": "get_weather"}}])), extra: Default::default() };
+        let opts = ChatRenderOptions {
+            add_generation_prompt: true,
+            tools: Some(json!([{"type": "function", "function": {"name": "get_weather"}}])),
+            extra: Default::default(),
+        };
         let r = b.render_chat(&msgs, &opts).unwrap();
         assert!(r.text.starts_with("<|im_start|>system\nsys\n\n# Tools\n\n<tools>\n{"), "{}", r.text);
-        assert!(r.text.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"), "{}", r.text);
+        assert!(
+            r.text.contains(
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+            ),
+            "{}",
+            r.text
+        );
         assert!(r.text.contains("<think>\nhm\n</think>"), "{}", r.text);
-        assert!(r.text.ends_with("<tool_response>\n22C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{}", r.text);
+        assert!(
+            r.text.ends_with("<tool_response>\n22C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+            "{}",
+            r.text
+        );
         assert_eq!(b.reply_for(&r.text), "It is sunny.");
         assert_eq!(b.reply_for("weather?"), "<tool_call>{}</tool_call>");
         let mut extra = serde_json::Map::new();
         extra.insert("enable_thinking".into(), json!(true));
-        let t = b.render_chat(&[json!({"role": "user", "content": "x"})], &ChatRenderOptions { add_generation_prompt: true, tools: None, extra }).unwrap();
+        let t = b
+            .render_chat(
+                &[json!({"role": "user", "content": "x"})],
+                &ChatRenderOptions { add_generation_prompt: true, tools: None, extra },
+            )
+            .unwrap();
         assert!(t.text.ends_with("<|im_start|>assistant\n<think>\n"));
-        assert_eq!(crate::tools::ToolFormat::detect(&b.chat_template_source().unwrap()), Some(crate::tools::ToolFormat::Hermes));
+        assert_eq!(
+            crate::tools::ToolFormat::detect(&b.chat_template_source().unwrap()),
+            Some(crate::tools::ToolFormat::Hermes)
+        );
     }
 }

@@ -31,8 +31,12 @@ pub fn router_on(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Router {
         .route("/v1/models/{id}", get(crate::models::get_model))
         .route("/health", get(crate::health::health))
         .route("/metrics", get(crate::metrics::metrics))
-        .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()).into_styled(ErrorStyle::for_path(uri.path())) })
-        .method_not_allowed_fallback(|uri: Uri| async move { ApiError::method_not_allowed().into_styled(ErrorStyle::for_path(uri.path())) })
+        .fallback(|uri: Uri| async move {
+            ApiError::route_not_found(uri.path()).into_styled(ErrorStyle::for_path(uri.path()))
+        })
+        .method_not_allowed_fallback(|uri: Uri| async move {
+            ApiError::method_not_allowed().into_styled(ErrorStyle::for_path(uri.path()))
+        })
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))

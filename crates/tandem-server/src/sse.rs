@@ -39,7 +39,10 @@ pub async fn first_event(rx: &mut mpsc::Receiver<GenerationEvent>) -> Result<Gen
 }
 
 /// Waits for the first event until the guard's deadline (504 after it).
-pub async fn first_event_until(rx: &mut mpsc::Receiver<GenerationEvent>, guard: &RequestGuard) -> Result<GenerationEvent, ApiError> {
+pub async fn first_event_until(
+    rx: &mut mpsc::Receiver<GenerationEvent>,
+    guard: &RequestGuard,
+) -> Result<GenerationEvent, ApiError> {
     match guard.deadline {
         None => first_event(rx).await,
         Some(d) => tokio::time::timeout_at(d, first_event(rx)).await.map_err(|_| ApiError::timeout())?,
@@ -67,7 +70,8 @@ pub fn sse_response<F: ChunkFormat>(
     guard: RequestGuard,
 ) -> Response {
     use futures::StreamExt;
-    let events = frames_guarded(first, rx, fmt, include_usage, guard).map(|data| Ok::<_, Infallible>(Event::default().data(data)));
+    let events = frames_guarded(first, rx, fmt, include_usage, guard)
+        .map(|data| Ok::<_, Infallible>(Event::default().data(data)));
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 

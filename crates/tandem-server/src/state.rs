@@ -34,9 +34,9 @@ impl AppState {
         let tool_format = match cfg.tool_parser {
             ToolParserChoice::Off => None,
             ToolParserChoice::Fixed(f) => Some(f),
-            ToolParserChoice::Auto => {
-                Some(backend.chat_template_source().as_deref().and_then(ToolFormat::detect).unwrap_or(ToolFormat::Hermes))
-            }
+            ToolParserChoice::Auto => Some(
+                backend.chat_template_source().as_deref().and_then(ToolFormat::detect).unwrap_or(ToolFormat::Hermes),
+            ),
         };
         let limiter = (cfg.max_concurrent_requests > 0).then(|| Arc::new(Semaphore::new(cfg.max_concurrent_requests)));
         Self { backend, cfg: Arc::new(cfg.clone()), tool_format, limiter }

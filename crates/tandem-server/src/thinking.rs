@@ -87,7 +87,11 @@ impl LoopDetector {
 }
 
 /// Submits `req`; with an active policy the events pass through the driver task.
-pub fn submit(backend: Arc<dyn Backend>, req: GenerateRequest, policy: ThinkingPolicy) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
+pub fn submit(
+    backend: Arc<dyn Backend>,
+    req: GenerateRequest,
+    policy: ThinkingPolicy,
+) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
     let rx = backend.submit(req.clone())?;
     if !policy.active() {
         return Ok(rx);
@@ -114,7 +118,11 @@ async fn drive(
     let finished = |reason, completion: usize, cached: Option<usize>| GenerationEvent::Finished {
         reason,
         text: String::new(),
-        usage: Usage { prompt_tokens: orig.prompt_ids.len(), completion_tokens: completion, cached_tokens: cached.unwrap_or(0) },
+        usage: Usage {
+            prompt_tokens: orig.prompt_ids.len(),
+            completion_tokens: completion,
+            cached_tokens: cached.unwrap_or(0),
+        },
         timings: Timings::default(),
     };
     loop {
@@ -187,7 +195,9 @@ async fn drive(
                 rx = match backend.submit(next) {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = tx.send(GenerationEvent::Error(format!("cannot continue after the reasoning block: {e}"))).await;
+                        let _ = tx
+                            .send(GenerationEvent::Error(format!("cannot continue after the reasoning block: {e}")))
+                            .await;
                         return;
                     }
                 };
@@ -197,7 +207,11 @@ async fn drive(
                 cached.get_or_insert(usage.cached_tokens);
                 let usage = match cut_at {
                     None => usage,
-                    Some(n) => Usage { prompt_tokens: orig.prompt_ids.len(), completion_tokens: n + usage.completion_tokens, cached_tokens: cached.unwrap_or(0) },
+                    Some(n) => Usage {
+                        prompt_tokens: orig.prompt_ids.len(),
+                        completion_tokens: n + usage.completion_tokens,
+                        cached_tokens: cached.unwrap_or(0),
+                    },
                 };
                 let _ = tx.send(GenerationEvent::Finished { reason, text, usage, timings }).await;
                 return;

@@ -32,7 +32,10 @@ async fn api_key_in_both_styles() {
     let (st, v) = s.post("/v1/chat/completions", &chat_body()).await;
     assert_eq!((st, v["error"]["code"].as_str()), (401, Some("invalid_api_key")), "{v}");
     let (st, v) = s.post("/v1/messages", &json!({"max_tokens": 5, "messages": []})).await;
-    assert_eq!((st, v["type"].as_str(), v["error"]["type"].as_str()), (401, Some("error"), Some("authentication_error")));
+    assert_eq!(
+        (st, v["type"].as_str(), v["error"]["type"].as_str()),
+        (401, Some("error"), Some("authentication_error"))
+    );
     let send = |header: &'static str, value: &'static str| {
         s.client.post(s.url("/v1/chat/completions")).header(header, value).json(&chat_body()).send()
     };
@@ -113,7 +116,8 @@ async fn malformed_bodies_get_clean_errors() {
     let deep_array = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let deep_object = format!("{{\"messages\": {}1{}}}", "{\"a\":".repeat(5000), "}".repeat(5000));
     let deep_content = json!({"messages": [{"role": "user", "content": nested(120)}]}).to_string();
-    let deep_tools = json!({"messages": [{"role": "user", "content": "x"}], "tools": [nested(120)], "max_tokens": 2}).to_string();
+    let deep_tools =
+        json!({"messages": [{"role": "user", "content": "x"}], "tools": [nested(120)], "max_tokens": 2}).to_string();
     let huge = json!({"messages": [{"role": "user", "content": "x".repeat(300 * 1024)}]}).to_string();
     let bodies: Vec<(Vec<u8>, &[u16])> = vec![
         (deep_array.into_bytes(), &[400, 413]),
@@ -124,16 +128,25 @@ async fn malformed_bodies_get_clean_errors() {
         (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), &[400]),
         (vec![0xc3, 0x28, 0xa0, 0xa1], &[400]),
         (b"\0\0\0".to_vec(), &[400]),
-        (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).to_string().into_bytes(), &[400]),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).to_string().into_bytes(),
+            &[400],
+        ),
         (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e300}).to_string().into_bytes(), &[400]),
         (json!({"messages": [{"role": "user", "content": "x"}], "stop": {"a": 1}}).to_string().into_bytes(), &[400]),
         (json!({"messages": [{"role": 7, "content": "x"}]}).to_string().into_bytes(), &[400]),
-        (json!({"messages": [{"role": "assistant", "content": null, "tool_calls": "nope"}]}).to_string().into_bytes(), &[200, 400]),
+        (
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": "nope"}]})
+                .to_string()
+                .into_bytes(),
+            &[200, 400],
+        ),
     ];
     for path in ["/v1/chat/completions", "/v1/messages", "/v1/completions", "/v1/messages/count_tokens"] {
         for (body, allowed) in &bodies {
             let (st, v) = s.post_raw(path, body.clone()).await;
-            let lenient = path != "/v1/chat/completions" && (st == 400 || (st == 200 && path.ends_with("count_tokens")));
+            let lenient =
+                path != "/v1/chat/completions" && (st == 400 || (st == 200 && path.ends_with("count_tokens")));
             assert!(allowed.contains(&st) || lenient, "{path} {:.60}: {st} {v}", String::from_utf8_lossy(body));
             if st >= 400 {
                 let anthropic = path.starts_with("/v1/messages");
@@ -154,15 +167,21 @@ fn nested(depth: usize) -> Value {
 fn seeds() -> Vec<(&'static str, Value)> {
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]);
     vec![
-        ("/v1/chat/completions", json!({"model": "scripted", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        (
+            "/v1/chat/completions",
+            json!({"model": "scripted", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
             {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
             {"role": "tool", "tool_call_id": "c", "content": "2"}], "tools": tools, "tool_choice": "auto", "max_tokens": 8, "temperature": 0.5,
-            "stream": false, "logprobs": false, "chat_template_kwargs": {"enable_thinking": true}, "max_thinking_tokens": 4, "stop": ["x"]})),
+            "stream": false, "logprobs": false, "chat_template_kwargs": {"enable_thinking": true}, "max_thinking_tokens": 4, "stop": ["x"]}),
+        ),
         ("/v1/completions", json!({"prompt": "hello", "max_tokens": 4, "stream": true, "stop": "x", "seed": 3})),
-        ("/v1/messages", json!({"model": "scripted", "max_tokens": 8, "system": [{"type": "text", "text": "s"}], "stream": true,
+        (
+            "/v1/messages",
+            json!({"model": "scripted", "max_tokens": 8, "system": [{"type": "text", "text": "s"}], "stream": true,
             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}, {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}],
-            "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 4}, "stop_sequences": ["z"]})),
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 4}, "stop_sequences": ["z"]}),
+        ),
         ("/v1/messages/count_tokens", json!({"messages": [{"role": "user", "content": "hi"}]})),
     ]
 }
@@ -173,12 +192,46 @@ fn random_value(rng: &mut StdRng, depth: usize) -> Value {
         1 => json!(rng.random::<bool>()),
         2 => json!(rng.random_range(-5i64..100_000)),
         3 => json!(rng.random::<f64>() * 1e6 - 5e5),
-        4 => json!(["", "user", "assistant", "tool", "function", "text", "auto", "none", "<tool_call>", "<think>", "{{ x }}", "{% for %}", "\u{0}", "é"][rng.random_range(0..14)]),
+        4 => json!(
+            [
+                "",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+                "text",
+                "auto",
+                "none",
+                "<tool_call>",
+                "<think>",
+                "{{ x }}",
+                "{% for %}",
+                "\u{0}",
+                "é"
+            ][rng.random_range(0..14)]
+        ),
         5 => json!(-1),
         6 => Value::Array((0..rng.random_range(0..4)).map(|_| random_value(rng, depth + 1)).collect()),
         _ => {
-            let keys = ["role", "content", "type", "text", "name", "messages", "tools", "max_tokens", "stream", "function", "arguments", "input"];
-            Value::Object((0..rng.random_range(0..4)).map(|_| (keys[rng.random_range(0..keys.len())].to_string(), random_value(rng, depth + 1))).collect())
+            let keys = [
+                "role",
+                "content",
+                "type",
+                "text",
+                "name",
+                "messages",
+                "tools",
+                "max_tokens",
+                "stream",
+                "function",
+                "arguments",
+                "input",
+            ];
+            Value::Object(
+                (0..rng.random_range(0..4))
+                    .map(|_| (keys[rng.random_range(0..keys.len())].to_string(), random_value(rng, depth + 1)))
+                    .collect(),
+            )
         }
     }
 }
@@ -231,7 +284,10 @@ fn damage(rng: &mut StdRng, bytes: &mut Vec<u8>) {
 
 #[tokio::test]
 async fn seeded_fuzz_through_the_router() {
-    let script: Script = serde_json::from_value(json!({"default_reply": "<think>a</think>b<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"})).unwrap();
+    let script: Script = serde_json::from_value(
+        json!({"default_reply": "<think>a</think>b<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"}),
+    )
+    .unwrap();
     let cfg = ServerConfig { port: 0, max_body_bytes: 64 * 1024, ..ServerConfig::default() };
     let app = tandem_server::router(ScriptedBackend::new(script).unwrap(), &cfg);
     let mut rng = StdRng::seed_from_u64(0x7a4d_e111);
@@ -249,7 +305,8 @@ async fn seeded_fuzz_through_the_router() {
             damage(&mut rng, &mut bytes);
         }
         tandem_server::fuzzing::request_and_template(&bytes);
-        let req = Request::post(*path).header("content-type", "application/json").body(Body::from(bytes.clone())).unwrap();
+        let req =
+            Request::post(*path).header("content-type", "application/json").body(Body::from(bytes.clone())).unwrap();
         let resp = app.clone().oneshot(req).await.unwrap();
         let status = resp.status().as_u16();
         let ctype = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
@@ -258,16 +315,24 @@ async fn seeded_fuzz_through_the_router() {
             .unwrap_or_else(|_| panic!("iteration {it}: body did not end"))
             .unwrap();
         *statuses.entry(status).or_insert(0) += 1;
-        assert!(matches!(status, 200 | 400 | 404 | 413), "iteration {it} {path}: {status} {}", String::from_utf8_lossy(&data));
+        assert!(
+            matches!(status, 200 | 400 | 404 | 413),
+            "iteration {it} {path}: {status} {}",
+            String::from_utf8_lossy(&data)
+        );
         if !ctype.starts_with("text/event-stream") {
-            let v: Value = serde_json::from_slice(&data).unwrap_or_else(|e| panic!("iteration {it}: non-JSON ({e}): {}", String::from_utf8_lossy(&data)));
+            let v: Value = serde_json::from_slice(&data)
+                .unwrap_or_else(|e| panic!("iteration {it}: non-JSON ({e}): {}", String::from_utf8_lossy(&data)));
             if status >= 400 {
                 let anthropic = path.starts_with("/v1/messages");
                 assert_eq!(v["type"].as_str() == Some("error"), anthropic, "iteration {it} {path}: {v}");
             }
         }
     }
-    assert!(statuses.get(&200).copied().unwrap_or(0) > 100 && statuses.get(&400).copied().unwrap_or(0) > 100, "{statuses:?}");
+    assert!(
+        statuses.get(&200).copied().unwrap_or(0) > 100 && statuses.get(&400).copied().unwrap_or(0) > 100,
+        "{statuses:?}"
+    );
     // Raw random bytes through parsing and rendering.
     for _ in 0..2000 {
         let n = rng.random_range(0..200);
@@ -293,10 +358,17 @@ impl tandem_server::Backend for Panicky {
     fn bos_token(&self) -> Option<String> {
         self.0.bos_token()
     }
-    fn render_chat(&self, m: &[Value], o: &tandem_server::ChatRenderOptions) -> Result<tandem_server::RenderedChat, String> {
+    fn render_chat(
+        &self,
+        m: &[Value],
+        o: &tandem_server::ChatRenderOptions,
+    ) -> Result<tandem_server::RenderedChat, String> {
         self.0.render_chat(m, o)
     }
-    fn submit(&self, req: tandem_engine::GenerateRequest) -> Result<tokio::sync::mpsc::Receiver<tandem_engine::GenerationEvent>, tandem_engine::SubmitError> {
+    fn submit(
+        &self,
+        req: tandem_engine::GenerateRequest,
+    ) -> Result<tokio::sync::mpsc::Receiver<tandem_engine::GenerationEvent>, tandem_engine::SubmitError> {
         if req.prompt_ids.len() > 150 {
             panic!("scripted bug");
         }

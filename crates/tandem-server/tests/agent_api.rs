@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 use tandem_server::scripted::{Script, ScriptedBackend};
 use tandem_server::ServerConfig;
 
-const CALL: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+const CALL: &str =
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 const LONG_THOUGHT: &str = "step one, step two, step three, step four, step five, step six, step seven, step eight, step nine, step ten, step eleven, step twelve, and so on for a long while.";
 
 fn script() -> Script {
@@ -32,7 +33,13 @@ fn script() -> Script {
 }
 
 fn cfg() -> ServerConfig {
-    ServerConfig { port: 0, default_max_tokens: 500, thinking_loop_ngram: 16, thinking_loop_repeats: 4, ..ServerConfig::default() }
+    ServerConfig {
+        port: 0,
+        default_max_tokens: 500,
+        thinking_loop_ngram: 16,
+        thinking_loop_repeats: 4,
+        ..ServerConfig::default()
+    }
 }
 
 async fn start() -> Server {
@@ -56,7 +63,8 @@ fn user(text: &str) -> Value {
 
 /// Content, reasoning and tool calls accumulated from chat chunks, and the finish reason.
 fn accumulate(chunks: &[Value]) -> (String, String, Vec<Value>, String) {
-    let (mut content, mut reasoning, mut calls, mut finish) = (String::new(), String::new(), Vec::<Value>::new(), String::new());
+    let (mut content, mut reasoning, mut calls, mut finish) =
+        (String::new(), String::new(), Vec::<Value>::new(), String::new());
     for c in chunks {
         let Some(choice) = c["choices"].get(0) else { continue };
         let d = &choice["delta"];
@@ -65,10 +73,17 @@ fn accumulate(chunks: &[Value]) -> (String, String, Vec<Value>, String) {
         for tc in d["tool_calls"].as_array().into_iter().flatten() {
             let i = tc["index"].as_u64().unwrap() as usize;
             if i == calls.len() {
-                assert!(tc["id"].is_string() && tc["function"]["name"].is_string(), "first delta of a call names it: {tc}");
+                assert!(
+                    tc["id"].is_string() && tc["function"]["name"].is_string(),
+                    "first delta of a call names it: {tc}"
+                );
                 calls.push(json!({"id": tc["id"], "type": tc["type"], "function": {"name": tc["function"]["name"], "arguments": ""}}));
             }
-            let args = format!("{}{}", calls[i]["function"]["arguments"].as_str().unwrap(), tc["function"]["arguments"].as_str().unwrap_or(""));
+            let args = format!(
+                "{}{}",
+                calls[i]["function"]["arguments"].as_str().unwrap(),
+                tc["function"]["arguments"].as_str().unwrap_or("")
+            );
             calls[i]["function"]["arguments"] = json!(args);
         }
         if let Some(f) = choice["finish_reason"].as_str() {
@@ -90,7 +105,10 @@ async fn tool_calls_whole_and_streamed() {
     let call = &choice["message"]["tool_calls"][0];
     assert_eq!(call["type"], "function");
     assert_eq!(call["function"]["name"], "get_weather");
-    assert_eq!(serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(), json!({"city": "Paris"}));
+    assert_eq!(
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(),
+        json!({"city": "Paris"})
+    );
 
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
@@ -101,11 +119,19 @@ async fn tool_calls_whole_and_streamed() {
     assert_eq!(finish, "tool_calls");
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["function"]["arguments"], call["function"]["arguments"]);
-    let fragments = chunks(&data).iter().filter(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty())).count();
+    let fragments = chunks(&data)
+        .iter()
+        .filter(|c| {
+            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty())
+        })
+        .count();
     assert!(fragments > 1, "arguments arrive in several deltas while generated");
 
     // XML format typed by the schema when the server is told to parse it.
-    let xml = ServerConfig { tool_parser: tandem_server::config::ToolParserChoice::Fixed(tandem_server::tools::ToolFormat::QwenXml), ..cfg() };
+    let xml = ServerConfig {
+        tool_parser: tandem_server::config::ToolParserChoice::Fixed(tandem_server::tools::ToolFormat::QwenXml),
+        ..cfg()
+    };
     let sx = Server::start(ScriptedBackend::new(script()).unwrap(), xml).await;
     let (_, v) = sx.post("/v1/chat/completions", &chat(user("xml please"), json!({"tools": tools()}))).await;
     let args = v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string();
@@ -116,18 +142,25 @@ async fn tool_calls_whole_and_streamed() {
 async fn tool_choice_variants() {
     let s = start().await;
     // none: tools are not offered and calls are not parsed.
-    let (_, v) = s.post("/v1/chat/completions", &chat(user("weather?"), json!({"tools": tools(), "tool_choice": "none"}))).await;
+    let (_, v) =
+        s.post("/v1/chat/completions", &chat(user("weather?"), json!({"tools": tools(), "tool_choice": "none"}))).await;
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert!(v["choices"][0]["message"]["content"].as_str().unwrap().contains("<tool_call>"));
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
     // Named function and required still parse; parallel_tool_calls=false keeps one call.
     for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
-        let (st, v) = s.post("/v1/chat/completions", &chat(user("weather?"), json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false}))).await;
+        let (st, v) = s
+            .post(
+                "/v1/chat/completions",
+                &chat(user("weather?"), json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false})),
+            )
+            .await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 1);
     }
     // A model that does not call the tool: the answer comes back as content.
-    let (_, v) = s.post("/v1/chat/completions", &chat(user("hi"), json!({"tools": tools(), "tool_choice": "required"}))).await;
+    let (_, v) =
+        s.post("/v1/chat/completions", &chat(user("hi"), json!({"tools": tools(), "tool_choice": "required"}))).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hello!");
     for (extra, param) in [
         (json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
@@ -144,7 +177,10 @@ async fn tool_choice_variants() {
 #[tokio::test]
 async fn multi_step_tool_conversation() {
     let s = start().await;
-    let mut messages = vec![json!({"role": "system", "content": "You are helpful."}), json!({"role": "user", "content": "Paris weather?"})];
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are helpful."}),
+        json!({"role": "user", "content": "Paris weather?"}),
+    ];
     let (_, v) = s.post("/v1/chat/completions", &chat(json!(messages), json!({"tools": tools()}))).await;
     let msg = v["choices"][0]["message"].clone();
     let id = msg["tool_calls"][0]["id"].as_str().unwrap().to_string();
@@ -161,12 +197,20 @@ async fn reasoning_content() {
     let s = start().await;
     let (_, v) = s.post("/v1/chat/completions", &chat(user("two plus two?"), json!({}))).await;
     let m = &v["choices"][0]["message"];
-    assert_eq!((m["reasoning_content"].as_str(), m["content"].as_str()), (Some("Two plus two is four."), Some("The answer is 4.")));
+    assert_eq!(
+        (m["reasoning_content"].as_str(), m["content"].as_str()),
+        (Some("Two plus two is four."), Some("The answer is 4."))
+    );
     let (_, _, data) = s.stream("/v1/chat/completions", &chat(user("two plus two?"), json!({"stream": true}))).await;
     let (content, reasoning, _, _) = accumulate(&chunks(&data));
     assert_eq!((reasoning.as_str(), content.as_str()), ("Two plus two is four.", "The answer is 4."));
     // enable_thinking opens the block in the generation prompt: output starts inside it.
-    let (_, v) = s.post("/v1/chat/completions", &chat(user("think long"), json!({"chat_template_kwargs": {"enable_thinking": true}}))).await;
+    let (_, v) = s
+        .post(
+            "/v1/chat/completions",
+            &chat(user("think long"), json!({"chat_template_kwargs": {"enable_thinking": true}})),
+        )
+        .await;
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], LONG_THOUGHT);
     assert_eq!(v["choices"][0]["message"]["content"], "Natural answer.");
 }
@@ -175,7 +219,10 @@ async fn reasoning_content() {
 async fn thinking_budget_and_loop_escape() {
     let s = start().await;
     let budget = 20;
-    let body = chat(user("think long"), json!({"enable_thinking": true, "max_thinking_tokens": budget, "max_tokens": 12, "return_token_ids": true}));
+    let body = chat(
+        user("think long"),
+        json!({"enable_thinking": true, "max_thinking_tokens": budget, "max_tokens": 12, "return_token_ids": true}),
+    );
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
     let m = &v["choices"][0]["message"];
@@ -233,7 +280,10 @@ async fn anthropic_messages() {
         "messages": [{"role": "user", "content": "Paris weather?"}]});
     let (st, v) = s.post("/v1/messages", &body).await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!((v["type"].as_str(), v["role"].as_str(), v["stop_reason"].as_str()), (Some("message"), Some("assistant"), Some("tool_use")));
+    assert_eq!(
+        (v["type"].as_str(), v["role"].as_str(), v["stop_reason"].as_str()),
+        (Some("message"), Some("assistant"), Some("tool_use"))
+    );
     assert!(v["id"].as_str().unwrap().starts_with("msg_"));
     assert_eq!(v["content"][0], json!({"type": "text", "text": "Let me check."}));
     let tool = &v["content"][1];
@@ -266,7 +316,11 @@ async fn anthropic_messages() {
     let json_args: String = events.iter().filter_map(|e| e.1["delta"]["partial_json"].as_str()).collect();
     assert_eq!(text, "Let me check.");
     assert_eq!(serde_json::from_str::<Value>(&json_args).unwrap(), json!({"city": "Paris"}));
-    let starts: Vec<&str> = events.iter().filter(|e| e.0 == "content_block_start").map(|e| e.1["content_block"]["type"].as_str().unwrap()).collect();
+    let starts: Vec<&str> = events
+        .iter()
+        .filter(|e| e.0 == "content_block_start")
+        .map(|e| e.1["content_block"]["type"].as_str().unwrap())
+        .collect();
     assert_eq!(starts, ["text", "tool_use"]);
     for (name, data) in &events {
         assert_eq!(data["type"], name.as_str());
@@ -285,9 +339,15 @@ async fn anthropic_messages() {
     assert_eq!(thinking, v["content"][0]["thinking"].as_str().unwrap());
 
     // max_tokens as the stop reason; count_tokens.
-    let (_, v) = s.post("/v1/messages", &json!({"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})).await;
+    let (_, v) =
+        s.post("/v1/messages", &json!({"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!((v["stop_reason"].as_str(), v["content"][0]["text"].as_str()), (Some("max_tokens"), Some("Hel")));
-    let (st, c) = s.post("/v1/messages/count_tokens", &json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]})).await;
+    let (st, c) = s
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
     assert_eq!(st, 200);
     assert_eq!(c["input_tokens"], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".len());
 }
@@ -299,8 +359,16 @@ async fn anthropic_errors() {
         (json!({"messages": [{"role": "user", "content": "hi"}]}), 400, "invalid_request_error"),
         (json!({"max_tokens": 5}), 400, "invalid_request_error"),
         (json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}), 400, "invalid_request_error"),
-        (json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "model": "claude-9"}), 404, "not_found_error"),
-        (json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), 400, "invalid_request_error"),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "model": "claude-9"}),
+            404,
+            "not_found_error",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+            400,
+            "invalid_request_error",
+        ),
         (json!({"max_tokens": 99999, "messages": [{"role": "user", "content": "x"}]}), 400, "invalid_request_error"),
     ];
     for (body, status, kind) in cases {

@@ -20,7 +20,8 @@ const MODEL: &str = "tiny-qwen2";
 
 async fn start() -> (Server, EngineHandle) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen2");
-    let engine = EngineHandle::load(&path, EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() }).expect("engine");
+    let engine =
+        EngineHandle::load(&path, EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() }).expect("engine");
     let cfg = ServerConfig { port: 0, default_max_tokens: 32, ..ServerConfig::default() };
     (Server::start(engine.clone(), cfg).await, engine)
 }
@@ -70,10 +71,12 @@ async fn wait_for_no_leaks(e: &EngineHandle) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_chat_is_served_from_the_prefix_cache_and_metrics_show_it() {
     let (s, e) = start().await;
-    let (st, first) = s.post("/v1/chat/completions", &chat("Tell me about caches, please, in some detail.", 8, false)).await;
+    let (st, first) =
+        s.post("/v1/chat/completions", &chat("Tell me about caches, please, in some detail.", 8, false)).await;
     assert_eq!(st, 200, "{first}");
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    let (_, second) = s.post("/v1/chat/completions", &chat("Tell me about caches, please, in some detail.", 8, false)).await;
+    let (_, second) =
+        s.post("/v1/chat/completions", &chat("Tell me about caches, please, in some detail.", 8, false)).await;
     assert_eq!(second["choices"][0]["message"], first["choices"][0]["message"]);
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(cached >= 16, "{second}");
@@ -112,7 +115,8 @@ async fn concurrent_streams_with_disconnects_return_memory_to_baseline() {
     let mut completed = 0;
     for t in tasks {
         if let Some(chunks) = t.await.expect("client task") {
-            let last = chunks.iter().rev().find(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null()));
+            let last =
+                chunks.iter().rev().find(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null()));
             assert!(last.is_some(), "a surviving stream must finish");
             completed += 1;
         }

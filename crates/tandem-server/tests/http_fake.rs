@@ -65,7 +65,10 @@ async fn chat_whole_answer() {
     let usage = &v["usage"];
     assert_eq!(usage["completion_tokens"], ids.len());
     assert_eq!(usage["prompt_tokens"], v["prompt_token_ids"].as_array().unwrap().len());
-    assert_eq!(usage["total_tokens"], usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap());
+    assert_eq!(
+        usage["total_tokens"],
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
     assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
 
     let req = fake.last_request();
@@ -120,7 +123,8 @@ async fn chat_stream_matches_whole_answer() {
 #[tokio::test]
 async fn chat_logprobs_and_length_finish() {
     let (s, fake) = start().await;
-    let (st, v) = s.post("/v1/chat/completions", &chat_body(json!({"logprobs": true, "top_logprobs": 2, "max_tokens": 3}))).await;
+    let (st, v) =
+        s.post("/v1/chat/completions", &chat_body(json!({"logprobs": true, "top_logprobs": 2, "max_tokens": 3}))).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 3);
@@ -133,7 +137,8 @@ async fn chat_logprobs_and_length_finish() {
     assert_eq!(fake.last_request().logprobs, Some(2));
     assert_eq!(fake.last_request().stop.max_tokens, 3);
 
-    let (_, _, data) = s.stream("/v1/chat/completions", &chat_body(json!({"stream": true, "logprobs": true, "max_tokens": 3}))).await;
+    let (_, _, data) =
+        s.stream("/v1/chat/completions", &chat_body(json!({"stream": true, "logprobs": true, "max_tokens": 3}))).await;
     let with_lp = chunks(&data).iter().filter(|c| c["choices"][0]["logprobs"]["content"].is_array()).count();
     assert_eq!(with_lp, 3);
 }
@@ -168,7 +173,8 @@ async fn completions_whole_and_stream() {
     let chunks = chunks(&data);
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, ANSWER);
-    let ids: Vec<Value> = chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).collect();
+    let ids: Vec<Value> =
+        chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).collect();
     assert_eq!(json!(ids), choice["token_ids"]);
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], n);
@@ -206,12 +212,30 @@ async fn bad_input_is_refused_with_json_errors() {
         (cmpl, "[1,2".into(), 400, Some("invalid_json"), None),
         (chat, "[]".into(), 400, None, None),
         (chat, json!({"messages": "hi"}).to_string(), 400, None, Some("messages")),
-        (chat, json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, None, Some("temperature")),
-        (chat, json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400, None, Some("messages[0].role")),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(),
+            400,
+            None,
+            Some("temperature"),
+        ),
+        (
+            chat,
+            json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(),
+            400,
+            None,
+            Some("messages[0].role"),
+        ),
         (chat, json!({}).to_string(), 400, None, Some("messages")),
         (chat, json!({"messages": []}).to_string(), 400, None, Some("messages")),
         (chat, json!({"messages": [{"role": "user"}]}).to_string(), 400, None, Some("messages[0].content")),
-        (chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}).to_string(), 400, None, Some("messages[0].content[0].type")),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}).to_string(),
+            400,
+            None,
+            Some("messages[0].content[0].type"),
+        ),
         (chat, chat_body(json!({"model": "gpt-9"})).to_string(), 404, Some("model_not_found"), Some("model")),
         (cmpl, json!({"model": "gpt-9", "prompt": "x"}).to_string(), 404, Some("model_not_found"), Some("model")),
         (chat, chat_body(json!({"n": 2})).to_string(), 400, None, Some("n")),
@@ -223,9 +247,27 @@ async fn bad_input_is_refused_with_json_errors() {
         (chat, chat_body(json!({"presence_penalty": 9})).to_string(), 400, None, Some("presence_penalty")),
         (chat, chat_body(json!({"frequency_penalty": -9})).to_string(), 400, None, Some("frequency_penalty")),
         (chat, chat_body(json!({"max_tokens": 0})).to_string(), 400, None, Some("max_tokens")),
-        (chat, chat_body(json!({"max_tokens": CONTEXT})).to_string(), 400, Some("context_length_exceeded"), Some("max_tokens")),
-        (chat, chat_body(json!({"max_completion_tokens": CONTEXT * 2})).to_string(), 400, Some("context_length_exceeded"), Some("max_tokens")),
-        (chat, chat_body(json!({"messages": [{"role": "user", "content": long}]})).to_string(), 400, Some("context_length_exceeded"), Some("messages")),
+        (
+            chat,
+            chat_body(json!({"max_tokens": CONTEXT})).to_string(),
+            400,
+            Some("context_length_exceeded"),
+            Some("max_tokens"),
+        ),
+        (
+            chat,
+            chat_body(json!({"max_completion_tokens": CONTEXT * 2})).to_string(),
+            400,
+            Some("context_length_exceeded"),
+            Some("max_tokens"),
+        ),
+        (
+            chat,
+            chat_body(json!({"messages": [{"role": "user", "content": long}]})).to_string(),
+            400,
+            Some("context_length_exceeded"),
+            Some("messages"),
+        ),
         (chat, chat_body(json!({"top_logprobs": 2})).to_string(), 400, None, Some("top_logprobs")),
         (chat, chat_body(json!({"logprobs": true, "top_logprobs": 50})).to_string(), 400, None, Some("top_logprobs")),
         (chat, chat_body(json!({"stop": [1, 2]})).to_string(), 400, None, Some("stop")),
@@ -288,7 +330,12 @@ async fn engine_refusals_and_failures() {
     let (st, v) = s.post("/v1/completions", &json!({"prompt": "ERRMID"})).await;
     assert_error(st, &v, 500, "error midway, not streaming");
 
-    let (st, _, data) = s.stream("/v1/chat/completions", &chat_body(json!({"stream": true, "messages": [{"role": "user", "content": "ERRMID"}]}))).await;
+    let (st, _, data) = s
+        .stream(
+            "/v1/chat/completions",
+            &chat_body(json!({"stream": true, "messages": [{"role": "user", "content": "ERRMID"}]})),
+        )
+        .await;
     assert_eq!(st, 200);
     let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
     assert!(last["error"]["message"].as_str().unwrap().contains("mid-stream"), "{data:?}");

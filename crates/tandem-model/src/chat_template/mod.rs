@@ -117,8 +117,7 @@ impl ChatTemplate {
         env.add_filter("tojson", builtins::tojson);
         env.add_function("raise_exception", builtins::raise_exception);
         env.add_function("strftime_now", builtins::strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, builtins::strip_generation_tags(source))
-            .map_err(template_error)?;
+        env.add_template_owned(TEMPLATE_NAME, builtins::strip_generation_tags(source)).map_err(template_error)?;
         Ok(ChatTemplate { env, source: source.to_string(), bos_token, eos_token })
     }
 
@@ -215,13 +214,12 @@ pub fn hf_chat_template(dir: &Path) -> Result<Option<String>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ModelError::io(&cfg_path, e)),
     };
-    let cfg: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Template(format!("{}: {e}", cfg_path.display())))?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::Template(format!("{}: {e}", cfg_path.display())))?;
     Ok(match cfg.get("chat_template") {
         Some(serde_json::Value::String(s)) => Some(s.clone()),
         Some(serde_json::Value::Array(list)) => {
-            let named =
-                |n: &str| list.iter().find(|t| t.get("name").and_then(|v| v.as_str()) == Some(n));
+            let named = |n: &str| list.iter().find(|t| t.get("name").and_then(|v| v.as_str()) == Some(n));
             named("default")
                 .or_else(|| list.first())
                 .and_then(|t| t.get("template"))

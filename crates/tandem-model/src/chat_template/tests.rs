@@ -142,8 +142,12 @@ fn qwen25_tools_and_tool_calls_render_like_transformers() {
     assert!(r.text.contains(
         "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>"
     ), "{}", r.text);
-    assert!(r.text.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"));
-    assert!(r.text.ends_with("<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"));
+    assert!(r.text.contains(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+    ));
+    assert!(r.text.ends_with(
+        "<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    ));
     assert_eq!(r.message_ends.len(), 3);
     assert!(r.message_ends.windows(2).all(|w| w[0] <= w[1]));
 
@@ -178,20 +182,14 @@ fn special_tokens_are_globals() {
         Some("</s>".into()),
     )
     .unwrap();
-    assert_eq!(
-        t.render(&msgs()[..1], &RenderOptions::default()).unwrap().text,
-        "<s>You are a helpful assistant.</s>"
-    );
+    assert_eq!(t.render(&msgs()[..1], &RenderOptions::default()).unwrap().text, "<s>You are a helpful assistant.</s>");
     assert_eq!(t.source(), "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}");
 }
 
 #[test]
 fn malformed_templates_are_rejected() {
     for src in ["{% for x in %}", "{{ foo( }}", "{% frobnicate %}", "{% if x %}never closed"] {
-        assert!(
-            matches!(ChatTemplate::new(src, None, None), Err(ModelError::Template(_))),
-            "{src}"
-        );
+        assert!(matches!(ChatTemplate::new(src, None, None), Err(ModelError::Template(_))), "{src}");
     }
 }
 
@@ -217,8 +215,7 @@ fn runaway_templates_fail_instead_of_hanging() {
 
 #[test]
 fn raise_exception_and_odd_messages_are_errors_not_panics() {
-    let t = ChatTemplate::new("{{ raise_exception('only user/assistant roles') }}", None, None)
-        .unwrap();
+    let t = ChatTemplate::new("{{ raise_exception('only user/assistant roles') }}", None, None).unwrap();
     match t.render(&msgs(), &gen()) {
         Err(ModelError::Template(m)) => assert!(m.contains("only user/assistant roles"), "{m}"),
         other => panic!("expected an error, got {other:?}"),
@@ -234,8 +231,7 @@ fn raise_exception_and_odd_messages_are_errors_not_panics() {
 #[test]
 fn failing_prefixes_fall_back_to_previous_boundary() {
     // Refuses any conversation whose last message is not from the user.
-    let src =
-        "{% if messages[-1].role != 'user' %}{{ raise_exception('no user query') }}{% endif %}\
+    let src = "{% if messages[-1].role != 'user' %}{{ raise_exception('no user query') }}{% endif %}\
 {% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
     let t = ChatTemplate::new(src, None, None).unwrap();
     let r = t.render(&msgs(), &RenderOptions::default()).unwrap();

@@ -38,7 +38,10 @@ pub struct PagedKvStore {
 
 impl std::fmt::Debug for PagedKvStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PagedKvStore").field("block_size", &self.block_size).field("num_blocks", &self.num_blocks).finish()
+        f.debug_struct("PagedKvStore")
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks)
+            .finish()
     }
 }
 
@@ -194,20 +197,18 @@ mod tests {
 
     fn ramp(shape: (usize, usize, usize), seed: f32) -> Tensor {
         let n = shape.0 * shape.1 * shape.2;
-        Tensor::from_vec((0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect::<Vec<_>>(), shape, &Device::Cpu).unwrap()
+        Tensor::from_vec((0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect::<Vec<_>>(), shape, &Device::Cpu)
+            .unwrap()
     }
 
     /// Appending chunk by chunk through the paged store equals the contiguous buffer, across
     /// block boundaries and after a copy-on-write.
     #[test]
     fn paged_layer_equals_contiguous_buffer() -> Result<()> {
-        let spec = [LayerCacheSpec::Attention { kv_heads: 2, head_dim: 8 }, LayerCacheSpec::Recurrent {
-            conv_channels: 4,
-            conv_kernel: 4,
-            state_heads: 1,
-            key_dim: 2,
-            value_dim: 2,
-        }];
+        let spec = [
+            LayerCacheSpec::Attention { kv_heads: 2, head_dim: 8 },
+            LayerCacheSpec::Recurrent { conv_channels: 4, conv_kernel: 4, state_heads: 1, key_dim: 2, value_dim: 2 },
+        ];
         assert_eq!(PagedKvStore::bytes_per_block(&spec, 4), 2 * 2 * 8 * 4 * 4);
         let store = PagedKvStore::new(&spec, 8, 4, &Device::Cpu)?;
         let blocks = [5u32, 2, 7];

@@ -48,11 +48,7 @@ impl GgufSource {
     }
 
     fn qtensor(&self, name: &str) -> Result<candle_core::quantized::QTensor> {
-        let info = self
-            .content
-            .tensor_infos
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         Ok(info.read(&mut Cursor::new(&self.mmap[..]), self.content.tensor_data_offset, &self.device)?)
     }
 
@@ -60,11 +56,7 @@ impl GgufSource {
     /// mapped file) when the model runs on the CPU; `None` for other types, shapes or devices,
     /// or when `TANDEM_QUANT_KERNEL=candle` asks for candle's own kernels (for comparisons).
     fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {
-        let info = self
-            .content
-            .tensor_infos
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let candle_only = std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle"));
         let (Some(ty), [n, k], true) =
             (QuantType::from_ggml(info.ggml_dtype), info.shape.dims(), self.device.is_cpu() && !candle_only)
@@ -113,7 +105,9 @@ impl WeightSource for GgufSource {
         Ok(match q.dtype() {
             candle_core::quantized::GgmlDType::F32
             | candle_core::quantized::GgmlDType::F16
-            | candle_core::quantized::GgmlDType::BF16 => Embedding::Dense(q.dequantize(&self.device)?.to_dtype(DType::F32)?),
+            | candle_core::quantized::GgmlDType::BF16 => {
+                Embedding::Dense(q.dequantize(&self.device)?.to_dtype(DType::F32)?)
+            }
             _ => Embedding::Quantized(Arc::new(q)),
         })
     }

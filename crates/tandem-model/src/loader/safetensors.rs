@@ -114,8 +114,8 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())

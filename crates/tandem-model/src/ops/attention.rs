@@ -87,7 +87,6 @@ pub fn causal_attention_reference(
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,9 @@
 //! tiled version exists.
 
 pub mod attention;
+pub mod gdn;
 pub mod paged_attention;
 pub mod quant;
-pub mod gdn;
 pub mod rope;
 
 pub use attention::causal_attention;

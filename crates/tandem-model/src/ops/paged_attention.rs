@@ -36,7 +36,9 @@ impl PagedKv<'_> {
                 self.blocks.len()
             )));
         }
-        Ok((0..len).map(|p| self.blocks[p / self.block_size] * self.block_size as u32 + (p % self.block_size) as u32).collect())
+        Ok((0..len)
+            .map(|p| self.blocks[p / self.block_size] * self.block_size as u32 + (p % self.block_size) as u32)
+            .collect())
     }
 }
 
@@ -50,7 +52,14 @@ pub fn gather_kv(pool: &Tensor, kv: PagedKv<'_>, len: usize) -> Result<Tensor> {
 /// Attention of `q: [n_heads, t, hd]` (the last `t` of `past + t` positions) over the
 /// sequence's keys and values in `k_pool`, `v_pool: [rows, n_kv, hd]` (f32). Query `i` sees
 /// positions `0..=past + i`. Returns `[n_heads, t, hd]`.
-pub fn paged_attention(q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, kv: PagedKv<'_>, past: usize, scale: f64) -> Result<Tensor> {
+pub fn paged_attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    kv: PagedKv<'_>,
+    past: usize,
+    scale: f64,
+) -> Result<Tensor> {
     let (n_heads, t, hd) = q.dims3()?;
     let (rows, n_kv, khd) = k_pool.dims3()?;
     if khd != hd || v_pool.dims3()? != (rows, n_kv, hd) || n_kv == 0 || n_heads % n_kv != 0 {
@@ -66,7 +75,10 @@ pub fn paged_attention(q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, kv: PagedKv
         return Err(ModelError::Input(format!("block table {:?} points outside a pool of {rows} rows", kv.blocks)));
     }
     if kv.blocks.len() * kv.block_size < len {
-        return Err(ModelError::Input(format!("block table of {} blocks cannot hold {len} positions", kv.blocks.len())));
+        return Err(ModelError::Input(format!(
+            "block table of {} blocks cannot hold {len} positions",
+            kv.blocks.len()
+        )));
     }
     if !q.device().is_cpu() {
         let k = gather_kv(k_pool, kv, len)?;

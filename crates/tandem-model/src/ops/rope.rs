@@ -167,7 +167,8 @@ mod tests {
 
     #[test]
     fn llama3_scaling_keeps_high_freqs_and_scales_low() {
-        let s = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
+        let s =
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
         let plain = Rope::new(16, 10000.0, &RopeScaling::None, RopeStyle::Half, None);
         let scaled = Rope::new(16, 10000.0, &s, RopeStyle::Half, None);
         assert_eq!(plain.inv_freq()[0], scaled.inv_freq()[0]);

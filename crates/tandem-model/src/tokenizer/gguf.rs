@@ -89,12 +89,7 @@ fn string_array(c: &Content, key: &str) -> Result<Vec<String>> {
 }
 
 /// The optional per-token array `key`, checked to have one entry per token.
-fn per_token<T>(
-    c: &Content,
-    key: &str,
-    n: usize,
-    f: impl Fn(&Value) -> Option<T>,
-) -> Result<Option<Vec<T>>> {
+fn per_token<T>(c: &Content, key: &str, n: usize, f: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>> {
     let Some(arr) = meta_array(c, key)? else { return Ok(None) };
     if arr.len() != n {
         return Err(err(format!("`{key}` has {} entries for {n} tokens", arr.len())));
@@ -115,8 +110,7 @@ fn vocab_of(tokens: &[String]) -> Vocab {
 }
 
 pub(super) fn from_gguf(c: &Content) -> Result<Tokenizer> {
-    let model = meta_str(c, "tokenizer.ggml.model")
-        .ok_or_else(|| err("GGUF has no `tokenizer.ggml.model`"))?;
+    let model = meta_str(c, "tokenizer.ggml.model").ok_or_else(|| err("GGUF has no `tokenizer.ggml.model`"))?;
     let tokens = string_array(c, "tokenizer.ggml.tokens")?;
     let n = tokens.len();
     if n == 0 || n > u32::MAX as usize {
@@ -155,8 +149,8 @@ pub(super) fn from_gguf(c: &Content) -> Result<Tokenizer> {
 
     let bos_id = valid(meta_u32(c, "tokenizer.ggml.bos_token_id").or(bos_default));
     let add_bos = meta_bool(c, "tokenizer.ggml.add_bos_token").unwrap_or(add_bos_default);
-    let eos_id = valid(meta_u32(c, "tokenizer.ggml.eos_token_id"))
-        .or_else(|| valid(Some(2)).filter(|_| model == "llama"));
+    let eos_id =
+        valid(meta_u32(c, "tokenizer.ggml.eos_token_id")).or_else(|| valid(Some(2)).filter(|_| model == "llama"));
     let extra_eos: Vec<u32> = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
         .iter()
         .filter_map(|k| valid(meta_u32(c, k)))
@@ -211,12 +205,8 @@ fn sentencepiece_merges(tokens: &[String], scores: &[f32], types: &[i32]) -> Vec
             }
         }
     }
-    ranked
-        .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
-    ranked
-        .into_iter()
-        .map(|(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone()))
-        .collect()
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then((a.2, a.3).cmp(&(b.2, b.3))));
+    ranked.into_iter().map(|(_, _, l, r)| (tokens[l as usize].clone(), tokens[r as usize].clone())).collect()
 }
 
 /// SentencePiece vocabulary (`tokenizer.ggml.model` = `llama`) as an equivalent BPE.
@@ -228,19 +218,14 @@ pub(super) fn build_sentencepiece(
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer> {
     let merges = sentencepiece_merges(tokens, scores, types);
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab_of(tokens), merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
+    let mut builder = BPE::builder().vocab_and_merges(vocab_of(tokens), merges).byte_fallback(true).fuse_unk(true);
     if let Some(unk) = unk_id.and_then(|i| tokens.get(i as usize)) {
         builder = builder.unk_token(unk.clone());
     }
     let bpe = builder.build().map_err(|e| err(format!("building SentencePiece BPE: {e}")))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
 
-    let replace = |from: &str, to: &str| {
-        Replace::new(from, to).map_err(|e| err(format!("replace pattern: {e}")))
-    };
+    let replace = |from: &str, to: &str| Replace::new(from, to).map_err(|e| err(format!("replace pattern: {e}")));
     let mut norms: Vec<NormalizerWrapper> = Vec::new();
     if add_space_prefix {
         norms.push(Prepend::new("▁".to_string()).into());
@@ -310,27 +295,13 @@ mod tests {
         }
         let mut md = HashMap::new();
         md.insert("tokenizer.ggml.model".to_string(), Value::String("llama".into()));
-        md.insert(
-            "tokenizer.ggml.tokens".to_string(),
-            Value::Array(tokens.into_iter().map(Value::String).collect()),
-        );
-        md.insert(
-            "tokenizer.ggml.scores".to_string(),
-            Value::Array(scores.into_iter().map(Value::F32).collect()),
-        );
-        md.insert(
-            "tokenizer.ggml.token_type".to_string(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        );
+        md.insert("tokenizer.ggml.tokens".to_string(), Value::Array(tokens.into_iter().map(Value::String).collect()));
+        md.insert("tokenizer.ggml.scores".to_string(), Value::Array(scores.into_iter().map(Value::F32).collect()));
+        md.insert("tokenizer.ggml.token_type".to_string(), Value::Array(types.into_iter().map(Value::I32).collect()));
         md.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
         md.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
         md.insert("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(add_space_prefix));
-        Content {
-            magic: VersionedMagic::GgufV3,
-            metadata: md,
-            tensor_infos: HashMap::new(),
-            tensor_data_offset: 0,
-        }
+        Content { magic: VersionedMagic::GgufV3, metadata: md, tensor_infos: HashMap::new(), tensor_data_offset: 0 }
     }
 
     fn id(t: &Tokenizer, s: &str) -> u32 {
@@ -347,10 +318,7 @@ mod tests {
         // Without the dummy prefix: bc (-2) beats ab (-5).
         let t2 = Tokenizer::from_gguf(&tiny_spm(false)).unwrap();
         assert_eq!(t2.encode("abc", false).unwrap(), vec![id(&t2, "a"), id(&t2, "bc")]);
-        assert_eq!(
-            t2.encode("a b", false).unwrap(),
-            vec![id(&t2, "a"), id(&t2, "▁"), id(&t2, "b")]
-        );
+        assert_eq!(t2.encode("a b", false).unwrap(), vec![id(&t2, "a"), id(&t2, "▁"), id(&t2, "b")]);
     }
 
     #[test]
@@ -384,8 +352,7 @@ mod tests {
 
     #[test]
     fn merges_follow_merged_piece_score() {
-        let toks: Vec<String> =
-            ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
+        let toks: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let types = [1; 6];
         let m = sentencepiece_merges(&toks, &scores, &types);

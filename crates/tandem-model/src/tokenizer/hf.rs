@@ -24,9 +24,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ModelError::io(path, e)),
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map(Some).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))
 }
 
 /// A special-token entry: `"<s>"` or `{"content": "<s>", …}`.
@@ -61,10 +59,9 @@ pub(super) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
 
     let bos_id = match tok_cfg.get("bos_token") {
         Some(v) => token_string(v).and_then(|s| inner.token_to_id(&s)),
-        None => ids_of(gen_cfg.get("bos_token_id"))
-            .into_iter()
-            .chain(ids_of(model_cfg.get("bos_token_id")))
-            .find_map(valid),
+        None => {
+            ids_of(gen_cfg.get("bos_token_id")).into_iter().chain(ids_of(model_cfg.get("bos_token_id"))).find_map(valid)
+        }
     };
     let add_bos = match tok_cfg.get("add_bos_token").and_then(Value::as_bool) {
         Some(b) => b,
@@ -73,8 +70,7 @@ pub(super) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         }),
     };
 
-    let eos_id =
-        tok_cfg.get("eos_token").and_then(token_string).and_then(|s| inner.token_to_id(&s));
+    let eos_id = tok_cfg.get("eos_token").and_then(token_string).and_then(|s| inner.token_to_id(&s));
     let mut from_configs = ids_of(gen_cfg.get("eos_token_id"));
     from_configs.extend(ids_of(model_cfg.get("eos_token_id")));
     let from_configs: Vec<u32> = from_configs.into_iter().filter_map(valid).collect();

@@ -100,8 +100,7 @@ impl Tokenizer {
                 push(id);
             }
         }
-        let mut tok =
-            Tokenizer { inner, bos_id, add_bos, eos_id, eos_ids, vocab_size, anchor: None };
+        let mut tok = Tokenizer { inner, bos_id, add_bos, eos_id, eos_ids, vocab_size, anchor: None };
         tok.anchor = tok.find_anchor();
         tok
     }
@@ -114,9 +113,7 @@ impl Tokenizer {
                 return None;
             }
             let text = self.inner.decode(&[id], false).ok()?;
-            let ok = !text.is_empty()
-                && !text.contains('\u{FFFD}')
-                && text.chars().all(|c| c.is_alphanumeric());
+            let ok = !text.is_empty() && !text.contains('\u{FFFD}') && text.chars().all(|c| c.is_alphanumeric());
             ok.then_some((id, text))
         };
         ["a", "▁a", "Ġa", "the", "▁the", "x"]
@@ -129,10 +126,7 @@ impl Tokenizer {
     /// Encodes `text`. Special tokens written literally (e.g. `<|im_start|>`) are parsed as
     /// special tokens; `add_bos` prepends BOS when the model has one.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
+        let enc = self.inner.encode_fast(text, false).map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 1);
         if add_bos {

@@ -48,23 +48,21 @@ pub(crate) fn spec_for(name: &str) -> PreTokenizerSpec {
         known: true,
     };
     match name {
-        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion"
-        | "roberta-bpe" => spec(vec![GPT2], false, false),
+        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "roberta-bpe" => {
+            spec(vec![GPT2], false, false)
+        }
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
             spec(vec![r"\p{N}", GPT2], false, false)
         }
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" => spec(vec![LLAMA3], true, true),
-        "dbrx" | "smaug-bpe" | "chatglm-bpe" | "glm4" => spec(vec![LLAMA3], false, false),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "stablelm2" | "hunyuan" => {
-            spec(vec![QWEN2], false, false)
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
+            spec(vec![LLAMA3], true, true)
         }
+        "dbrx" | "smaug-bpe" | "chatglm-bpe" | "glm4" => spec(vec![LLAMA3], false, false),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "stablelm2" | "hunyuan" => spec(vec![QWEN2], false, false),
         "qwen35" => spec(vec![QWEN35], false, false),
         "tekken" => spec(vec![TEKKEN], true, true),
         "gpt-4o" | "minimax-m2" => spec(vec![GPT4O], false, false),
-        "deepseek-v3" | "hunyuan-dense" => {
-            spec(vec![r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_MAIN], false, false)
-        }
+        "deepseek-v3" | "hunyuan-dense" => spec(vec![r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+", DEEPSEEK3_MAIN], false, false),
         _ => PreTokenizerSpec { known: false, ..spec(vec![GPT2], false, false) },
     }
 }
@@ -102,20 +100,12 @@ mod tests {
     #[test]
     fn splits_follow_llamacpp_rules() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            splits("qwen2", SAMPLE),
-            s(&["Hello", "'Ve", " world", " ", "1", "2", "3", "\n\n", " ", " foo"])
-        );
-        assert_eq!(
-            splits("llama-bpe", SAMPLE),
-            s(&["Hello", "'Ve", " world", " ", "123", "\n\n", " ", " foo"])
-        );
+        assert_eq!(splits("qwen2", SAMPLE), s(&["Hello", "'Ve", " world", " ", "1", "2", "3", "\n\n", " ", " foo"]));
+        assert_eq!(splits("llama-bpe", SAMPLE), s(&["Hello", "'Ve", " world", " ", "123", "\n\n", " ", " foo"]));
         assert_eq!(splits("llama-bpe", "x 12345"), s(&["x", " ", "123", "45"]));
         assert_eq!(
             splits("smollm", "x = [i**2 for i in range(10)]"),
-            s(&[
-                "x", " =", " [", "i", "**", "2", " for", " i", " in", " range", "(", "1", "0", ")]"
-            ])
+            s(&["x", " =", " [", "i", "**", "2", " for", " i", " in", " range", "(", "1", "0", ")]"])
         );
         assert_eq!(splits("gpt2", "it's  ok"), s(&["it", "'s", " ", " ok"]));
     }

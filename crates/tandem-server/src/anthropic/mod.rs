@@ -55,7 +55,10 @@ impl<S: Send + Sync, T: JsonBody> FromRequest<S> for AnthropicJson<T> {
 }
 
 /// `POST /v1/messages`.
-pub async fn messages(State(state): State<AppState>, AnthropicJson(req): AnthropicJson<MessagesRequest>) -> Result<Response, AnthropicError> {
+pub async fn messages(
+    State(state): State<AppState>,
+    AnthropicJson(req): AnthropicJson<MessagesRequest>,
+) -> Result<Response, AnthropicError> {
     state.check_model(req.model.as_deref())?;
     let guard = state.admit()?;
     let (model, vocab) = {
@@ -65,7 +68,14 @@ pub async fn messages(State(state): State<AppState>, AnthropicJson(req): Anthrop
     let params = req.common(false)?.validate(vocab)?;
     let (budget, enable_thinking) = req.thinking()?;
     let (opts, parallel) = req.render_options(enable_thinking)?;
-    let job = ChatJob { messages: req.template_messages()?, opts, params: params.clone(), logprobs: None, parallel, max_thinking_tokens: budget };
+    let job = ChatJob {
+        messages: req.template_messages()?,
+        opts,
+        params: params.clone(),
+        logprobs: None,
+        parallel,
+        max_thinking_tokens: budget,
+    };
     drop(req);
     let mut sub = submit_chat(&state, job).await?;
     let id = message_id();
@@ -76,7 +86,8 @@ pub async fn messages(State(state): State<AppState>, AnthropicJson(req): Anthrop
     }
     let first = first_event_until(&mut sub.rx, &guard).await?;
     let pending = VecDeque::from(EventWriter::start(&id, &model, sub.prompt_ids.len()));
-    let st = StreamState { rx: Some(sub.rx), first: Some(first), pending, writer: EventWriter::new(&sub.output), guard };
+    let st =
+        StreamState { rx: Some(sub.rx), first: Some(first), pending, writer: EventWriter::new(&sub.output), guard };
     let events = futures::stream::unfold(st, |mut s| async move {
         loop {
             if let Some((name, data)) = s.pending.pop_front() {
@@ -115,7 +126,10 @@ struct StreamState {
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}` for the rendered prompt.
-pub async fn count_tokens(State(state): State<AppState>, AnthropicJson(req): AnthropicJson<MessagesRequest>) -> Result<Response, AnthropicError> {
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    AnthropicJson(req): AnthropicJson<MessagesRequest>,
+) -> Result<Response, AnthropicError> {
     state.check_model(req.model.as_deref())?;
     let _guard = state.admit()?;
     let (_, enable_thinking) = req.thinking()?;
@@ -131,7 +145,12 @@ fn on_event(writer: &mut EventWriter, event: Option<GenerationEvent>) -> (Vec<re
     match event {
         Some(GenerationEvent::Token { text, .. }) => (writer.text(&text), false),
         Some(GenerationEvent::Finished { reason, text, usage, .. }) => (writer.finish(reason, &text, &usage), true),
-        Some(GenerationEvent::Error(msg)) => (vec![("error", ApiError::internal(format!("Generation failed: {msg}")).anthropic_body())], true),
-        None => (vec![("error", ApiError::internal("The engine ended the request without finishing it.").anthropic_body())], true),
+        Some(GenerationEvent::Error(msg)) => {
+            (vec![("error", ApiError::internal(format!("Generation failed: {msg}")).anthropic_body())], true)
+        }
+        None => (
+            vec![("error", ApiError::internal("The engine ended the request without finishing it.").anthropic_body())],
+            true,
+        ),
     }
 }

@@ -102,7 +102,10 @@ impl MessagesRequest {
             None => Ok((None, None)),
             Some(t) if t.kind == "enabled" => match t.budget_tokens {
                 Some(b) if b >= 1 => Ok((Some(usize::try_from(b).unwrap_or(usize::MAX)), Some(true))),
-                _ => Err(ApiError::invalid_param("thinking.budget_tokens", "thinking.budget_tokens must be a positive integer.")),
+                _ => Err(ApiError::invalid_param(
+                    "thinking.budget_tokens",
+                    "thinking.budget_tokens must be a positive integer.",
+                )),
             },
             Some(t) if t.kind == "disabled" => Ok((None, Some(false))),
             Some(t) => Err(ApiError::invalid_param("thinking.type", format!("Unknown thinking type `{}`.", t.kind))),
@@ -134,9 +137,19 @@ impl MessagesRequest {
                     Some("none") => ToolChoice::None,
                     Some("tool") => match o.get("name").and_then(Value::as_str) {
                         Some(n) if !n.is_empty() => ToolChoice::Function(n.to_string()),
-                        _ => return Err(ApiError::invalid_param("tool_choice.name", "tool_choice of type `tool` needs a `name`.")),
+                        _ => {
+                            return Err(ApiError::invalid_param(
+                                "tool_choice.name",
+                                "tool_choice of type `tool` needs a `name`.",
+                            ))
+                        }
                     },
-                    _ => return Err(ApiError::invalid_param("tool_choice.type", "tool_choice.type must be auto, any, tool or none.")),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            "tool_choice.type",
+                            "tool_choice.type must be auto, any, tool or none.",
+                        ))
+                    }
                 };
                 (choice, parallel)
             }
@@ -146,7 +159,11 @@ impl MessagesRequest {
         if let Some(on) = enable_thinking {
             extra.insert("enable_thinking".into(), Value::Bool(on));
         }
-        let opts = ChatRenderOptions { add_generation_prompt: true, tools: choice.offered(tools.as_ref(), "tool_choice")?, extra };
+        let opts = ChatRenderOptions {
+            add_generation_prompt: true,
+            tools: choice.offered(tools.as_ref(), "tool_choice")?,
+            extra,
+        };
         Ok((opts, parallel))
     }
 
@@ -156,12 +173,18 @@ impl MessagesRequest {
         match &self.system {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) => out.push(json!({"role": "system", "content": s})),
-            Some(Value::Array(blocks)) => out.push(json!({"role": "system", "content": block_texts(blocks, "system")?})),
-            Some(_) => return Err(ApiError::invalid_param("system", "system must be a string or an array of text blocks.")),
+            Some(Value::Array(blocks)) => {
+                out.push(json!({"role": "system", "content": block_texts(blocks, "system")?}))
+            }
+            Some(_) => {
+                return Err(ApiError::invalid_param("system", "system must be a string or an array of text blocks."))
+            }
         }
         let messages = match &self.messages {
             None => return Err(ApiError::invalid_param("messages", "messages: Field required")),
-            Some(m) if m.is_empty() => return Err(ApiError::invalid_param("messages", "messages: at least one message is required")),
+            Some(m) if m.is_empty() => {
+                return Err(ApiError::invalid_param("messages", "messages: at least one message is required"))
+            }
             Some(m) => m,
         };
         for (i, m) in messages.iter().enumerate() {
@@ -194,14 +217,21 @@ fn convert(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(), ApiEr
             return Ok(());
         }
         Value::Array(b) => b,
-        _ => return Err(ApiError::invalid_param(&format!("messages[{i}].content"), "content must be a string or an array of blocks.")),
+        _ => {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].content"),
+                "content must be a string or an array of blocks.",
+            ))
+        }
     };
     let (mut texts, mut reasoning, mut calls, mut results) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (j, b) in blocks.iter().enumerate() {
         let param = format!("messages[{i}].content[{j}]");
         let field = |k: &str| b.get(k).and_then(Value::as_str);
         match (b.get("type").and_then(Value::as_str), m.role) {
-            (Some("text"), _) => texts.push(field("text").ok_or_else(|| ApiError::invalid_param(&param, "A text block needs `text`."))?.to_string()),
+            (Some("text"), _) => texts.push(
+                field("text").ok_or_else(|| ApiError::invalid_param(&param, "A text block needs `text`."))?.to_string(),
+            ),
             (Some("thinking"), InputRole::Assistant) => reasoning.push(field("thinking").unwrap_or("").to_string()),
             (Some("redacted_thinking"), InputRole::Assistant) => {}
             (Some("tool_use"), InputRole::Assistant) => {
@@ -212,12 +242,18 @@ fn convert(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(), ApiEr
                 calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}}));
             }
             (Some("tool_result"), InputRole::User) => {
-                let id = field("tool_use_id").ok_or_else(|| ApiError::invalid_param(&param, "A tool_result block needs `tool_use_id`."))?;
+                let id = field("tool_use_id")
+                    .ok_or_else(|| ApiError::invalid_param(&param, "A tool_result block needs `tool_use_id`."))?;
                 let mut content = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(Value::String(s)) => s.clone(),
                     Some(Value::Array(parts)) => block_texts(parts, &format!("{param}.content"))?,
-                    Some(_) => return Err(ApiError::invalid_param(&format!("{param}.content"), "content must be a string or text blocks.")),
+                    Some(_) => {
+                        return Err(ApiError::invalid_param(
+                            &format!("{param}.content"),
+                            "content must be a string or text blocks.",
+                        ))
+                    }
                 };
                 if b.get("is_error").and_then(Value::as_bool) == Some(true) {
                     content = format!("Error: {content}");
@@ -225,9 +261,14 @@ fn convert(m: &InputMessage, i: usize, out: &mut Vec<Value>) -> Result<(), ApiEr
                 results.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
             }
             (Some(kind), _) => {
-                return Err(ApiError::invalid_param(&param, format!("Content blocks of type `{kind}` are not supported in {role} messages.")))
+                return Err(ApiError::invalid_param(
+                    &param,
+                    format!("Content blocks of type `{kind}` are not supported in {role} messages."),
+                ))
             }
-            (None, _) => return Err(ApiError::invalid_param(&param, "A content block must be an object with a `type`.")),
+            (None, _) => {
+                return Err(ApiError::invalid_param(&param, "A content block must be an object with a `type`."))
+            }
         }
     }
     let has_results = !results.is_empty();
@@ -298,7 +339,9 @@ mod tests {
         assert_eq!(bad.template_messages().unwrap_err().param.as_deref(), Some("messages[0].content[0]"));
         let e = req(json!({"thinking": {"type": "enabled"}})).thinking().unwrap_err();
         assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"));
-        let e = req(json!({"tool_choice": {"type": "tool", "name": "g"}, "tools": [{"name": "f"}]})).render_options(None).unwrap_err();
+        let e = req(json!({"tool_choice": {"type": "tool", "name": "g"}, "tools": [{"name": "f"}]}))
+            .render_options(None)
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 }

@@ -46,7 +46,14 @@ fn input_object(args: &str) -> Value {
 }
 
 /// The whole `message` object.
-pub fn whole_message(id: &str, model: &str, output: &OutputConfig, text: &str, reason: FinishReason, usage: &Usage) -> Value {
+pub fn whole_message(
+    id: &str,
+    model: &str,
+    output: &OutputConfig,
+    text: &str,
+    reason: FinishReason,
+    usage: &Usage,
+) -> Value {
     let p = Parsed::from_text(output, text);
     let mut content = Vec::new();
     if !p.reasoning.is_empty() {
@@ -56,7 +63,9 @@ pub fn whole_message(id: &str, model: &str, output: &OutputConfig, text: &str, r
         content.push(json!({"type": "text", "text": p.content}));
     }
     for c in &p.calls {
-        content.push(json!({"type": "tool_use", "id": tool_id(&c.id), "name": c.name, "input": input_object(&c.arguments)}));
+        content.push(
+            json!({"type": "tool_use", "id": tool_id(&c.id), "name": c.name, "input": input_object(&c.arguments)}),
+        );
     }
     json!({
         "id": id,
@@ -95,11 +104,14 @@ impl EventWriter {
     /// `message_start` and a `ping`.
     pub fn start(id: &str, model: &str, input_tokens: usize) -> Vec<Event> {
         vec![
-            ("message_start", json!({"type": "message_start", "message": {
-                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 0}
-            }})),
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {
+                    "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                    "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": input_tokens, "output_tokens": 0}
+                }}),
+            ),
             ("ping", json!({"type": "ping"})),
         ]
     }
@@ -120,9 +132,12 @@ impl EventWriter {
             out.extend(self.open_block(Block::Text, json!({"type": "text", "text": ""})));
         }
         out.extend(self.close());
-        out.push(("message_delta", json!({"type": "message_delta",
+        out.push((
+            "message_delta",
+            json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(reason, self.parser.made_calls()), "stop_sequence": null},
-            "usage": {"output_tokens": usage.completion_tokens}})));
+            "usage": {"output_tokens": usage.completion_tokens}}),
+        ));
         out.push(("message_stop", json!({"type": "message_stop"})));
         out
     }
@@ -133,7 +148,12 @@ impl EventWriter {
             match e {
                 OutEvent::Reasoning(s) => {
                     if self.open != Some(Block::Thinking) {
-                        out.extend(self.open_block(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""})));
+                        out.extend(
+                            self.open_block(
+                                Block::Thinking,
+                                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                            ),
+                        );
                     }
                     out.push(self.delta(json!({"type": "thinking_delta", "thinking": s})));
                 }
@@ -144,7 +164,10 @@ impl EventWriter {
                     out.push(self.delta(json!({"type": "text_delta", "text": s})));
                 }
                 OutEvent::ToolStart { id, name, .. } => {
-                    out.extend(self.open_block(Block::Tool, json!({"type": "tool_use", "id": tool_id(&id), "name": name, "input": {}})));
+                    out.extend(self.open_block(
+                        Block::Tool,
+                        json!({"type": "tool_use", "id": tool_id(&id), "name": name, "input": {}}),
+                    ));
                 }
                 OutEvent::ToolArgs { fragment, .. } => {
                     if self.open == Some(Block::Tool) {
@@ -159,7 +182,10 @@ impl EventWriter {
     fn open_block(&mut self, kind: Block, block: Value) -> Vec<Event> {
         let mut out = self.close();
         self.open = Some(kind);
-        out.push(("content_block_start", json!({"type": "content_block_start", "index": self.index, "content_block": block})));
+        out.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        ));
         out
     }
 
@@ -185,7 +211,11 @@ mod tests {
     use crate::tools::{ToolFormat, ToolSchemas};
 
     fn cfg() -> OutputConfig {
-        OutputConfig { reasoning_inside: true, parse_reasoning: true, tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)) }
+        OutputConfig {
+            reasoning_inside: true,
+            parse_reasoning: true,
+            tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)),
+        }
     }
 
     const TEXT: &str = "hmm\n</think>\n\nOk.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
@@ -218,9 +248,21 @@ mod tests {
         dedup.dedup();
         assert_eq!(
             dedup,
-            ["message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop", "content_block_start",
-             "content_block_delta", "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
-             "message_delta", "message_stop"]
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
         );
         for (name, data) in &events {
             assert_eq!(data["type"], *name);

@@ -69,7 +69,10 @@ impl ToolChoice {
                 "auto" => Ok(Self::Auto),
                 "none" => Ok(Self::None),
                 "required" | "any" => Ok(Self::Required),
-                other => Err(ApiError::invalid_param(param, format!("Unknown tool_choice `{other}`; use auto, none, required or a function."))),
+                other => Err(ApiError::invalid_param(
+                    param,
+                    format!("Unknown tool_choice `{other}`; use auto, none, required or a function."),
+                )),
             },
             Some(Value::Object(o)) => {
                 let name = o
@@ -80,7 +83,10 @@ impl ToolChoice {
                     .filter(|n| !n.is_empty());
                 match name {
                     Some(n) => Ok(Self::Function(n.to_string())),
-                    None => Err(ApiError::invalid_param(param, "tool_choice must name a function: {\"type\": \"function\", \"function\": {\"name\": …}}.")),
+                    None => Err(ApiError::invalid_param(
+                        param,
+                        "tool_choice must name a function: {\"type\": \"function\", \"function\": {\"name\": …}}.",
+                    )),
                 }
             }
             Some(_) => Err(ApiError::invalid_param(param, "tool_choice must be a string or an object.")),
@@ -104,7 +110,10 @@ impl ToolChoice {
                 };
                 match list.iter().find(named) {
                     Some(t) => Ok(Some(Value::Array(vec![t.clone()]))),
-                    None => Err(ApiError::invalid_param(param, format!("tool_choice names `{name}`, which is not in tools."))),
+                    None => Err(ApiError::invalid_param(
+                        param,
+                        format!("tool_choice names `{name}`, which is not in tools."),
+                    )),
                 }
             }
         }
@@ -150,7 +159,9 @@ impl ChatMessage {
         let param = format!("messages[{index}].content");
         match &self.content {
             None | Some(Value::Null) if self.role == Role::Assistant => Ok(String::new()),
-            None | Some(Value::Null) => Err(ApiError::invalid_param(&param, format!("{param} is required for this role."))),
+            None | Some(Value::Null) => {
+                Err(ApiError::invalid_param(&param, format!("{param} is required for this role.")))
+            }
             Some(Value::String(s)) => Ok(s.clone()),
             Some(Value::Array(parts)) => {
                 let mut texts = Vec::with_capacity(parts.len());
@@ -159,7 +170,10 @@ impl ChatMessage {
                     match (kind, part.get("text").and_then(Value::as_str)) {
                         (Some("text"), Some(t)) => texts.push(t),
                         (Some("text"), None) => {
-                            return Err(ApiError::invalid_param(&format!("{param}[{j}].text"), "A text part needs a string `text`."))
+                            return Err(ApiError::invalid_param(
+                                &format!("{param}[{j}].text"),
+                                "A text part needs a string `text`.",
+                            ))
                         }
                         (Some(other), _) => {
                             return Err(ApiError::invalid_param(
@@ -168,13 +182,18 @@ impl ChatMessage {
                             ))
                         }
                         (None, _) => {
-                            return Err(ApiError::invalid_param(&format!("{param}[{j}]"), "A content part must be an object with a `type`."))
+                            return Err(ApiError::invalid_param(
+                                &format!("{param}[{j}]"),
+                                "A content part must be an object with a `type`.",
+                            ))
                         }
                     }
                 }
                 Ok(texts.join("\n"))
             }
-            Some(_) => Err(ApiError::invalid_param(&param, format!("{param} must be a string or an array of text parts."))),
+            Some(_) => {
+                Err(ApiError::invalid_param(&param, format!("{param} must be a string or an array of text parts.")))
+            }
         }
     }
 
@@ -201,7 +220,9 @@ impl ChatCompletionRequest {
     pub fn template_messages(&self) -> Result<Vec<Value>, ApiError> {
         match &self.messages {
             None => Err(ApiError::invalid_param("messages", "messages is required.")),
-            Some(m) if m.is_empty() => Err(ApiError::invalid_param("messages", "messages must contain at least one message.")),
+            Some(m) if m.is_empty() => {
+                Err(ApiError::invalid_param("messages", "messages must contain at least one message."))
+            }
             Some(m) => m.iter().enumerate().map(|(i, msg)| msg.template_value(i)).collect(),
         }
     }
@@ -210,10 +231,13 @@ impl ChatCompletionRequest {
     pub fn engine_logprobs(&self) -> Result<Option<usize>, ApiError> {
         let on = self.logprobs.unwrap_or(false);
         match self.top_logprobs {
-            Some(k) if k > MAX_TOP_LOGPROBS => {
-                Err(ApiError::invalid_param("top_logprobs", format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}.")))
+            Some(k) if k > MAX_TOP_LOGPROBS => Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}."),
+            )),
+            Some(k) if k > 0 && !on => {
+                Err(ApiError::invalid_param("top_logprobs", "top_logprobs requires logprobs to be true."))
             }
-            Some(k) if k > 0 && !on => Err(ApiError::invalid_param("top_logprobs", "top_logprobs requires logprobs to be true.")),
             k if on => Ok(Some(k.unwrap_or(0) as usize)),
             _ => Ok(None),
         }
@@ -309,7 +333,8 @@ mod tests {
 
     #[test]
     fn render_options() {
-        let r = req(json!({"tools": [{"type": "function"}], "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
+        let r =
+            req(json!({"tools": [{"type": "function"}], "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
         let o = r.render_options().unwrap();
         assert!(o.add_generation_prompt);
         assert_eq!(o.tools, Some(json!([{"type": "function"}])));

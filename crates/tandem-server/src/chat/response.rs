@@ -42,7 +42,11 @@ impl AssistantMessage {
         let tool_calls: Vec<ToolCallBody> = p
             .calls
             .into_iter()
-            .map(|c| ToolCallBody { id: c.id, kind: "function", function: FunctionCall { name: c.name, arguments: c.arguments } })
+            .map(|c| ToolCallBody {
+                id: c.id,
+                kind: "function",
+                function: FunctionCall { name: c.name, arguments: c.arguments },
+            })
             .collect();
         let content = if p.content.is_empty() && !tool_calls.is_empty() { None } else { Some(p.content) };
         let reasoning_content = (!p.reasoning.is_empty()).then_some(p.reasoning);
@@ -78,7 +82,13 @@ pub struct ChatCompletion {
 impl ChatCompletion {
     /// `prompt_ids` is `Some` when the client asked for token ids; `logprobs` when it asked for
     /// log-probabilities; `output` says how to split the text.
-    pub fn new(meta: ResponseMeta, done: Completion, output: &OutputConfig, prompt_ids: Option<Vec<u32>>, logprobs: bool) -> Self {
+    pub fn new(
+        meta: ResponseMeta,
+        done: Completion,
+        output: &OutputConfig,
+        prompt_ids: Option<Vec<u32>>,
+        logprobs: bool,
+    ) -> Self {
         let with_ids = prompt_ids.is_some();
         let message = AssistantMessage::from_parsed(Parsed::from_text(output, &done.text));
         let finish_reason = if message.tool_calls.is_empty() { done.finish_reason.as_str() } else { "tool_calls" };
@@ -329,7 +339,11 @@ mod tests {
     #[test]
     fn tool_calls_and_reasoning() {
         use crate::tools::{ToolFormat, ToolSchemas};
-        let out = OutputConfig { reasoning_inside: false, parse_reasoning: true, tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)) };
+        let out = OutputConfig {
+            reasoning_inside: false,
+            parse_reasoning: true,
+            tools: Some((ToolFormat::Hermes, ToolSchemas::default(), true)),
+        };
         let text = "<think>\nhm\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let done = Completion {
             text: text.into(),

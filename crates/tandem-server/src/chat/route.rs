@@ -27,7 +27,9 @@ pub async fn chat_completions(
     let params = req.common.validate(vocab)?;
     let logprobs = req.engine_logprobs()?;
     let max_thinking_tokens = match req.max_thinking_tokens {
-        Some(0) => return Err(ApiError::invalid_param("max_thinking_tokens", "max_thinking_tokens must be at least 1.")),
+        Some(0) => {
+            return Err(ApiError::invalid_param("max_thinking_tokens", "max_thinking_tokens must be at least 1."))
+        }
         m => m.map(|m| usize::try_from(m).unwrap_or(usize::MAX)),
     };
     let job = ChatJob {

@@ -48,10 +48,15 @@ pub async fn submit_chat(state: &AppState, job: ChatJob) -> Result<Submitted, Ap
     if cfg.max_prompt_tokens > 0 && prompt.ids.len() > cfg.max_prompt_tokens {
         return Err(ApiError::context_length(
             "messages",
-            format!("The prompt has {} tokens; this server accepts at most {}.", prompt.ids.len(), cfg.max_prompt_tokens),
+            format!(
+                "The prompt has {} tokens; this server accepts at most {}.",
+                prompt.ids.len(),
+                cfg.max_prompt_tokens
+            ),
         ));
     }
-    let budget = max_thinking_tokens.or((cfg.default_max_thinking_tokens > 0).then_some(cfg.default_max_thinking_tokens));
+    let budget =
+        max_thinking_tokens.or((cfg.default_max_thinking_tokens > 0).then_some(cfg.default_max_thinking_tokens));
     let answer = token_budget(prompt.ids.len(), params.max_tokens, context, cfg.default_max_tokens)?;
     let room = context - prompt.ids.len();
     let (max_tokens, answer_max) = match budget {

@@ -16,7 +16,10 @@ use crate::response_meta::ResponseMeta;
 use crate::sse::{first_event_until, sse_response};
 use crate::state::AppState;
 
-pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
     state.check_model(req.common.model.as_deref())?;
     let guard = state.admit()?;
     let (model, context, vocab) = {
@@ -32,8 +35,8 @@ pub async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Co
     if prompt_ids.is_empty() {
         return Err(ApiError::invalid_param("prompt", "The prompt is empty."));
     }
-    let max_tokens = token_budget(prompt_ids.len(), params.max_tokens, context, state.cfg.default_max_tokens)
-        .map_err(|mut e| {
+    let max_tokens =
+        token_budget(prompt_ids.len(), params.max_tokens, context, state.cfg.default_max_tokens).map_err(|mut e| {
             if e.param.as_deref() == Some("messages") {
                 e.param = Some("prompt".into());
             }

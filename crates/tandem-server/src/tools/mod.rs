@@ -23,14 +23,14 @@
 //! a call when no content came before it (so "text\n\n<tool_call>…" gives content "text");
 //! output without calls is passed on exactly.
 
+mod format;
 pub mod hermes;
 pub mod llama3;
 pub mod qwen_xml;
-mod format;
 mod scan;
-mod xml_stream;
 #[cfg(test)]
 mod tests;
+mod xml_stream;
 
 use crate::reasoning::partial_suffix;
 pub use format::{arguments_as_objects, ToolFormat, ToolSchemas};
@@ -50,9 +50,16 @@ pub struct ToolCall {
 pub enum ToolEvent {
     Content(String),
     /// A call begins: its position among this answer's calls, its id and function name.
-    Start { index: usize, id: String, name: String },
+    Start {
+        index: usize,
+        id: String,
+        name: String,
+    },
     /// A fragment of the arguments of call `index`.
-    Args { index: usize, fragment: String },
+    Args {
+        index: usize,
+        fragment: String,
+    },
 }
 
 /// A call as a format parser found it.
@@ -322,7 +329,11 @@ impl ToolParser {
                     args(out, index, &fragment);
                 }
                 self.phase = if finished { Phase::Tail } else { Phase::JsonArgs { index, scan } };
-                if finished { Progress::Continue } else { Progress::Wait }
+                if finished {
+                    Progress::Continue
+                } else {
+                    Progress::Wait
+                }
             }
             Phase::XmlParams { index, name, count } => self.xml_params(marker, index, name, count, at_end, out),
             Phase::Tail => self.tail(marker, at_end),
@@ -467,7 +478,9 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
     for e in events {
         match (out.last_mut(), e) {
             (Some(ToolEvent::Content(a)), ToolEvent::Content(b)) => a.push_str(&b),
-            (Some(ToolEvent::Args { index: i, fragment: a }), ToolEvent::Args { index: j, fragment: b }) if *i == j => a.push_str(&b),
+            (Some(ToolEvent::Args { index: i, fragment: a }), ToolEvent::Args { index: j, fragment: b }) if *i == j => {
+                a.push_str(&b)
+            }
             (_, e) => out.push(e),
         }
     }
@@ -481,7 +494,9 @@ pub fn assemble(events: &[ToolEvent]) -> (String, Vec<ToolCall>) {
     for e in events {
         match e {
             ToolEvent::Content(s) => content.push_str(s),
-            ToolEvent::Start { id, name, .. } => calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: String::new() }),
+            ToolEvent::Start { id, name, .. } => {
+                calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: String::new() })
+            }
             ToolEvent::Args { index, fragment } => {
                 if let Some(c) = calls.get_mut(*index) {
                     c.arguments.push_str(fragment);

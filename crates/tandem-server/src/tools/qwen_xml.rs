@@ -125,10 +125,12 @@ mod tests {
     use serde_json::json;
 
     fn schemas() -> ToolSchemas {
-        ToolSchemas::from_tools(Some(&json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-            "s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"}, "b": {"type": "boolean"},
-            "o": {"type": "object"}, "a": {"type": "array"}, "opt": {"type": ["integer", "null"]}
-        }}}}])))
+        ToolSchemas::from_tools(Some(
+            &json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                "s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"}, "b": {"type": "boolean"},
+                "o": {"type": "object"}, "a": {"type": "array"}, "opt": {"type": ["integer", "null"]}
+            }}}}]),
+        ))
     }
 
     #[test]
@@ -138,9 +140,14 @@ mod tests {
                     <parameter=opt>\n3\n</parameter>\n<parameter=extra>\nline1\nline2\n</parameter>\n</function>\n";
         let c = parse(body, &schemas()).unwrap();
         let args: Value = serde_json::from_str(&c[0].arguments).unwrap();
-        assert_eq!(args, json!({"s": " 42 ", "i": 7, "n": 2.5, "b": true, "o": {"k": [1]}, "a": [1, 2], "opt": 3, "extra": "line1\nline2"}));
+        assert_eq!(
+            args,
+            json!({"s": " 42 ", "i": 7, "n": 2.5, "b": true, "o": {"k": [1]}, "a": [1, 2], "opt": 3, "extra": "line1\nline2"})
+        );
         // Values that do not fit their type stay strings.
-        let c = parse("<function=f><parameter=i>seven</parameter><parameter=b>maybe</parameter></function>", &schemas()).unwrap();
+        let c =
+            parse("<function=f><parameter=i>seven</parameter><parameter=b>maybe</parameter></function>", &schemas())
+                .unwrap();
         assert_eq!(serde_json::from_str::<Value>(&c[0].arguments).unwrap(), json!({"i": "seven", "b": "maybe"}));
     }
 
@@ -152,7 +159,15 @@ mod tests {
         assert_eq!(serde_json::from_str::<Value>(&c[0].arguments).unwrap(), json!({"x": "1", "y": {"a": 1}}));
         let two = parse("<function=a>\n</function>\n<function=b>\n</function>", &none).unwrap();
         assert_eq!((two[0].name.as_str(), two[1].name.as_str(), two[0].arguments.as_str()), ("a", "b", "{}"));
-        for bad in ["", "text", "<function=>x</function>", "junk<function=f></function>", "<function=f><parameter=>1</parameter></function>", "<function=f", "<function=f>junk</function>"] {
+        for bad in [
+            "",
+            "text",
+            "<function=>x</function>",
+            "junk<function=f></function>",
+            "<function=f><parameter=>1</parameter></function>",
+            "<function=f",
+            "<function=f>junk</function>",
+        ] {
             assert!(parse(bad, &none).is_none(), "{bad}");
         }
     }

@@ -249,7 +249,10 @@ impl JsonScan {
                 self.number = true;
                 Feed::More
             }
-            (Expect::ValueOrEnd, ']') | (Expect::ArrCommaOrEnd, ']') | (Expect::KeyOrEnd, '}') | (Expect::CommaOrEnd, '}') => {
+            (Expect::ValueOrEnd, ']')
+            | (Expect::ArrCommaOrEnd, ']')
+            | (Expect::KeyOrEnd, '}')
+            | (Expect::CommaOrEnd, '}') => {
                 self.stack.pop();
                 self.after_value()
             }
@@ -318,7 +321,15 @@ mod tests {
         assert_eq!(scan(good), (Feed::Done, good.len() - 1));
         assert_eq!(scan(r#"{"a": 1} tail"#).0, Feed::Done);
         assert_eq!(scan(r#"{"a": 1"#).0, Feed::More);
-        for bad in [r#"{"a" 1}"#, r#"{"a": tru}"#, r#"{a: 1}"#, r#"{"a": 1,}"#, "{\"a\": \"\n\"}", r#"{"a": 1</tool_call>"#, r#"{"a": [1 2]}"#] {
+        for bad in [
+            r#"{"a" 1}"#,
+            r#"{"a": tru}"#,
+            r#"{a: 1}"#,
+            r#"{"a": 1,}"#,
+            "{\"a\": \"\n\"}",
+            r#"{"a": 1</tool_call>"#,
+            r#"{"a": [1 2]}"#,
+        ] {
             assert_eq!(scan(bad).0, Feed::Reject, "{bad}");
         }
         for good in [r#"{"a": 10}"#, r#"{"a": [1]}"#, "{}"] {
@@ -331,10 +342,18 @@ mod tests {
         let h = "\n{\"name\": \"get_weather\", \"arguments\": {\"city\"";
         let Header::Match { name, consumed } = hermes_header(h) else { panic!("{h}") };
         assert_eq!((name.as_str(), &h[consumed..consumed + 1]), ("get_weather", "{"));
-        for partial in ["", "\n{", "{\"na", "{\"name\": \"get_w", "{\"name\": \"f\", \"par", "{\"name\": \"f\", \"arguments\":"] {
+        for partial in
+            ["", "\n{", "{\"na", "{\"name\": \"get_w", "{\"name\": \"f\", \"par", "{\"name\": \"f\", \"arguments\":"]
+        {
             assert_eq!(hermes_header(partial), Header::Incomplete, "{partial}");
         }
-        for other in ["x", "{\"arguments\": {}, \"name\": \"f\"}", "{\"name\": \"\", \"arguments\": {}}", "{\"name\": \"f\"}", "{\"name\": \"f\", \"arguments\": \"{}\"}"] {
+        for other in [
+            "x",
+            "{\"arguments\": {}, \"name\": \"f\"}",
+            "{\"name\": \"\", \"arguments\": {}}",
+            "{\"name\": \"f\"}",
+            "{\"name\": \"f\", \"arguments\": \"{}\"}",
+        ] {
             assert_eq!(hermes_header(other), Header::NoMatch, "{other}");
         }
     }

@@ -73,14 +73,23 @@ fn hermes_calls() {
     let text = "Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>";
     assert_eq!(
         check(f, text),
-        ("Let me check.".into(), vec![call("get_weather", json!({"city": "Paris", "days": 2})), call("get_weather", json!({"city": "Zürich"}))])
+        (
+            "Let me check.".into(),
+            vec![
+                call("get_weather", json!({"city": "Paris", "days": 2})),
+                call("get_weather", json!({"city": "Zürich"}))
+            ]
+        )
     );
     // Content after the calls, a call cut off at the end of output (no closing tag).
     assert_eq!(
         check(f, "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n\nDone.\n"),
         ("Done.".into(), vec![call("a", json!({}))])
     );
-    assert_eq!(check(f, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n"), (String::new(), vec![call("a", json!({"x": 1}))]));
+    assert_eq!(
+        check(f, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n"),
+        (String::new(), vec![call("a", json!({"x": 1}))])
+    );
 }
 
 #[test]
@@ -106,10 +115,16 @@ fn malformed_hermes_is_content() {
 fn qwen_xml_calls() {
     let f = ToolFormat::QwenXml;
     let text = "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
-    assert_eq!(check(f, text), ("Checking.".into(), vec![call("get_weather", json!({"city": "São Paulo", "days": 3}))]));
+    assert_eq!(
+        check(f, text),
+        ("Checking.".into(), vec![call("get_weather", json!({"city": "São Paulo", "days": 3}))])
+    );
     // Without the <tool_call> wrapper, and two calls in a row.
     let bare = "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n<function=other>\n<parameter=q>\n{\"a\": 1}\n</parameter>\n</function>";
-    assert_eq!(check(f, bare), (String::new(), vec![call("get_weather", json!({"city": "Rome"})), call("other", json!({"q": {"a": 1}}))]));
+    assert_eq!(
+        check(f, bare),
+        (String::new(), vec![call("get_weather", json!({"city": "Rome"})), call("other", json!({"q": {"a": 1}}))])
+    );
     let bad = "x <tool_call>\n<function=>\n</function>\n</tool_call> y";
     assert_eq!(check(f, bad), (bad.into(), vec![]));
 }
@@ -122,7 +137,10 @@ fn llama3_calls() {
         (String::new(), vec![call("get_weather", json!({"city": "Oslo"}))])
     );
     assert_eq!(
-        check(f, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": true}}"),
+        check(
+            f,
+            "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": true}}"
+        ),
         (String::new(), vec![call("a", json!({})), call("b", json!({"k": true}))])
     );
     assert_eq!(check(f, "The answer is {x}."), ("The answer is {x}.".into(), vec![]));
@@ -135,20 +153,30 @@ fn llama3_calls() {
 fn calls_stream_incrementally() {
     let mut p = parser(ToolFormat::Hermes);
     assert_eq!(p.push("Sure. <tool_call>\n{\"name\": \"get_weather\", "), vec![ToolEvent::Content("Sure.".into())]);
-    assert_eq!(p.push("\"arguments\": {\"ci"), vec![
-        ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },
-        ToolEvent::Args { index: 0, fragment: "{\"ci".into() }
-    ]);
+    assert_eq!(
+        p.push("\"arguments\": {\"ci"),
+        vec![
+            ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },
+            ToolEvent::Args { index: 0, fragment: "{\"ci".into() }
+        ]
+    );
     assert_eq!(p.push("ty\": \"Paris\"}"), vec![ToolEvent::Args { index: 0, fragment: "ty\": \"Paris\"}".into() }]);
     assert_eq!(p.push("}\n</tool_call>"), vec![]);
     assert_eq!(p.finish(), vec![]);
 
     let mut x = parser(ToolFormat::QwenXml);
-    assert_eq!(x.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"), vec![
-        ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },
-    ]);
-    assert_eq!(x.push("is\n</parameter>\n<parameter=days>"), vec![ToolEvent::Args { index: 0, fragment: "{\"city\":\"Paris\"".into() }]);
-    assert_eq!(x.push("\n2\n</parameter>\n</function>"), vec![ToolEvent::Args { index: 0, fragment: ",\"days\":2}".into() }]);
+    assert_eq!(
+        x.push("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
+        vec![ToolEvent::Start { index: 0, id: "call_0".into(), name: "get_weather".into() },]
+    );
+    assert_eq!(
+        x.push("is\n</parameter>\n<parameter=days>"),
+        vec![ToolEvent::Args { index: 0, fragment: "{\"city\":\"Paris\"".into() }]
+    );
+    assert_eq!(
+        x.push("\n2\n</parameter>\n</function>"),
+        vec![ToolEvent::Args { index: 0, fragment: ",\"days\":2}".into() }]
+    );
     assert_eq!(x.push("\n</tool_call>"), vec![]);
 }
 
@@ -198,7 +226,10 @@ fn tricky_calls() {
         check(x, "<tool_call>\n<function=f>\njunk\n<parameter=q>\na < b\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
         (String::new(), vec![call("f", json!({"q": "a < b", "days": "2"}))])
     );
-    assert_eq!(check(x, "<tool_call>\n<function=f>\n<parameter=city>\nOslo"), (String::new(), vec![call("f", json!({"city": "Oslo"}))]));
+    assert_eq!(
+        check(x, "<tool_call>\n<function=f>\n<parameter=city>\nOslo"),
+        (String::new(), vec![call("f", json!({"city": "Oslo"}))])
+    );
 }
 
 /// Random texts built from tags and JSON pieces: every random cut streams to the whole parse.
@@ -208,8 +239,32 @@ fn random_texts_stream_like_whole() {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     const PIECES: &[&str] = &[
-        "<tool_call>", "</tool_call>", "<function=", "f>", "</function>", "<parameter=", "a>", "</parameter>", "{\"name\": \"f\", ",
-        "\"arguments\": ", "{", "}", "\"x\"", ": ", "1", ",", "\n", " ", "é", "<", "text", "\"", "[", "]", "<|python_tag|>", "\\",
+        "<tool_call>",
+        "</tool_call>",
+        "<function=",
+        "f>",
+        "</function>",
+        "<parameter=",
+        "a>",
+        "</parameter>",
+        "{\"name\": \"f\", ",
+        "\"arguments\": ",
+        "{",
+        "}",
+        "\"x\"",
+        ": ",
+        "1",
+        ",",
+        "\n",
+        " ",
+        "é",
+        "<",
+        "text",
+        "\"",
+        "[",
+        "]",
+        "<|python_tag|>",
+        "\\",
     ];
     let seed: u64 = std::env::var("TOOLS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
     let n: usize = std::env::var("TOOLS_TEXTS").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
@@ -220,7 +275,8 @@ fn random_texts_stream_like_whole() {
             let whole = parser(f).parse_all(&text);
             let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
             for _ in 0..8 {
-                let mut cuts: Vec<usize> = (0..rng.random_range(1..5)).map(|_| bounds[rng.random_range(0..bounds.len())]).collect();
+                let mut cuts: Vec<usize> =
+                    (0..rng.random_range(1..5)).map(|_| bounds[rng.random_range(0..bounds.len())]).collect();
                 cuts.sort();
                 let mut pieces = Vec::new();
                 let mut last = 0;

@@ -39,7 +39,15 @@ impl ToolParser {
     }
 
     /// The parameters of an XML call, each emitted as a JSON fragment once its value is complete.
-    pub(super) fn xml_params(&mut self, marker: usize, index: Option<usize>, name: String, count: usize, at_end: bool, out: &mut Vec<ToolEvent>) -> Progress {
+    pub(super) fn xml_params(
+        &mut self,
+        marker: usize,
+        index: Option<usize>,
+        name: String,
+        count: usize,
+        at_end: bool,
+        out: &mut Vec<ToolEvent>,
+    ) -> Progress {
         let t = self.buf.trim_start();
         let lead = self.buf.len() - t.len();
         if t.starts_with(FUNC_END) || (at_end && !t.starts_with(PARAM)) {
@@ -65,7 +73,8 @@ impl ToolParser {
             }
             let pname = after[..gt].trim().to_string();
             let value_all = &after[gt + 1..];
-            let ends = [value_all.find(PARAM_END), value_all.find(PARAM), value_all.find(FUNC_END), value_all.find(CALL_END)];
+            let ends =
+                [value_all.find(PARAM_END), value_all.find(PARAM), value_all.find(FUNC_END), value_all.find(CALL_END)];
             let Some(end) = ends.iter().flatten().min().copied().or(at_end.then_some(value_all.len())) else {
                 self.phase = waiting;
                 return Progress::Wait;
@@ -76,7 +85,12 @@ impl ToolParser {
             let typed = qwen_xml::typed(value, self.schemas.param(&name, &pname));
             let sep = if count == 0 { "{" } else { "," };
             let fragment = format!("{sep}{}:{}", Value::String(pname.clone()), typed);
-            let consumed = lead + PARAM.len() + gt + 1 + end + if value_all[end..].starts_with(PARAM_END) { PARAM_END.len() } else { 0 };
+            let consumed = lead
+                + PARAM.len()
+                + gt
+                + 1
+                + end
+                + if value_all[end..].starts_with(PARAM_END) { PARAM_END.len() } else { 0 };
             self.buf.drain(..consumed);
             args(out, index, &fragment);
             self.phase = Phase::XmlParams { index, name, count: count + 1 };
@@ -104,5 +118,4 @@ impl ToolParser {
         self.phase = Phase::XmlParams { index, name: String::new(), count };
         Progress::Wait
     }
-
 }

@@ -108,7 +108,12 @@ impl Backend for Fake {
             for &b in &bytes {
                 if n == req.stop.max_tokens {
                     let text = String::from_utf8_lossy(&pending).into_owned();
-                    let done = GenerationEvent::Finished { reason: FinishReason::Length, text, usage: usage(n), timings: Timings::default() };
+                    let done = GenerationEvent::Finished {
+                        reason: FinishReason::Length,
+                        text,
+                        usage: usage(n),
+                        timings: Timings::default(),
+                    };
                     let _ = tx.send(done).await;
                     return;
                 }
@@ -141,7 +146,12 @@ impl Backend for Fake {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
-            let done = GenerationEvent::Finished { reason: FinishReason::Stop, text: String::new(), usage: usage(n), timings: Timings::default() };
+            let done = GenerationEvent::Finished {
+                reason: FinishReason::Stop,
+                text: String::new(),
+                usage: usage(n),
+                timings: Timings::default(),
+            };
             let _ = tx.send(done).await;
         });
         Ok(rx)

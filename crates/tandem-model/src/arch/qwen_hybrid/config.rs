@@ -75,11 +75,14 @@ impl HybridConfig {
 
     /// Whether layer `i` uses the MoE block (Qwen3-Next rule; Qwen3.5-MoE: every layer).
     pub fn is_moe_layer(&self, i: usize) -> bool {
-        self.moe.is_some() && !self.mlp_only_layers.contains(&i) && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+        self.moe.is_some()
+            && !self.mlp_only_layers.contains(&i)
+            && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
     pub fn conv_channels(&self) -> usize {
-        2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
     }
 
     pub fn from_hf_json(root: &Json) -> Result<Self> {
@@ -112,7 +115,9 @@ impl HybridConfig {
                 .collect::<Result<Vec<_>>>()?,
             None => {
                 let every = opt_u("full_attention_interval").unwrap_or(4).max(1);
-                (0..num_layers).map(|i| if (i + 1) % every == 0 { LayerKind::Full } else { LayerKind::Linear }).collect()
+                (0..num_layers)
+                    .map(|i| if (i + 1) % every == 0 { LayerKind::Full } else { LayerKind::Linear })
+                    .collect()
             }
         };
         if layer_kinds.len() != num_layers {
@@ -168,8 +173,7 @@ impl HybridConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ModelError::Config(m));
         let (nk, nv) = (self.linear_num_key_heads, self.linear_num_value_heads);
-        if [self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, nk, nv, self.vocab_size]
-            .contains(&0)
+        if [self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, nk, nv, self.vocab_size].contains(&0)
             || self.linear_key_head_dim == 0
             || self.linear_value_head_dim == 0
             || self.conv_kernel == 0
@@ -180,7 +184,10 @@ impl HybridConfig {
             return bad(format!("linear_num_value_heads {nv} is not a multiple of linear_num_key_heads {nk}"));
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return bad(format!("num_attention_heads {} not a multiple of num_key_value_heads {}", self.num_heads, self.num_kv_heads));
+            return bad(format!(
+                "num_attention_heads {} not a multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
         }
         if let Some(m) = &self.moe {
             if m.top_k == 0 || m.top_k > m.num_experts {

@@ -89,17 +89,28 @@ impl Moe {
         if ws.has(&fused) {
             let gu = ws.tensor_f32(&fused)?;
             let dn = ws.tensor_f32(&format!("{p}experts.down_proj"))?;
-            if gu.dims() != [m.num_experts, 2 * i, cfg.hidden_size] || dn.dims() != [m.num_experts, cfg.hidden_size, i] {
-                return Err(ModelError::Config(format!("{fused}: shapes {:?} / {:?} do not fit the config", gu.dims(), dn.dims())));
+            if gu.dims() != [m.num_experts, 2 * i, cfg.hidden_size] || dn.dims() != [m.num_experts, cfg.hidden_size, i]
+            {
+                return Err(ModelError::Config(format!(
+                    "{fused}: shapes {:?} / {:?} do not fit the config",
+                    gu.dims(),
+                    dn.dims()
+                )));
             }
             for e in 0..m.num_experts {
                 let g = gu.get(e)?;
                 let d = |w: &Tensor| -> Result<ExpertW> { Ok(ExpertW::Dense(Dense::from_weight(w)?)) };
-                experts.push(Expert { gate: d(&g.narrow(0, 0, i)?)?, up: d(&g.narrow(0, i, i)?)?, down: d(&dn.get(e)?)? });
+                experts.push(Expert {
+                    gate: d(&g.narrow(0, 0, i)?)?,
+                    up: d(&g.narrow(0, i, i)?)?,
+                    down: d(&dn.get(e)?)?,
+                });
             }
         } else {
             for e in 0..m.num_experts {
-                let w = |s: &str| -> Result<ExpertW> { Ok(ExpertW::Linear(ws.linear(&format!("{p}experts.{e}.{s}.weight"))?)) };
+                let w = |s: &str| -> Result<ExpertW> {
+                    Ok(ExpertW::Linear(ws.linear(&format!("{p}experts.{e}.{s}.weight"))?))
+                };
                 experts.push(Expert { gate: w("gate_proj")?, up: w("up_proj")?, down: w("down_proj")? });
             }
         }
@@ -108,7 +119,13 @@ impl Moe {
         } else {
             None
         };
-        Ok(Self { router: ws.linear(&format!("{p}gate.weight"))?, experts, shared, top_k: m.top_k, norm_topk: m.norm_topk_prob })
+        Ok(Self {
+            router: ws.linear(&format!("{p}gate.weight"))?,
+            experts,
+            shared,
+            top_k: m.top_k,
+            norm_topk: m.norm_topk_prob,
+        })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

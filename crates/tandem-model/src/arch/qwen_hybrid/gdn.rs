@@ -116,7 +116,11 @@ impl GdnLayer {
                 a_rows.push((g * 2 * r + r + j) as u32);
             }
             if w.dim(0)? != nk * group || ba.dim(0)? != 2 * nv {
-                return Err(ModelError::Config(format!("{}: shape {:?} does not fit the config", n("in_proj_qkvz"), w.dims())));
+                return Err(ModelError::Config(format!(
+                    "{}: shape {:?} does not fit the config",
+                    n("in_proj_qkvz"),
+                    w.dims()
+                )));
             }
             (Proj::rows(&w, qkv_rows)?, Proj::rows(&w, z_rows)?, Proj::rows(&ba, b_rows)?, Proj::rows(&ba, a_rows)?)
         } else {
@@ -132,7 +136,8 @@ impl GdnLayer {
                     None => Ok(Proj::Stored(l)),
                 }
             };
-            let qkv_cols = tiled.then(|| (0..2 * kd as u32).chain(v_cols(dv).into_iter().map(|c| c + 2 * kd as u32)).collect());
+            let qkv_cols =
+                tiled.then(|| (0..2 * kd as u32).chain(v_cols(dv).into_iter().map(|c| c + 2 * kd as u32)).collect());
             let qkv = stored("in_proj_qkv.weight", qkv_cols)?;
             let z = stored("in_proj_z.weight", tiled.then(|| v_cols(dv)))?;
             let (b, a) = if ws.has(&n("in_proj_ba.weight")) {
@@ -142,26 +147,35 @@ impl GdnLayer {
                 let a_cols = (0..nv).map(|h| ((h / r) * 2 * r + r + h % r) as u32).collect();
                 (Proj::gathered(ba.clone(), b_cols, dev)?, Proj::gathered(ba, a_cols, dev)?)
             } else {
-                (stored("in_proj_b.weight", tiled.then(|| v_cols(1)))?, stored("in_proj_a.weight", tiled.then(|| v_cols(1)))?)
+                (
+                    stored("in_proj_b.weight", tiled.then(|| v_cols(1)))?,
+                    stored("in_proj_a.weight", tiled.then(|| v_cols(1)))?,
+                )
             };
             if tiled {
                 // out_proj reads its input in tiled order: column t·dv + d is grouped head g·r + j.
-                let cols: Vec<u32> = (0..nv)
-                    .flat_map(|t| (0..dv).map(move |d| (((t % nk) * r + t / nk) * dv + d) as u32))
-                    .collect();
+                let cols: Vec<u32> =
+                    (0..nv).flat_map(|t| (0..dv).map(move |d| (((t % nk) * r + t / nk) * dv + d) as u32)).collect();
                 out_cols = Some(Tensor::from_vec(cols, nv * dv, dev)?);
             }
             (qkv, z, b, a)
         };
         let mut conv_w = vec_of(&ws.tensor_f32(&n("conv1d.weight"))?)?;
         if conv_w.len() != channels * cfg.conv_kernel {
-            return Err(ModelError::Config(format!("{}: {} values, expected {channels} x {}", n("conv1d.weight"), conv_w.len(), cfg.conv_kernel)));
+            return Err(ModelError::Config(format!(
+                "{}: {} values, expected {channels} x {}",
+                n("conv1d.weight"),
+                conv_w.len(),
+                cfg.conv_kernel
+            )));
         }
         let mut neg_a: Vec<f32> = vec_of(&ws.tensor_f32(&n("A_log"))?)?.iter().map(|x| -x.exp()).collect();
         let mut dt_bias = vec_of(&ws.tensor_f32(&n("dt_bias"))?)?;
         let norm_w = vec_of(&ws.tensor_f32(&n("norm.weight"))?)?;
         if neg_a.len() != nv || dt_bias.len() != nv || norm_w.len() != dv {
-            return Err(ModelError::Config(format!("{p}linear_attn: A_log / dt_bias / norm sizes do not fit the config")));
+            return Err(ModelError::Config(format!(
+                "{p}linear_attn: A_log / dt_bias / norm sizes do not fit the config"
+            )));
         }
         if tiled {
             let kc = cfg.conv_kernel;
@@ -171,7 +185,8 @@ impl GdnLayer {
                 let t = tiled_of(h);
                 neg_a[h] = stored_a[t];
                 dt_bias[h] = stored_dt[t];
-                conv_w[v0 + h * dv * kc..v0 + (h + 1) * dv * kc].copy_from_slice(&stored_conv[v0 + t * dv * kc..v0 + (t + 1) * dv * kc]);
+                conv_w[v0 + h * dv * kc..v0 + (h + 1) * dv * kc]
+                    .copy_from_slice(&stored_conv[v0 + t * dv * kc..v0 + (t + 1) * dv * kc]);
             }
         }
         Ok(Self {
@@ -216,14 +231,21 @@ impl GdnLayer {
                 // Verify mode: one token at a time so every position's conv state is kept.
                 let mut u = Vec::with_capacity(t * ch);
                 for i in 0..t {
-                    u.extend(causal_conv_silu(&x[i * ch..(i + 1) * ch], &mut part.state.conv, &self.conv_w, ch, self.kernel));
+                    u.extend(causal_conv_silu(
+                        &x[i * ch..(i + 1) * ch],
+                        &mut part.state.conv,
+                        &self.conv_w,
+                        ch,
+                        self.kernel,
+                    ));
                     conv_states.push(part.state.conv.clone());
                 }
                 u
             } else {
                 causal_conv_silu(x, &mut part.state.conv, &self.conv_w, ch, self.kernel)
             };
-            let (mut q, mut k, mut v) = (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * nv * dv));
+            let (mut q, mut k, mut v) =
+                (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * nv * dv));
             for row in u.chunks(ch) {
                 q.extend_from_slice(&row[..kd]);
                 k.extend_from_slice(&row[kd..2 * kd]);

@@ -94,7 +94,9 @@ impl Meta<'_> {
 pub fn config_from_gguf(content: &Content) -> Result<HybridConfig> {
     let arch = match content.metadata.get("general.architecture") {
         Some(Value::String(s)) if ARCHS.contains(&s.as_str()) => s.as_str(),
-        other => return Err(ModelError::Unsupported(format!("GGUF architecture {other:?} is not a Qwen hybrid model"))),
+        other => {
+            return Err(ModelError::Unsupported(format!("GGUF architecture {other:?} is not a Qwen hybrid model")))
+        }
     };
     let m = Meta { md: &content.metadata, arch };
     let block_count = m.u("block_count")?;
@@ -115,7 +117,9 @@ pub fn config_from_gguf(content: &Content) -> Result<HybridConfig> {
         Some(r) if r.len() >= layers => {
             r[..layers].iter().map(|&rec| if rec { LayerKind::Linear } else { LayerKind::Full }).collect()
         }
-        Some(r) => return Err(ModelError::Config(format!("GGUF: {} recurrent-layer flags for {layers} layers", r.len()))),
+        Some(r) => {
+            return Err(ModelError::Config(format!("GGUF: {} recurrent-layer flags for {layers} layers", r.len())))
+        }
         None => {
             let every = m.opt_u("full_attention_interval").unwrap_or(4).max(1);
             (0..layers).map(|i| if (i + 1) % every == 0 { LayerKind::Full } else { LayerKind::Linear }).collect()
@@ -164,7 +168,9 @@ pub fn config_from_gguf(content: &Content) -> Result<HybridConfig> {
         moe,
         decoder_sparse_step: 1,
         // A layer without a router is dense (Qwen3-Next's `mlp_only_layers`).
-        mlp_only_layers: (0..layers).filter(|i| !content.tensor_infos.contains_key(&format!("blk.{i}.ffn_gate_inp.weight"))).collect(),
+        mlp_only_layers: (0..layers)
+            .filter(|i| !content.tensor_infos.contains_key(&format!("blk.{i}.ffn_gate_inp.weight")))
+            .collect(),
         mtp_layers: nextn,
         // The converter reorders V heads for qwen35* only (and only when nk != nv).
         v_heads_tiled: arch != "qwen3next",

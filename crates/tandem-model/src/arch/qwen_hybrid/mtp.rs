@@ -61,7 +61,13 @@ impl MtpHead {
     /// Runs the head over main positions `kv.len() ..` with `hidden: [n, H]` (final-normed main
     /// states at those positions) and `next_tokens` (the token after each). Appends to `kv`.
     /// Returns `(logits [n, vocab], y [n, H])`.
-    pub fn forward(&self, model: &QwenHybrid, hidden: &Tensor, next_tokens: &[u32], kv: &mut KvBuffer) -> Result<(Tensor, Tensor)> {
+    pub fn forward(
+        &self,
+        model: &QwenHybrid,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        kv: &mut KvBuffer,
+    ) -> Result<(Tensor, Tensor)> {
         let n = next_tokens.len();
         if hidden.dim(0)? != n || n == 0 {
             return Err(ModelError::Input(format!("MTP: {} hidden rows for {n} tokens", hidden.dim(0)?)));
@@ -86,7 +92,14 @@ impl MtpHead {
 
     /// Feeds the real rows (as in [`Self::forward`]) and then drafts `k >= 1` tokens greedily,
     /// feeding each draft and the head's own output back. The KV keeps only the real rows.
-    pub fn draft(&self, model: &QwenHybrid, hidden: &Tensor, next_tokens: &[u32], kv: &mut KvBuffer, k: usize) -> Result<Drafts> {
+    pub fn draft(
+        &self,
+        model: &QwenHybrid,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        kv: &mut KvBuffer,
+        k: usize,
+    ) -> Result<Drafts> {
         let real_len = kv.len() + next_tokens.len();
         let (logits, y) = self.forward(model, hidden, next_tokens, kv)?;
         let n = next_tokens.len();

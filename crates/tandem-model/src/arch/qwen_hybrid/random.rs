@@ -65,10 +65,21 @@ pub fn preset(name: &str) -> Result<HybridConfig> {
             linear_key_head_dim: 32,
             linear_value_head_dim: 32,
             intermediate_size: 0,
-            moe: Some(MoeConfig { num_experts: 4, top_k: 2, intermediate_size: 32, shared_intermediate_size: 32, norm_topk_prob: true }),
+            moe: Some(MoeConfig {
+                num_experts: 4,
+                top_k: 2,
+                intermediate_size: 32,
+                shared_intermediate_size: 32,
+                norm_topk_prob: true,
+            }),
             ..base
         },
-        other => return Err(ModelError::Config(format!("unknown random-model preset `{other}` (known: {})", PRESETS.join(", ")))),
+        other => {
+            return Err(ModelError::Config(format!(
+                "unknown random-model preset `{other}` (known: {})",
+                PRESETS.join(", ")
+            )))
+        }
     })
 }
 
@@ -81,7 +92,9 @@ pub fn parse_weight_type(s: &str) -> Result<GgmlDType> {
         "q4_0" => GgmlDType::Q4_0,
         "q4_k" => GgmlDType::Q4K,
         "q6_k" => GgmlDType::Q6K,
-        other => return Err(ModelError::Config(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_0, q4_k, q6_k)"))),
+        other => {
+            return Err(ModelError::Config(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_0, q4_k, q6_k)")))
+        }
     })
 }
 
@@ -114,7 +127,10 @@ impl RandomSource {
     /// everything dense).
     pub fn new(cfg: &HybridConfig, dtype: GgmlDType, device: &Device) -> Self {
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let (kd, vd) = (cfg.linear_num_key_heads * cfg.linear_key_head_dim, cfg.linear_num_value_heads * cfg.linear_value_head_dim);
+        let (kd, vd) = (
+            cfg.linear_num_key_heads * cfg.linear_key_head_dim,
+            cfg.linear_num_value_heads * cfg.linear_value_head_dim,
+        );
         let nv = cfg.linear_num_value_heads;
         let mut s: HashMap<String, (Vec<usize>, Kind)> = HashMap::new();
         let mut put = |name: String, shape: Vec<usize>, kind: Kind| {
@@ -154,9 +170,17 @@ impl RandomSource {
                 (Some(m), true) => {
                     put(p("mlp.gate.weight"), vec![m.num_experts, h], Kind::Matrix);
                     for e in 0..m.num_experts {
-                        put(p(&format!("mlp.experts.{e}.gate_proj.weight")), vec![m.intermediate_size, h], Kind::Matrix);
+                        put(
+                            p(&format!("mlp.experts.{e}.gate_proj.weight")),
+                            vec![m.intermediate_size, h],
+                            Kind::Matrix,
+                        );
                         put(p(&format!("mlp.experts.{e}.up_proj.weight")), vec![m.intermediate_size, h], Kind::Matrix);
-                        put(p(&format!("mlp.experts.{e}.down_proj.weight")), vec![h, m.intermediate_size], Kind::Matrix);
+                        put(
+                            p(&format!("mlp.experts.{e}.down_proj.weight")),
+                            vec![h, m.intermediate_size],
+                            Kind::Matrix,
+                        );
                     }
                     if m.shared_intermediate_size > 0 {
                         let si = m.shared_intermediate_size;

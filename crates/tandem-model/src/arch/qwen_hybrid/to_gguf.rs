@@ -188,7 +188,8 @@ impl Converter<'_> {
     /// One canonical tensor, transformed as llama.cpp's `modify_tensors` chain does.
     fn tensor(&mut self, name: &str, mut t: Tensor) -> Result<()> {
         let c = self.cfg;
-        let (nk, nv, dk, dv) = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
+        let (nk, nv, dk, dv) =
+            (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
         let r = nv / nk;
         let mut name = name.to_string();
         // _LinearAttentionVReorderBase (qwen35*): grouped → tiled V heads.
@@ -228,7 +229,8 @@ impl Converter<'_> {
             let group = 2 * dk + 2 * r * dv;
             let h = t.dim(1)?;
             let g = t.reshape((nk, group, h))?;
-            let part = |off: usize, len: usize| -> Result<Tensor> { Ok(g.narrow(1, off, len)?.reshape((nk * len, h))?) };
+            let part =
+                |off: usize, len: usize| -> Result<Tensor> { Ok(g.narrow(1, off, len)?.reshape((nk * len, h))?) };
             let qkv = Tensor::cat(&[part(0, dk)?, part(dk, dk)?, part(2 * dk, r * dv)?], 0)?;
             let p = name.trim_end_matches("in_proj_qkvz.weight");
             self.emit(&format!("{p}in_proj_qkv.weight"), qkv)?;
@@ -248,7 +250,8 @@ impl Converter<'_> {
             return self.emit(&format!("{base}.up_proj.weight"), t.narrow(1, i, i)?.contiguous()?);
         }
         if let Some((base, rest)) = name.split_once(".mlp.experts.") {
-            let (e, proj) = rest.split_once('.').ok_or_else(|| ModelError::Config(format!("odd expert name `{name}`")))?;
+            let (e, proj) =
+                rest.split_once('.').ok_or_else(|| ModelError::Config(format!("odd expert name `{name}`")))?;
             let e: usize = e.parse().map_err(|_| ModelError::Config(format!("odd expert name `{name}`")))?;
             let proj = proj.trim_end_matches(".weight").to_string();
             self.experts.entry((base.to_string(), proj)).or_default().insert(e, t);
@@ -313,7 +316,14 @@ pub fn export_hf_dir(dir: &Path, out: &Path, opts: &ExportOptions) -> Result<()>
     Ok(())
 }
 
-fn metadata(cfg: &HybridConfig, root: &Json, arch: &str, layers: usize, mtp: usize, opts: &ExportOptions) -> Result<Vec<(String, Value)>> {
+fn metadata(
+    cfg: &HybridConfig,
+    root: &Json,
+    arch: &str,
+    layers: usize,
+    mtp: usize,
+    opts: &ExportOptions,
+) -> Result<Vec<(String, Value)>> {
     let hp = root.get("text_config").filter(|t| t.is_object()).unwrap_or(root);
     let u = |x: usize| Value::U32(x as u32);
     let k = |s: &str| format!("{arch}.{s}");
@@ -343,9 +353,13 @@ fn metadata(cfg: &HybridConfig, root: &Json, arch: &str, layers: usize, mtp: usi
         (k("ssm.group_count"), u(cfg.linear_num_key_heads)),
         (k("ssm.time_step_rank"), u(cfg.linear_num_value_heads)),
         (k("ssm.inner_size"), u(cfg.linear_num_value_heads * cfg.linear_value_head_dim)),
-        (k("full_attention_interval"), u(hp.get("full_attention_interval").and_then(Json::as_u64).unwrap_or(4) as usize)),
+        (
+            k("full_attention_interval"),
+            u(hp.get("full_attention_interval").and_then(Json::as_u64).unwrap_or(4) as usize),
+        ),
     ];
-    let recurrent = (0..layers + mtp).map(|i| Value::Bool(i < layers && cfg.layer_kinds[i] == LayerKind::Linear)).collect();
+    let recurrent =
+        (0..layers + mtp).map(|i| Value::Bool(i < layers && cfg.layer_kinds[i] == LayerKind::Linear)).collect();
     md.push((k("attention.recurrent_layers"), Value::Array(recurrent)));
     if cfg.intermediate_size > 0 {
         md.push((k("feed_forward_length"), u(cfg.intermediate_size)));
@@ -393,7 +407,8 @@ pub fn tokenizer_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, 
         by_id.insert(id, (t.clone(), 1));
     }
     for a in tok.get("added_tokens").and_then(Json::as_array).into_iter().flatten() {
-        let (Some(id), Some(content)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str)) else {
+        let (Some(id), Some(content)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str))
+        else {
             continue;
         };
         let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);
@@ -413,7 +428,9 @@ pub fn tokenizer_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, 
         .iter()
         .map(|m| match m {
             Json::String(s) => Ok(Value::String(s.clone())),
-            Json::Array(p) if p.len() == 2 => Ok(Value::String(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))),
+            Json::Array(p) if p.len() == 2 => {
+                Ok(Value::String(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or(""))))
+            }
             _ => Err(bad("odd merge entry")),
         })
         .collect::<Result<Vec<_>>>()?;
@@ -441,7 +458,8 @@ pub fn tokenizer_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, 
         let s = v.as_str().or_else(|| v.get("content").and_then(Json::as_str))?;
         tokens.iter().position(|t| matches!(t, Value::String(x) if x == s)).map(|i| i as u32)
     };
-    for (key, gguf) in [("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")] {
+    for (key, gguf) in [("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")]
+    {
         if let Some(id) = id_of(key) {
             md.push((format!("tokenizer.ggml.{gguf}"), Value::U32(id)));
         }

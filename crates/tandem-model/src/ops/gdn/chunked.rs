@@ -13,7 +13,15 @@ pub const CHUNK: usize = 64;
 
 /// Same contract as [`super::gated_delta_recurrent`]: runs `t` tokens from `state` (updated
 /// in place) and returns `[t, nv, dv]`.
-pub fn gated_delta_chunked(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f32], d: GdnDims) -> Vec<f32> {
+pub fn gated_delta_chunked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &mut [f32],
+    d: GdnDims,
+) -> Vec<f32> {
     let GdnDims { nk, nv, dk, dv } = d;
     let r = d.ratio();
     let t = beta.len() / nv;

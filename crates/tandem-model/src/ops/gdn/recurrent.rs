@@ -36,7 +36,15 @@ fn step(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f
 }
 
 /// Runs `t` tokens through the recurrence from `state` (updated in place). Returns `[t, nv, dv]`.
-pub fn gated_delta_recurrent(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f32], d: GdnDims) -> Vec<f32> {
+pub fn gated_delta_recurrent(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    state: &mut [f32],
+    d: GdnDims,
+) -> Vec<f32> {
     let t = beta.len() / d.nv;
     let mut out = vec![0f32; t * d.nv * d.dv];
     let (qk, vs) = (d.nk * d.dk, d.nv * d.dv);
@@ -89,7 +97,16 @@ pub fn gated_delta_recurrent_states(
 #[allow(clippy::too_many_arguments)]
 /// Plain reference of one head's recurrence written as `S_t = e^g (I − β k kᵀ) S + β k vᵀ`,
 /// `o = Sᵀ q` with explicit matrices (f64), for tests.
-pub fn recurrent_reference_head(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], s0: &[f32], dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>) {
+pub fn recurrent_reference_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    s0: &[f32],
+    dk: usize,
+    dv: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let t = beta.len();
     let mut s: Vec<f64> = s0.iter().map(|&x| x as f64).collect();
     let mut out = Vec::with_capacity(t * dv);

@@ -6,7 +6,6 @@
 //! lanes). A row's arithmetic never depends on its tile, so results are bit-identical whatever
 //! the chunking — but may differ in the last bits between the two instruction sets.
 
-
 /// Query positions per tile.
 const TILE_Q: usize = 16;
 
@@ -126,7 +125,8 @@ fn exp_neg(x: f32) -> f32 {
     let x = x.max(-87.0);
     let k = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
     let r = x - k * 0.693_359_4 + k * 2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 0.166_666_65) * r + 0.5;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 0.166_666_65) * r
+        + 0.5;
     let y = p * r * r + r + 1.0;
     // Wrapping add: no overflow check in the loop body, so it vectorises in every profile.
     y * f32::from_bits(((k as i32).wrapping_add(127) as u32) << 23)
@@ -147,7 +147,19 @@ struct Partial {
 /// One tile's rows (`[group, tq]`) over key blocks `b0..b1`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tile<M: VecOps>(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, kh: usize, i0: usize, i1: usize, b0: usize, b1: usize) -> Partial {
+fn tile<M: VecOps>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    blocks: &[u32],
+    d: Dims,
+    scale: f32,
+    kh: usize,
+    i0: usize,
+    i1: usize,
+    b0: usize,
+    b1: usize,
+) -> Partial {
     let Dims { n_heads, n_kv, t, hd, past, block_size: bs } = d;
     let group = n_heads / n_kv;
     let row_stride = n_kv * hd;
@@ -198,7 +210,19 @@ fn tile<M: VecOps>(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, sca
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx2(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, kh: usize, i0: usize, i1: usize, b0: usize, b1: usize) -> Partial {
+unsafe fn tile_avx2(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    blocks: &[u32],
+    d: Dims,
+    scale: f32,
+    kh: usize,
+    i0: usize,
+    i1: usize,
+    b0: usize,
+    b1: usize,
+) -> Partial {
     tile::<Fma8>(q, k, v, blocks, d, scale, kh, i0, i1, b0, b1)
 }
 
@@ -253,11 +277,8 @@ fn run(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, sim
             let _ = slots[i].set(one(&items[i]));
         }
     });
-    let partials: Vec<Partial> = slots
-        .into_iter()
-        .zip(&items)
-        .map(|(s, item)| s.into_inner().unwrap_or_else(|| one(item)))
-        .collect();
+    let partials: Vec<Partial> =
+        slots.into_iter().zip(&items).map(|(s, item)| s.into_inner().unwrap_or_else(|| one(item))).collect();
     let mut out = vec![0f32; n_heads * t * hd];
     let mut idx = 0;
     while idx < items.len() {

@@ -25,7 +25,13 @@ impl Rng {
 
 /// A pool of `n_blocks` blocks with the sequence's `len` positions scattered over a shuffled
 /// subset of them; returns the pools, the block table and the contiguous `[n_kv, len, hd]` KV.
-fn scattered(rng: &mut Rng, n_kv: usize, hd: usize, len: usize, bs: usize) -> (Tensor, Tensor, Vec<u32>, Tensor, Tensor) {
+fn scattered(
+    rng: &mut Rng,
+    n_kv: usize,
+    hd: usize,
+    len: usize,
+    bs: usize,
+) -> (Tensor, Tensor, Vec<u32>, Tensor, Tensor) {
     let need = len.div_ceil(bs).max(1);
     let n_blocks = need * 2 + 3;
     let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
@@ -124,7 +130,10 @@ fn bad_block_tables_are_errors() {
     let outside = [blocks[0], 1000];
     assert!(paged_attention(&q, &kp, &vp, PagedKv { blocks: &outside, block_size: 16 }, 16, 1.0).is_err());
     let q3 = Tensor::zeros((3, 4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
-    assert!(paged_attention(&q3, &kp, &vp, PagedKv { blocks: &blocks, block_size: 16 }, 16, 1.0).is_err(), "3 heads over 2 KV heads");
+    assert!(
+        paged_attention(&q3, &kp, &vp, PagedKv { blocks: &blocks, block_size: 16 }, 16, 1.0).is_err(),
+        "3 heads over 2 KV heads"
+    );
 }
 
 /// Timing, not a check: the paged kernel against the materialising `causal_attention` at

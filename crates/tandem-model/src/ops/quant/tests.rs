@@ -222,9 +222,8 @@ fn simd_equals_ggml_order_bit_for_bit() {
         let x = random_x(&mut rng, m * k);
         let acts = quantize_rows(&x, k);
         let nb = k / 32;
-        let want: Vec<f32> = (0..m * N)
-            .map(|i| ggml_avx2_dot(&blocks[i % N * nb..][..nb], &acts[i / N * nb..][..nb]))
-            .collect();
+        let want: Vec<f32> =
+            (0..m * N).map(|i| ggml_avx2_dot(&blocks[i % N * nb..][..nb], &acts[i / N * nb..][..nb])).collect();
         for &kernel in kernels {
             let mut y = vec![0f32; m * N];
             w.matmul_with(kernel, &x, m, &mut y);
@@ -263,7 +262,10 @@ fn forward_takes_any_layout() {
     // Leading dims are kept.
     let y3 = w.forward(&x.contiguous().unwrap().reshape((2, 3, k)).unwrap()).unwrap();
     assert_eq!(y3.dims(), &[2, 3, n]);
-    assert_eq!(y3.flatten_all().unwrap().to_vec1::<f32>().unwrap(), y_c.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    assert_eq!(
+        y3.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        y_c.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
     assert!(w.forward(&Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).unwrap()).is_err());
 }
 

@@ -74,7 +74,10 @@ fn check_candle(ty: QuantType, seed: u64) {
             assert!(e <= tol, "{ty:?} m={m} k={k}: ours vs candle rel err {e}");
         }
     }
-    eprintln!("{ty:?}: max rel err vs candle QMatMul {:.1e} (candle's activations), {:.1e} (ggml's)", worst[0], worst[1]);
+    eprintln!(
+        "{ty:?}: max rel err vs candle QMatMul {:.1e} (candle's activations), {:.1e} (ggml's)",
+        worst[0], worst[1]
+    );
 }
 
 /// `vec_dot` of every activation row with every weight row.
