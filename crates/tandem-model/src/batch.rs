@@ -33,3 +33,37 @@ impl SeqChunk<'_> {
         }
     }
 }
+
+/// Runs `head` (final norm + LM head) on only the rows of `hidden: [total_tokens, hidden]` the
+/// chunks asked for and splits the result per chunk: `[rows, vocab]` or `None`.
+pub fn logits_for_chunks(
+    hidden: &candle_core::Tensor,
+    chunks: &[SeqChunk<'_>],
+    head: impl FnOnce(&candle_core::Tensor) -> crate::Result<candle_core::Tensor>,
+) -> crate::Result<Vec<Option<candle_core::Tensor>>> {
+    let mut rows = Vec::new();
+    let mut off = 0u32;
+    for c in chunks {
+        let t = c.tokens.len() as u32;
+        match c.logits {
+            LogitsWanted::None => {}
+            LogitsWanted::Last => rows.push(off + t - 1),
+            LogitsWanted::All => rows.extend(off..off + t),
+        }
+        off += t;
+    }
+    if rows.is_empty() {
+        return Ok(vec![None; chunks.len()]);
+    }
+    let n_rows = rows.len();
+    let idx = candle_core::Tensor::from_vec(rows, n_rows, hidden.device())?;
+    let logits = head(&hidden.index_select(&idx, 0)?)?;
+    let mut result = Vec::with_capacity(chunks.len());
+    let mut off = 0;
+    for c in chunks {
+        let r = c.logit_rows();
+        result.push(if r == 0 { None } else { Some(logits.narrow(0, off, r)?) });
+        off += r;
+    }
+    Ok(result)
+}

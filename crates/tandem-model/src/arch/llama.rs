@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::arch::CausalLm;
-use crate::batch::{LogitsWanted, SeqChunk};
+use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::LayerCacheSpec;
@@ -161,33 +161,10 @@ impl CausalLm for Llama {
             let u = layer.up.forward(&h)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
-        // Only the rows someone asked for go through the final norm and the LM head.
-        let mut rows = Vec::new();
-        let mut off = 0u32;
         for c in chunks.iter_mut() {
-            let t = c.tokens.len() as u32;
-            match c.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => rows.push(off + t - 1),
-                LogitsWanted::All => rows.extend(off..off + t),
-            }
-            off += t;
-            c.cache.advance(t as usize);
+            c.cache.advance(c.tokens.len());
         }
-        let mut result = Vec::with_capacity(chunks.len());
-        if rows.is_empty() {
-            result.resize(chunks.len(), None);
-            return Ok(result);
-        }
-        let n_rows = rows.len();
-        let sel = x.index_select(&Tensor::from_vec(rows, n_rows, &self.device)?, 0)?;
-        let logits = self.lm_head.forward(&self.rms(&sel, &self.norm)?)?;
-        let mut off = 0;
-        for c in chunks.iter() {
-            let r = c.logit_rows();
-            result.push(if r == 0 { None } else { Some(logits.narrow(0, off, r)?) });
-            off += r;
-        }
-        Ok(result)
+        // Only the rows someone asked for go through the final norm and the LM head.
+        crate::batch::logits_for_chunks(&x, chunks, |sel| self.lm_head.forward(&self.rms(sel, &self.norm)?))
     }
 }

@@ -222,32 +222,7 @@ impl CausalLm for QwenHybrid {
 
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let hidden = self.forward_hidden(chunks)?;
-        let mut rows = Vec::new();
-        let mut off = 0u32;
-        for c in chunks.iter() {
-            let t = c.tokens.len() as u32;
-            match c.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => rows.push(off + t - 1),
-                LogitsWanted::All => rows.extend(off..off + t),
-            }
-            off += t;
-        }
-        let mut result = Vec::with_capacity(chunks.len());
-        if rows.is_empty() {
-            result.resize(chunks.len(), None);
-            return Ok(result);
-        }
-        let n_rows = rows.len();
-        let sel = hidden.index_select(&Tensor::from_vec(rows, n_rows, &self.device)?, 0)?;
-        let logits = self.lm_head.forward(&sel)?;
-        let mut off = 0;
-        for c in chunks.iter() {
-            let r = c.logit_rows();
-            result.push(if r == 0 { None } else { Some(logits.narrow(0, off, r)?) });
-            off += r;
-        }
-        Ok(result)
+        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))
     }
 }
 
