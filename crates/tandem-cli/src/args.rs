@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use tandem_engine::{EngineConfig, EngineHandle, SamplingParams};
+use tandem_engine::{EngineConfig, EngineHandle, SamplingParams, SpecConfig, SpecMethod};
 
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
@@ -21,6 +21,47 @@ pub struct ModelArgs {
     /// Worker threads for the CPU kernels (0 = all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding flags.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: off, ngram (prompt lookup), draft (needs --draft-model) or mtp
+    /// (the model's own multi-token-prediction head). Output is unchanged either way.
+    #[arg(long, default_value = "off", value_parser = parse_method)]
+    pub speculative: SpecMethod,
+    /// Most tokens drafted per step; each sequence adapts its own count to its acceptance.
+    #[arg(long, default_value_t = 4)]
+    pub num_draft_tokens: usize,
+    /// Draft model for --speculative draft (same vocabulary as the model; file, dir or alias).
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// Shortest and longest n-gram prompt lookup matches.
+    #[arg(long, default_value_t = 2)]
+    pub ngram_min: usize,
+    #[arg(long, default_value_t = 4)]
+    pub ngram_max: usize,
+    /// Always draft --num-draft-tokens (no adaptation to acceptance).
+    #[arg(long)]
+    pub fixed_draft_length: bool,
+}
+
+fn parse_method(s: &str) -> Result<SpecMethod, String> {
+    SpecMethod::parse(s).ok_or_else(|| format!("unknown speculative method `{s}` (off, ngram, draft, mtp)"))
+}
+
+impl SpecArgs {
+    pub fn config(&self) -> SpecConfig {
+        SpecConfig {
+            method: self.speculative,
+            num_draft_tokens: self.num_draft_tokens,
+            ngram_min: self.ngram_min,
+            ngram_max: self.ngram_max,
+            adaptive: !self.fixed_draft_length,
+        }
+    }
 }
 
 impl ModelArgs {
@@ -40,7 +81,21 @@ impl ModelArgs {
         if cfg.model_id == "default" {
             cfg.model_id = model_id(&self.model);
         }
-        EngineHandle::load(&path, cfg).with_context(|| format!("cannot load {}", path.display()))
+        cfg.speculative = self.spec.config();
+        let device = tandem_model::device::default_device()?;
+        let loaded =
+            tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;
+        let draft = match &self.spec.draft_model {
+            Some(d) => {
+                let reporter = crate::progress::pull_reporter();
+                let src = tandem_model::resolve::resolve(d, !self.no_pull, &reporter)
+                    .with_context(|| format!("cannot find draft model `{d}`"))?;
+                let p = src.path();
+                Some(tandem_model::loader::load(p, &device).with_context(|| format!("cannot load {}", p.display()))?)
+            }
+            None => None,
+        };
+        EngineHandle::start_with_draft(loaded, draft, cfg).context("cannot start the engine")
     }
 }
 

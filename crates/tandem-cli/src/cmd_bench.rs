@@ -1,6 +1,9 @@
 //! `tandem bench`: prefill (ppN) and decode (tgN) speed of the model itself, like llama-bench,
 //! on a loaded checkpoint or on a random-weight hybrid model built in memory
-//! (`--random-hybrid 0.8b`); `tandem bench kernels` times the GDN kernels alone.
+//! (`--random-hybrid 0.8b`); `tandem bench kernels` times the GDN kernels alone;
+//! `tandem bench sweep` and `tandem bench agent` are the suites of `tandem-bench`. Like the
+//! engine, the tests keep their KV in a paged store (blocks of 16); `-d 0,3200,6000` repeats
+//! them after that many context tokens, like llama-bench's `-d`.
 
 use std::time::Instant;
 
@@ -9,7 +12,7 @@ use clap::{Args, Subcommand};
 use tandem_model::arch::qwen_hybrid::random;
 use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
-use tandem_model::kv::SequenceCache;
+use tandem_model::kv::{PagedKvStore, SequenceCache};
 
 use crate::args::ModelArgs;
 
@@ -39,17 +42,43 @@ pub struct BenchArgs {
     /// Prefill chunk size (the whole prompt in one forward by default).
     #[arg(long, default_value_t = 0)]
     pub chunk: usize,
+    /// Context depths, comma-separated: each test runs after that many tokens were prefilled
+    /// (untimed, in chunks of `--chunk` or 512), like llama-bench's `-d`.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
 }
+
+/// KV block size of the bench's paged store (the engine's default).
+const BLOCK: usize = 16;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchWhat {
     /// Time the Gated DeltaNet kernels (decode step, chunked prefill) against bytes and FLOPs.
     Kernels(crate::cmd_bench_kernels::KernelArgs),
+    /// Matrix of weight precision x KV precision x prefill chunk: memory, load time, TTFT,
+    /// prefill and decode speed, perplexity; resumable, over-budget cells skipped.
+    Sweep(crate::cmd_bench_sweep::SweepArgs),
+    /// Multi-turn agent sessions against OpenAI-compatible endpoints: TTFT, TPOT, ITL per turn.
+    Agent(crate::cmd_bench_agent::AgentArgs),
+    /// Decode speed with speculative decoding off and on (`--speculative`), e.g. the MTP
+    /// mechanism on `--random-hybrid 0.8b-mtp`.
+    Spec(crate::cmd_bench_spec::SpecBenchArgs),
+    /// Redraws reports from raw JSON; merges agent runs of several systems into one report.
+    Report(crate::cmd_bench_report::ReportArgs),
+    /// Runs one sweep cell in this process and prints its result as JSON (used by `sweep`).
+    #[command(hide = true)]
+    Cell(crate::cmd_bench_sweep::CellArgs),
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchWhat::Kernels(k)) = a.what {
-        return crate::cmd_bench_kernels::run(k);
+    match a.what {
+        Some(BenchWhat::Kernels(k)) => return crate::cmd_bench_kernels::run(k),
+        Some(BenchWhat::Sweep(s)) => return crate::cmd_bench_sweep::run(s),
+        Some(BenchWhat::Agent(g)) => return crate::cmd_bench_agent::run(g),
+        Some(BenchWhat::Cell(c)) => return crate::cmd_bench_sweep::run_cell(c),
+        Some(BenchWhat::Report(r)) => return crate::cmd_bench_report::run(r),
+        Some(BenchWhat::Spec(s)) => return crate::cmd_bench_spec::run(s),
+        None => {}
     }
     crate::args::set_threads(a.model.threads);
     let device = tandem_model::device::default_device()?;
@@ -72,29 +101,56 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.vocab_size() as u32;
     // Deterministic pseudo-random prompt (ids away from the special tokens at the ends).
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 100 + (i * 7919 + 13) % (vocab - 200)).collect();
+    let tokens = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| 100 + (i * 7919 + 13 + salt) % (vocab - 200)).collect()
+    };
+    let prompt = tokens(a.prompt_tokens, 0);
     let chunk = if a.chunk == 0 { a.prompt_tokens.max(1) } else { a.chunk };
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    for _ in 0..a.reps.max(1) {
-        let mut cache = SequenceCache::new(&model.cache_spec(), &device);
-        let t = Instant::now();
-        for piece in prompt.chunks(chunk) {
-            let mut chunks = [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }];
-            model.forward(&mut chunks)?;
+    let depth_chunk = if a.chunk == 0 { 512 } else { a.chunk };
+    // A paged cache holding `context` (prefilled untimed), with room for `room` more positions.
+    let cache_at_depth = |context: &[u32], room: usize| -> anyhow::Result<SequenceCache> {
+        let spec = model.cache_spec();
+        let n_blocks = (context.len() + room).div_ceil(BLOCK).max(1);
+        let store = std::sync::Arc::new(PagedKvStore::new(&spec, n_blocks, BLOCK, &device)?);
+        let mut cache = SequenceCache::new_paged(&spec, store);
+        cache.set_block_table(&(0..n_blocks as u32).collect::<Vec<_>>());
+        for piece in context.chunks(depth_chunk) {
+            model.forward(&mut [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }])?;
         }
-        pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
-        // Decode from an empty context, as llama-bench's tg test does.
-        let mut cache = SequenceCache::new(&model.cache_spec(), &device);
-        let mut tok = [1u32];
-        let t = Instant::now();
-        for _ in 0..a.gen_tokens {
-            let mut chunks = [SeqChunk { tokens: &tok, cache: &mut cache, logits: LogitsWanted::Last }];
-            let out = model.forward(&mut chunks)?;
-            let logits = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
-            tok[0] = tandem_engine::sampler::argmax(&logits);
+        Ok(cache)
+    };
+    let mut rows = Vec::new();
+    for &depth in &a.depth {
+        let context = tokens(depth, 1);
+        let mut pp = Vec::new();
+        let mut tg = Vec::new();
+        for _ in 0..a.reps.max(1) {
+            if a.prompt_tokens > 0 {
+                let mut cache = cache_at_depth(&context, a.prompt_tokens)?;
+                let t = Instant::now();
+                for piece in prompt.chunks(chunk) {
+                    let mut chunks = [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }];
+                    model.forward(&mut chunks)?;
+                }
+                pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+            }
+            // Decode after `depth` tokens of context (none by default, as llama-bench's tg test).
+            let mut cache = cache_at_depth(&context, a.gen_tokens)?;
+            let mut tok = [1u32];
+            let t = Instant::now();
+            for _ in 0..a.gen_tokens {
+                let mut chunks = [SeqChunk { tokens: &tok, cache: &mut cache, logits: LogitsWanted::Last }];
+                let out = model.forward(&mut chunks)?;
+                let logits = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+                tok[0] = tandem_engine::sampler::argmax(&logits);
+            }
+            tg.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
         }
-        tg.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+        if a.prompt_tokens > 0 {
+            rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
+        }
+        rows.push((format!("tg{}{at}", a.gen_tokens), tg));
     }
     let stat = |v: &[f64]| {
         let m = v.iter().sum::<f64>() / v.len() as f64;
@@ -103,11 +159,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
     println!("model: {label} | load {load_s:.2} s | threads {threads}");
-    println!("| test   | tok/s            |");
-    println!("| ------ | ---------------- |");
-    let (m, sd) = stat(&pp);
-    println!("| pp{:<4} | {:>8.2} ± {:<6.2} |", a.prompt_tokens, m, sd);
-    let (m, sd) = stat(&tg);
-    println!("| tg{:<4} | {:>8.2} ± {:<6.2} |", a.gen_tokens, m, sd);
+    println!("| test            | tok/s            |");
+    println!("| --------------- | ---------------- |");
+    for (name, v) in rows {
+        let (m, sd) = stat(&v);
+        println!("| {name:<15} | {m:>8.2} ± {sd:<6.2} |");
+    }
     Ok(())
 }

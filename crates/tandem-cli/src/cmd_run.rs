@@ -60,6 +60,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         timings.prefill_tok_per_s(usage.prompt_tokens),
         timings.decode_tok_per_s(usage.completion_tokens)
     );
+    let sp = usage.speculative;
+    if sp.drafted_tokens > 0 {
+        eprintln!(
+            "speculative: {} drafted, {} accepted ({:.0}%), {:.2} tokens per step",
+            sp.drafted_tokens,
+            sp.accepted_tokens,
+            sp.acceptance_rate() * 100.0,
+            sp.mean_accepted_length()
+        );
+    }
     Ok(())
 }
 

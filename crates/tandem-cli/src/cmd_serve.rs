@@ -127,6 +127,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         prefix_cache: !a.no_prefix_cache,
         checkpoint_interval: a.checkpoint_interval,
         checkpoint_memory: a.checkpoint_memory,
+        speculative: a.model.spec.config(),
     };
     let engine = a.model.start_engine(cfg)?;
     rt.block_on(tandem_server::serve(engine, server))

@@ -2,7 +2,11 @@
 
 mod args;
 mod cmd_bench;
+mod cmd_bench_agent;
 mod cmd_bench_kernels;
+mod cmd_bench_report;
+mod cmd_bench_spec;
+mod cmd_bench_sweep;
 mod cmd_chat;
 mod cmd_inspect;
 mod cmd_pull;
@@ -36,7 +40,8 @@ enum Command {
     Inspect(cmd_inspect::InspectArgs),
     /// Fetch a catalogue model into $TANDEM_HOME/models, verifying its SHA-256.
     Pull(cmd_pull::PullArgs),
-    /// Measure prefill and decode speed (like llama-bench's pp/tg).
+    /// Measure prefill and decode speed (like llama-bench's pp/tg); `bench sweep` and
+    /// `bench agent` run the benchmark suites.
     Bench(cmd_bench::BenchArgs),
 }
 

@@ -33,6 +33,12 @@ pub(crate) struct CacheStats {
 pub(crate) struct EngineCache {
     spec: Vec<LayerCacheSpec>,
     store: Arc<PagedKvStore>,
+    /// A draft model's KV, in blocks with the same ids as `store`'s (one block table serves both).
+    draft: Option<(Vec<LayerCacheSpec>, Arc<PagedKvStore>)>,
+    /// Per block id: whether the draft model's KV in it is written (a block filled by a
+    /// sequence that did not run the draft model holds none, so a hit on it resumes the draft
+    /// model earlier and it recomputes).
+    draft_written: Vec<bool>,
     pool: BlockPool,
     tree: Option<PrefixTree<RecurrentSnapshot>>,
     slots: StateSlots,
@@ -49,6 +55,7 @@ fn snapshot_bytes(s: &RecurrentSnapshot) -> usize {
 impl EngineCache {
     pub fn new(
         spec: Vec<LayerCacheSpec>,
+        draft_spec: Option<Vec<LayerCacheSpec>>,
         cfg: &EngineConfig,
         context_length: usize,
         device: &Device,
@@ -57,7 +64,8 @@ impl EngineCache {
         if bs == 0 {
             return Err(EngineError::Config("the KV block size must be positive".into()));
         }
-        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs);
+        let draft_block_bytes = draft_spec.as_ref().map_or(0, |d| PagedKvStore::bytes_per_block(d, bs));
+        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs) + draft_block_bytes;
         let budget = cfg.kv_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let num_blocks = if block_bytes == 0 {
             // No attention layers: blocks are bookkeeping only.
@@ -73,6 +81,13 @@ impl EngineCache {
         let checkpoint_budget = cfg.checkpoint_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let recurrent = spec.iter().any(|s| matches!(s, LayerCacheSpec::Recurrent { .. }));
         let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, device)?);
+        let draft = match draft_spec {
+            Some(d) => {
+                let st = Arc::new(PagedKvStore::new(&d, num_blocks, bs, device)?);
+                Some((d, st))
+            }
+            None => None,
+        };
         tracing::info!(
             blocks = num_blocks,
             block_tokens = bs,
@@ -83,6 +98,8 @@ impl EngineCache {
         Ok(Self {
             spec,
             store,
+            draft_written: if draft.is_some() { vec![false; num_blocks] } else { Vec::new() },
+            draft,
             pool: BlockPool::new(num_blocks, bs).map_err(|e| EngineError::Config(e.to_string()))?,
             tree: cfg.prefix_cache.then(|| PrefixTree::new(bs, checkpoint_budget as usize)),
             slots: StateSlots::new(cfg.max_running),
@@ -99,6 +116,23 @@ impl EngineCache {
     /// A fresh, empty cache for a new or preempted sequence.
     pub fn new_cache(&self) -> SequenceCache {
         SequenceCache::new_paged(&self.spec, self.store.clone())
+    }
+
+    /// A fresh cache for the draft model, when there is one.
+    pub fn new_draft_cache(&self) -> Option<SequenceCache> {
+        self.draft.as_ref().map(|(spec, store)| SequenceCache::new_paged(spec, store.clone()))
+    }
+
+    fn draft_block_written(&self, b: u32) -> bool {
+        self.draft_written.get(b as usize).copied().unwrap_or(false)
+    }
+
+    /// Hands the block table to the sequence's caches (target and draft model).
+    fn sync_tables(seq: &mut Sequence) {
+        seq.cache.set_block_table(seq.table.blocks());
+        if let Some(dc) = &mut seq.spec.draft_cache {
+            dc.set_block_table(seq.table.blocks());
+        }
     }
 
     /// Whether a sequence that may grow to `max_len` positions can ever run alone.
@@ -160,7 +194,10 @@ impl EngineCache {
             nodes = m.nodes;
         }
         seq.cache.resume(usable, snapshot.as_ref())?;
-        seq.cache.set_block_table(seq.table.blocks());
+        let draft_cache = self.new_draft_cache();
+        let draft_blocks = seq.table.blocks().iter().take_while(|&&b| self.draft_block_written(b)).count();
+        seq.spec.reset(usable, draft_cache, (draft_blocks * bs).min(usable));
+        Self::sync_tables(seq);
         seq.tree_blocks = usable / bs;
         seq.tree_node = seq.tree_blocks.checked_sub(1).and_then(|i| nodes.get(i).copied());
         seq.checkpoints.retain(|&p| p > usable);
@@ -189,13 +226,24 @@ impl EngineCache {
     pub fn reserve(&mut self, seq: &mut Sequence, n: usize) -> Result<(), CacheError> {
         let pos = seq.cache.position();
         let copies = seq.table.prepare_write(&mut self.pool, pos, pos + n)?;
+        if !self.draft_written.is_empty() {
+            // These blocks are about to be written; the draft model's part is unknown until
+            // `commit` sees the draft model's position.
+            let bs = self.pool.block_size();
+            for &b in seq.table.blocks().iter().skip(pos / bs).take((pos + n).div_ceil(bs) - pos / bs) {
+                if let Some(w) = self.draft_written.get_mut(b as usize) {
+                    *w = false;
+                }
+            }
+        }
         for c in copies {
-            if let Err(e) = self.store.copy_block(c.src, c.dst) {
+            let draft = self.draft.as_ref().map(|(_, st)| st.copy_block(c.src, c.dst));
+            if let Err(e) = self.store.copy_block(c.src, c.dst).and(draft.unwrap_or(Ok(()))) {
                 tracing::error!("copy-on-write of KV block {} failed: {e}", c.src);
                 return Err(CacheError::NotAllocated(c.src));
             }
         }
-        seq.cache.set_block_table(seq.table.blocks());
+        Self::sync_tables(seq);
         Ok(())
     }
 
@@ -205,7 +253,20 @@ impl EngineCache {
         let Some(tree) = &mut self.tree else { return };
         let bs = self.pool.block_size();
         let pos = seq.cache.position();
-        while !seq.tree_stuck && seq.tree_blocks < pos / bs {
+        if pos > seq.tokens().len() {
+            return; // a failed step left the cache ahead of the tokens: nothing to publish
+        }
+        if let Some(dc) = &seq.spec.draft_cache {
+            let full = dc.position().min(pos) / bs;
+            for &b in seq.table.blocks().iter().take(full) {
+                if let Some(w) = self.draft_written.get_mut(b as usize) {
+                    *w = true;
+                }
+            }
+        }
+        // Blocks are published once every model's KV in them is written.
+        let written = seq.spec.written_up_to(pos);
+        while !seq.tree_stuck && seq.tree_blocks < written / bs {
             let i = seq.tree_blocks;
             let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
             let Some(&block) = seq.table.blocks().get(i) else { break };
@@ -236,6 +297,12 @@ impl EngineCache {
         while seq.checkpoints.first().is_some_and(|&p| p < pos) {
             seq.checkpoints.remove(0);
         }
+        let aligned = pos % bs == 0 && !seq.tree_stuck && seq.tree_blocks == pos / bs;
+        if self.recurrent && aligned && pos > seq.prompt_len() {
+            if let Some(node) = seq.tree_node {
+                seq.decode_checkpoint = Some((node, seq.cache.snapshot()));
+            }
+        }
         if seq.checkpoints.first() == Some(&pos) && !seq.tree_stuck && seq.tree_blocks == pos / bs {
             seq.checkpoints.remove(0);
             if let Some(node) = seq.tree_node {
@@ -245,6 +312,16 @@ impl EngineCache {
                     tracing::warn!("checkpoint at position {pos} not kept: {e}");
                 }
             }
+        }
+    }
+
+    /// Keeps a finished sequence's last generated-token checkpoint (see
+    /// [`Sequence::decode_checkpoint`]) in the prefix tree.
+    pub fn keep_decode_checkpoint(&mut self, seq: &mut Sequence) {
+        let (Some(tree), Some((node, snap))) = (&mut self.tree, seq.decode_checkpoint.take()) else { return };
+        let bytes = snapshot_bytes(&snap);
+        if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
+            tracing::debug!("generated-token checkpoint not kept: {e}");
         }
     }
 
@@ -259,6 +336,8 @@ impl EngineCache {
             }
         }
         seq.cache = self.new_cache();
+        seq.spec.reset(0, None, 0);
+        seq.decode_checkpoint = None;
         seq.tree_blocks = 0;
         seq.tree_node = None;
         seq.tree_stuck = false;

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::request::{GenerateRequest, GenerationEvent, SubmitError};
 use crate::sampler::Sampler;
 use crate::scheduler::{Scheduler, Submission};
+use crate::spec::{SpecConfig, SpecMethod, MAX_DRAFT_TOKENS};
 
 /// Static facts about the loaded model that API layers report.
 #[derive(Debug, Clone)]
@@ -53,6 +54,8 @@ pub struct EngineConfig {
     pub checkpoint_interval: usize,
     /// Memory for recurrent-state checkpoints in the prefix cache.
     pub checkpoint_memory: MemoryBudget,
+    /// Speculative decoding (method, draft length, n-gram sizes).
+    pub speculative: SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +72,7 @@ impl Default for EngineConfig {
             prefix_cache: true,
             checkpoint_interval: 1024,
             checkpoint_memory: MemoryBudget::Bytes(1 << 30),
+            speculative: SpecConfig::default(),
         }
     }
 }
@@ -112,11 +116,38 @@ pub struct EngineStats {
     pub prefix_hit_tokens: AtomicUsize,
     /// Sequences preempted (their KV dropped, to be recomputed) because blocks ran out.
     pub preemptions: AtomicUsize,
+    /// Speculative decoding: verification steps that carried drafts, drafted and accepted
+    /// tokens, and per draft position how often a draft was proposed and accepted there.
+    pub spec_steps: AtomicUsize,
+    pub spec_drafted: AtomicUsize,
+    pub spec_accepted: AtomicUsize,
+    pub spec_drafted_at: [AtomicUsize; MAX_DRAFT_TOKENS],
+    pub spec_accepted_at: [AtomicUsize; MAX_DRAFT_TOKENS],
 }
 
 impl EngineStats {
     pub fn kv_blocks_used(&self) -> usize {
         self.kv_blocks_total.load(Ordering::Relaxed).saturating_sub(self.kv_blocks_free.load(Ordering::Relaxed))
+    }
+
+    /// Accepted share of drafted tokens.
+    pub fn spec_acceptance_rate(&self) -> f64 {
+        let d = self.spec_drafted.load(Ordering::Relaxed);
+        if d == 0 {
+            0.0
+        } else {
+            self.spec_accepted.load(Ordering::Relaxed) as f64 / d as f64
+        }
+    }
+
+    /// Mean tokens per verification step (accepted drafts plus the target's own).
+    pub fn spec_mean_accepted_length(&self) -> f64 {
+        let s = self.spec_steps.load(Ordering::Relaxed);
+        if s == 0 {
+            0.0
+        } else {
+            (self.spec_accepted.load(Ordering::Relaxed) + s) as f64 / s as f64
+        }
     }
 
     /// Share of admitted prompt tokens served from the prefix cache.
@@ -145,6 +176,8 @@ struct Inner {
     tx: std_mpsc::SyncSender<Submission>,
     stats: Arc<EngineStats>,
     eos_ids: Vec<u32>,
+    /// Speculation methods requests may ask for.
+    spec_methods: Vec<SpecMethod>,
 }
 
 impl EngineHandle {
@@ -157,6 +190,16 @@ impl EngineHandle {
 
     /// Starts the engine thread on an already loaded model.
     pub fn start(loaded: LoadedModel, cfg: EngineConfig) -> Result<Self, EngineError> {
+        Self::start_with_draft(loaded, None, cfg)
+    }
+
+    /// Starts the engine with a draft model for speculative decoding (`--speculative draft`).
+    /// The draft model must share the target's vocabulary and keep attention KV only.
+    pub fn start_with_draft(
+        loaded: LoadedModel,
+        draft: Option<LoadedModel>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
         if cfg.max_queue == 0
             || cfg.max_running == 0
             || cfg.prefill_chunk == 0
@@ -168,6 +211,47 @@ impl EngineHandle {
             ));
         }
         let LoadedModel { model, tokenizer, chat_template, summary } = loaded;
+        let draft_model = match draft {
+            Some(d) => {
+                if d.model.vocab_size() != model.vocab_size() {
+                    return Err(EngineError::Config(format!(
+                        "the draft model's vocabulary ({}) differs from the target's ({})",
+                        d.model.vocab_size(),
+                        model.vocab_size()
+                    )));
+                }
+                if d.model.cache_spec().iter().any(|l| matches!(l, tandem_model::kv::LayerCacheSpec::Recurrent { .. })) {
+                    return Err(EngineError::Config("a draft model with recurrent layers is not supported".into()));
+                }
+                Some(d.model)
+            }
+            None => None,
+        };
+        let sc = &cfg.speculative;
+        if sc.num_draft_tokens > MAX_DRAFT_TOKENS {
+            return Err(EngineError::Config(format!("at most {MAX_DRAFT_TOKENS} draft tokens per step")));
+        }
+        if sc.ngram_min == 0 || sc.ngram_min > sc.ngram_max {
+            return Err(EngineError::Config("n-gram sizes must satisfy 1 <= min <= max".into()));
+        }
+        let mut spec_methods = vec![SpecMethod::Off, SpecMethod::Ngram];
+        if draft_model.is_some() {
+            spec_methods.push(SpecMethod::Draft);
+        }
+        if model.mtp().is_some() {
+            spec_methods.push(SpecMethod::Mtp);
+        }
+        match sc.method {
+            SpecMethod::Draft if draft_model.is_none() => {
+                return Err(EngineError::Config("--speculative draft needs a draft model (--draft-model)".into()))
+            }
+            SpecMethod::Mtp if model.mtp().is_none() => {
+                return Err(EngineError::Config(
+                    "--speculative mtp needs a model with an MTP head; this one has none".into(),
+                ))
+            }
+            _ => {}
+        }
         let context_length = if cfg.context_length > 0 {
             cfg.context_length.min(model.context_length())
         } else {
@@ -203,12 +287,13 @@ impl EngineHandle {
         let eos_ids = tokenizer.eos_ids().to_vec();
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
-        let scheduler = Scheduler::new(model, tokenizer.clone(), cfg.clone(), context_length, stats.clone())?;
+        let scheduler =
+            Scheduler::new(model, draft_model, tokenizer.clone(), cfg.clone(), context_length, stats.clone())?;
         std::thread::Builder::new()
             .name("tandem-engine".into())
             .spawn(move || scheduler.run(rx))
             .map_err(EngineError::Thread)?;
-        Ok(Self { inner: Arc::new(Inner { info, summary, tokenizer, template, tx, stats, eos_ids }) })
+        Ok(Self { inner: Arc::new(Inner { info, summary, tokenizer, template, tx, stats, eos_ids, spec_methods }) })
     }
 
     /// Validates and queues a request; events arrive on the returned receiver. Dropping the
@@ -230,6 +315,20 @@ impl EngineHandle {
         }
         if let Some(&bad) = req.prompt_ids.iter().find(|&&t| t as usize >= self.inner.info.vocab_size) {
             return Err(SubmitError::InvalidToken(bad));
+        }
+        if let Some(sr) = &req.speculative {
+            if let Some(m) = sr.method {
+                if !self.inner.spec_methods.contains(&m) {
+                    return Err(SubmitError::InvalidParam(format!(
+                        "speculative method `{}` is not available on this server (available: {})",
+                        m.as_str(),
+                        self.inner.spec_methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            }
+            if sr.num_draft_tokens.is_some_and(|k| k > MAX_DRAFT_TOKENS) {
+                return Err(SubmitError::InvalidParam(format!("num_draft_tokens must be at most {MAX_DRAFT_TOKENS}")));
+            }
         }
         let sampler = Sampler::new(req.sampling.clone()).map_err(SubmitError::InvalidParam)?;
         // Capacity covers every event the request can produce, so the engine never blocks.
@@ -266,5 +365,9 @@ impl EngineHandle {
     }
     pub fn stats(&self) -> &EngineStats {
         &self.inner.stats
+    }
+    /// Speculation methods requests may ask for (`off` and `ngram` always).
+    pub fn spec_methods(&self) -> &[SpecMethod] {
+        &self.inner.spec_methods
     }
 }

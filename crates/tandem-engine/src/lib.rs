@@ -15,8 +15,10 @@ pub mod request;
 pub mod sampler;
 mod scheduler;
 mod sequence;
+pub mod spec;
 pub mod stop;
 
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};
 pub use request::*;
 pub use sampler::Sampler;
+pub use spec::{SpecConfig, SpecMethod, SpecRequest, SpecUsage};

@@ -66,6 +66,8 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Token offsets of chat-message boundaries inside the prompt (for prefix-cache checkpoints).
     pub message_boundaries: Vec<usize>,
+    /// Overrides the server's speculative decoding settings for this request.
+    pub speculative: Option<crate::spec::SpecRequest>,
 }
 
 /// A token and its log-probability under the (unfiltered, temperature 1) model distribution.
@@ -87,7 +89,7 @@ pub struct PositionLogprobs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// EOS token, stop token id or stop string.
+    /// EOS token, stop token id or stop string (which one: `GenerationEvent::Finished::stop_string`).
     Stop,
     /// `max_tokens` or the context length was reached.
     Length,
@@ -109,6 +111,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache (0 until the prefix cache exists).
     pub cached_tokens: usize,
+    /// Speculative decoding: drafted and accepted tokens.
+    #[serde(default)]
+    pub speculative: crate::spec::SpecUsage,
 }
 
 /// Wall-clock timings of a finished request, in seconds.
@@ -155,6 +160,9 @@ pub enum GenerationEvent {
         reason: FinishReason,
         /// Text held back for a possible stop string that turned out not to be one.
         text: String,
+        /// The one of the request's `stop_strings` that ended generation (`reason` is then
+        /// `Stop`); `None` when an EOS / stop token id, `max_tokens` or the context ended it.
+        stop_string: Option<String>,
         usage: Usage,
         timings: Timings,
     },

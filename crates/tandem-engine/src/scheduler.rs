@@ -2,9 +2,14 @@
 //! and KV blocks are available (after a prefix-cache lookup), builds one ragged batch per step
 //! (one decode token per running sequence, then prefill chunks under the token budget, cut at
 //! checkpoint positions), reserves blocks for it (evicting unreferenced prefix-cache blocks,
-//! then preempting the youngest sequences by recompute), runs the model, publishes new blocks
-//! and checkpoints to the prefix cache, samples, applies stop rules and streams events.
+//! then preempting the youngest sequences by recompute), lets speculating sequences draft
+//! (see [`speculate`]), runs the model, verifies drafts, publishes new blocks and checkpoints
+//! to the prefix cache, samples, applies stop rules and streams events.
 //! A failing step fails only the sequences in it.
+
+mod speculate;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,6 +28,9 @@ use crate::engine::{EngineConfig, EngineError, EngineStats};
 use crate::request::{GenerateRequest, GenerationEvent};
 use crate::sampler::Sampler;
 use crate::sequence::Sequence;
+use crate::spec::adaptive::CostModel;
+use crate::spec::SeqSpec;
+use speculate::Proposers;
 
 /// A validated request on its way to the engine thread.
 pub(crate) struct Submission {
@@ -44,19 +52,45 @@ pub(crate) struct Scheduler {
     waiting: VecDeque<Sequence>,
     /// Admitted sequences, oldest first.
     running: Vec<Sequence>,
+    proposers: Proposers,
+    spec_cost: CostModel,
+}
+
+/// One sequence's part of a step: its index in `running`, tokens fed, logits wanted, and
+/// whether the chunk verifies drafts.
+#[derive(Debug, Clone, Copy)]
+struct PlanEntry {
+    seq: usize,
+    n: usize,
+    logits: LogitsWanted,
+    verify: bool,
 }
 
 impl Scheduler {
     pub fn new(
         model: Box<dyn CausalLm>,
+        draft_model: Option<Box<dyn CausalLm>>,
         tokenizer: Arc<Tokenizer>,
         cfg: EngineConfig,
         context_length: usize,
         stats: Arc<EngineStats>,
     ) -> Result<Self, EngineError> {
-        let cache = EngineCache::new(model.cache_spec(), &cfg, context_length, model.device())?;
-        let s =
-            Self { model, tokenizer, cfg, context_length, stats, cache, waiting: VecDeque::new(), running: Vec::new() };
+        let draft_spec = draft_model.as_ref().map(|d| d.cache_spec());
+        let cache = EngineCache::new(model.cache_spec(), draft_spec, &cfg, context_length, model.device())?;
+        let proposers = Proposers::new(&cfg.speculative, draft_model, model.mtp().is_some());
+        let cfg_method = cfg.speculative.method;
+        let s = Self {
+            model,
+            tokenizer,
+            cfg,
+            context_length,
+            stats,
+            cache,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            proposers,
+            spec_cost: CostModel::new(speculate::cost_prior(cfg_method)),
+        };
         s.publish_stats();
         Ok(s)
     }
@@ -92,7 +126,12 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, sub: Submission) {
-        let mut seq = Sequence::new(sub, self.cache.new_cache());
+        let sc = &self.cfg.speculative;
+        let over = sub.req.speculative.clone().unwrap_or_default();
+        let method = over.method.unwrap_or(sc.method);
+        let k = over.num_draft_tokens.unwrap_or(sc.num_draft_tokens);
+        let spec = SeqSpec::new(method, k, sc.adaptive);
+        let mut seq = Sequence::new(sub, self.cache.new_cache(), spec);
         seq.checkpoints = self.cache.checkpoint_positions(seq.prompt_len(), &seq.message_boundaries);
         self.waiting.push_back(seq);
     }
@@ -147,6 +186,8 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].events.is_closed() {
                 let mut s = self.running.remove(i);
+                // What it computed stays useful (a thinking-budget continuation resumes there).
+                self.cache.keep_decode_checkpoint(&mut s);
                 self.cache.release(&mut s);
                 self.stats.running.fetch_sub(1, Ordering::Relaxed);
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -168,6 +209,7 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].finished {
                 let mut s = self.running.remove(i);
+                self.cache.keep_decode_checkpoint(&mut s);
                 self.cache.release(&mut s);
                 self.stats.running.fetch_sub(1, Ordering::Relaxed);
                 self.stats.finished.fetch_add(1, Ordering::Relaxed);
@@ -192,16 +234,22 @@ impl Scheduler {
         st.checkpoint_bytes.store(c.checkpoint_bytes, Ordering::Relaxed);
     }
 
-    /// Tokens each running sequence feeds this step: decodes first (one token each, latency
-    /// matters), then prefill chunks in admission order under the token budget, each cut at
-    /// the sequence's next checkpoint position.
-    fn plan_tokens(&self) -> Vec<usize> {
+    /// Tokens each running sequence feeds this step: decodes first (one token each plus the
+    /// drafts a speculating sequence wants, latency matters), then prefill chunks in admission
+    /// order under the token budget, each cut at the sequence's next checkpoint position.
+    fn plan_tokens(&mut self) -> Vec<usize> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut want = vec![0; self.running.len()];
-        for (i, s) in self.running.iter().enumerate() {
+        let cost = self.spec_cost.cost();
+        // Now and then a step without drafts keeps the cost model's plain-step time current.
+        let calibrate = self.spec_cost.wants_plain_step();
+        for (i, s) in self.running.iter_mut().enumerate() {
             if s.pending() == 1 && budget > 0 {
-                want[i] = 1;
-                budget -= 1;
+                let adaptive = s.spec.adaptive.is_some();
+                let k = if calibrate && adaptive { 0 } else { speculate::draft_length(s, cost, self.context_length) };
+                let k = k.min(budget - 1);
+                want[i] = 1 + k;
+                budget -= 1 + k;
             }
         }
         for (i, s) in self.running.iter().enumerate() {
@@ -230,6 +278,11 @@ impl Scheduler {
             }
             loop {
                 let need = self.cache.blocks_needed(&self.running[i], want[i]);
+                if !self.cache.make_room(need) && self.running[i].pending() == 1 && want[i] > 1 {
+                    // Drafts are optional: drop them before preempting anyone.
+                    want[i] = 1;
+                    continue;
+                }
                 if self.cache.make_room(need) {
                     if let Err(e) = self.cache.reserve(&mut self.running[i], want[i]) {
                         self.running[i].fail(&format!("KV reservation failed: {e}"));
@@ -253,20 +306,37 @@ impl Scheduler {
 
     /// One forward pass over the running sequences.
     fn step(&mut self) {
+        let started = Instant::now();
         let mut want = self.plan_tokens();
         let preempted = self.reserve(&mut want);
-        let plan: Vec<(usize, usize, LogitsWanted)> = want
-            .iter()
-            .enumerate()
-            .filter(|&(i, &n)| n > 0 && !preempted[i] && !self.running[i].finished)
-            .map(|(i, &n)| {
-                let s = &self.running[i];
-                let last = s.cache.position() + n == s.tokens().len();
-                (i, n, if last { LogitsWanted::Last } else { LogitsWanted::None })
-            })
-            .collect();
+        let drafted = self.propose(&want, &preempted);
+        let mut plan = Vec::new();
+        for (i, &n) in want.iter().enumerate() {
+            let s = &mut self.running[i];
+            if n == 0 || preempted[i] || s.finished {
+                continue;
+            }
+            if s.pending() == 1 && !s.spec.drafts.is_empty() {
+                let n = s.prepare_verify();
+                plan.push(PlanEntry { seq: i, n, logits: LogitsWanted::All, verify: true });
+                continue;
+            }
+            let n = if s.pending() == 1 { 1 } else { n };
+            let last = s.cache.position() + n == s.tokens().len();
+            let logits = if last { LogitsWanted::Last } else { LogitsWanted::None };
+            plan.push(PlanEntry { seq: i, n, logits, verify: false });
+        }
         if !plan.is_empty() {
+            let prefill = plan.iter().any(|e| !e.verify && e.n > 1);
             self.forward(&plan);
+            if !prefill {
+                let t = started.elapsed().as_secs_f64();
+                if drafted == 0 {
+                    self.spec_cost.observe_plain(t);
+                } else {
+                    self.spec_cost.observe_speculative(t, drafted);
+                }
+            }
         }
         // Preempted sequences go back to the front of the queue, oldest first.
         for i in (0..self.running.len()).rev() {
@@ -279,50 +349,76 @@ impl Scheduler {
         }
     }
 
-    fn forward(&mut self, plan: &[(usize, usize, LogitsWanted)]) {
+    fn forward(&mut self, plan: &[PlanEntry]) {
         let started = Instant::now();
+        let before: Vec<usize> = plan.iter().map(|e| self.running[e.seq].cache.position()).collect();
+        let hidden_wanted = self.proposers.needs_hidden(plan.iter().map(|e| &self.running[e.seq]));
         let result = {
             let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
             let mut plan_iter = plan.iter().peekable();
             for (i, s) in self.running.iter_mut().enumerate() {
-                if let Some(&&(pi, n, wanted)) = plan_iter.peek() {
-                    if pi == i {
+                if let Some(&&e) = plan_iter.peek() {
+                    if e.seq == i {
                         plan_iter.next();
-                        let (tokens, cache) = s.next_input(n);
-                        chunks.push(SeqChunk { tokens, cache, logits: wanted });
+                        let (tokens, cache) = if e.verify { s.verify_input() } else { s.next_input(e.n) };
+                        chunks.push(SeqChunk { tokens, cache, logits: e.logits });
                     }
                 }
             }
             let model = &self.model;
-            catch_unwind(AssertUnwindSafe(|| model.forward(&mut chunks)))
+            catch_unwind(AssertUnwindSafe(|| {
+                if hidden_wanted {
+                    model.forward_with_hidden(&mut chunks)
+                } else {
+                    model.forward(&mut chunks).map(|l| (l, None))
+                }
+            }))
         };
         let elapsed = started.elapsed().as_secs_f64();
-        let logits = match result {
+        let (logits, hidden) = match result {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => return self.fail(plan, &format!("forward pass failed: {e}")),
             Err(_) => return self.fail(plan, "forward pass panicked"),
         };
-        for (&(i, n, _), l) in plan.iter().zip(logits) {
-            let s = &mut self.running[i];
-            self.cache.commit(s);
-            s.consumed(n, elapsed);
-            if let Some(l) = l {
-                let row = match l.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
+        for (e, l) in plan.iter().zip(logits) {
+            let s = &mut self.running[e.seq];
+            s.consumed(e.n, elapsed);
+            let Some(l) = l else { continue };
+            if e.verify {
+                let rows = match l.to_vec2::<f32>() {
                     Ok(v) => v,
-                    Err(e) => {
-                        s.fail(&format!("reading logits failed: {e}"));
+                    Err(err) => {
+                        s.fail(&format!("reading logits failed: {err}"));
                         continue;
                     }
                 };
-                s.on_logits(row, &self.tokenizer, self.context_length);
+                let (d0, a0) = (s.spec.usage.drafted_tokens, s.spec.usage.accepted_tokens);
+                if let Err(err) = s.on_verify_logits(rows, &self.tokenizer, self.context_length) {
+                    s.fail(&format!("committing verified tokens failed: {err}"));
+                    continue;
+                }
+                speculate::count(&self.stats, s.spec.usage.drafted_tokens - d0, s.spec.usage.accepted_tokens - a0);
+                continue;
             }
+            let row = match l.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
+                Ok(v) => v,
+                Err(err) => {
+                    s.fail(&format!("reading logits failed: {err}"));
+                    continue;
+                }
+            };
+            s.on_logits(row, &self.tokenizer, self.context_length);
+        }
+        self.catch_up(plan, &before, hidden);
+        for e in plan {
+            self.cache.commit(&mut self.running[e.seq]);
         }
     }
 
-    fn fail(&mut self, plan: &[(usize, usize, LogitsWanted)], msg: &str) {
+    fn fail(&mut self, plan: &[PlanEntry], msg: &str) {
         tracing::error!("{msg}");
-        for &(i, _, _) in plan {
-            self.running[i].fail(msg);
+        for e in plan {
+            self.running[e.seq].fail(msg);
         }
     }
 }

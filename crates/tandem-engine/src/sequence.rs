@@ -15,6 +15,8 @@ use tokio::sync::mpsc;
 use crate::request::{FinishReason, GenerationEvent, PositionLogprobs, Timings, TokenLogprob, Usage};
 use crate::sampler::{top_logprobs, Sampler};
 use crate::scheduler::Submission;
+use crate::spec::verify::Verdict;
+use crate::spec::SeqSpec;
 use crate::stop::StopStringMatcher;
 
 pub(crate) struct Sequence {
@@ -36,6 +38,12 @@ pub(crate) struct Sequence {
     pub checkpoints: Vec<usize>,
     /// Positions the prompt's chat messages end at.
     pub message_boundaries: Vec<usize>,
+    /// Speculative decoding state (method, drafts, proposer cache, counters).
+    pub spec: SeqSpec,
+    /// Recurrent state at the last block boundary reached while generating, and the prefix
+    /// tree node of that block: kept as a checkpoint when the request finishes, so that the
+    /// next turn of a conversation resumes after the answer, not at the previous prompt's end.
+    pub decode_checkpoint: Option<(NodeRef, tandem_model::kv::RecurrentSnapshot)>,
     sampler: Sampler,
     stop_ids: Vec<u32>,
     max_tokens: usize,
@@ -51,7 +59,7 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(sub: Submission, cache: SequenceCache) -> Self {
+    pub fn new(sub: Submission, cache: SequenceCache, spec: SeqSpec) -> Self {
         let Submission { req, sampler, stop_ids, events, submitted } = sub;
         Self {
             prompt_len: req.prompt_ids.len(),
@@ -66,6 +74,8 @@ impl Sequence {
             tree_stuck: false,
             checkpoints: Vec::new(),
             message_boundaries: req.message_boundaries,
+            spec,
+            decode_checkpoint: None,
             sampler,
             stop_ids,
             max_tokens: req.stop.max_tokens,
@@ -118,6 +128,57 @@ impl Sequence {
         self.tokens.len() - self.prompt_len
     }
 
+    /// Tokens the draft model has not seen yet, up to position `end` (at most every token, the
+    /// pending one included), and its cache. `None` without a draft model or nothing to feed.
+    pub fn draft_catch_up_input(&mut self, end: usize) -> Option<(&[u32], &mut SequenceCache)> {
+        let cache = self.spec.draft_cache.as_mut()?;
+        let start = cache.position();
+        let end = end.min(self.tokens.len());
+        if start >= end {
+            return None;
+        }
+        Some((&self.tokens[start..end], cache))
+    }
+
+    /// Builds this step's verify chunk `[pending token, drafts..]`; its length.
+    pub fn prepare_verify(&mut self) -> usize {
+        let pending = self.tokens.last().copied().unwrap_or(0);
+        self.spec.verify_input.clear();
+        self.spec.verify_input.push(pending);
+        self.spec.verify_input.extend_from_slice(&self.spec.drafts);
+        if self.cache.has_recurrent() {
+            self.cache.begin_verify();
+        }
+        self.spec.verify_input.len()
+    }
+
+    /// The verify chunk and the cache it goes into.
+    pub fn verify_input(&mut self) -> (&[u32], &mut SequenceCache) {
+        (&self.spec.verify_input, &mut self.cache)
+    }
+
+    /// After the verify forward: accepts a prefix of the drafts against the target's logits
+    /// (`rows[i]` for position `i` of the verify chunk), appends the accepted tokens and the
+    /// target's own next token (as far as the stop rules allow) and keeps only the committed
+    /// positions in the cache.
+    pub fn on_verify_logits(&mut self, rows: Vec<Vec<f32>>, tok: &Tokenizer, context_length: usize) -> Result<(), String> {
+        let drafts = std::mem::take(&mut self.spec.drafts);
+        let fed = drafts.len() + 1;
+        let Verdict { tokens, accepted } = crate::spec::verify::verify(&mut self.sampler, &self.tokens, &drafts, &rows);
+        self.spec.record(drafts.len(), accepted);
+        let mut appended = 0;
+        for (i, &id) in tokens.iter().enumerate() {
+            if self.finished {
+                break;
+            }
+            self.push_token(id, rows.get(i).map(Vec::as_slice), tok, context_length);
+            appended += 1;
+        }
+        // The bonus token is not in the cache: it is the next pending token.
+        let keep = 1 + appended.min(accepted);
+        self.cache.commit_speculative(fed, keep).map_err(|e| e.to_string())
+    }
+
     /// Samples from the logits of the last fed position and applies the stop rules.
     pub fn on_logits(&mut self, mut logits: Vec<f32>, tok: &Tokenizer, context_length: usize) {
         if self.finished {
@@ -125,13 +186,19 @@ impl Sequence {
         }
         let raw = self.logprobs.map(|_| logits.clone());
         let id = self.sampler.sample(&mut logits, &self.tokens);
+        self.push_token(id, raw.as_deref(), tok, context_length);
+    }
+
+    /// Appends a chosen token, streams it (with log-probs from the `raw` logits it was chosen
+    /// from, when asked for) and applies the stop rules.
+    fn push_token(&mut self, id: u32, raw: Option<&[f32]>, tok: &Tokenizer, context_length: usize) {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         self.last_token = Some(now);
         self.tokens.push(id);
         let logprobs = match (raw, self.logprobs) {
             (Some(raw), Some(n)) => {
-                let (lp, top) = top_logprobs(&raw, id, n);
+                let (lp, top) = top_logprobs(raw, id, n);
                 let entry = |id: u32, logprob: f32| TokenLogprob { id, text: tok.token_text(id), logprob };
                 Some(PositionLogprobs {
                     chosen: entry(id, lp),
@@ -155,6 +222,12 @@ impl Sequence {
         }
     }
 
+    /// Tokens this sequence may still generate.
+    pub fn remaining(&self, context_length: usize) -> usize {
+        let by_max = self.max_tokens.saturating_sub(self.generated());
+        by_max.min(context_length.saturating_sub(self.tokens.len()))
+    }
+
     fn finish(&mut self, reason: FinishReason, tok: &Tokenizer) {
         let mut text = String::new();
         if !self.stop_strings.is_matched() {
@@ -175,8 +248,12 @@ impl Sequence {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
             cached_tokens: self.cached_tokens,
+            speculative: self.spec.usage,
         };
-        self.emit(GenerationEvent::Finished { reason, text, usage, timings });
+        // A stop string that completed (possibly in the flushed tail) cut the text: report it.
+        let stop_string = self.stop_strings.matched_stop().map(str::to_owned);
+        let reason = if stop_string.is_some() { FinishReason::Stop } else { reason };
+        self.emit(GenerationEvent::Finished { reason, text, stop_string, usage, timings });
         self.finished = true;
     }
 

@@ -2,9 +2,10 @@
 //!
 //! Decoded text enters piece by piece through [`StopStringMatcher::push`]; what can no longer
 //! be part of a stop string leaves at once, while a tail that could still grow into one is held
-//! back. When a stop string completes, the text before it is released and everything from the
-//! match on is discarded. Held text always ends on a UTF-8 character boundary because it is a
-//! suffix of a `String` that starts at a character boundary.
+//! back. When a stop string completes, the text before it is released, everything from the
+//! match on is discarded and the matcher remembers which string it was
+//! ([`StopStringMatcher::matched_stop`]). Held text always ends on a UTF-8 character boundary
+//! because it is a suffix of a `String` that starts at a character boundary.
 
 /// Finds the earliest occurrence of any of a set of stop strings in a stream of text.
 #[derive(Debug, Clone, Default)]
@@ -14,8 +15,8 @@ pub struct StopStringMatcher {
     max_len: usize,
     /// Text received but not yet released: a suffix that may be the start of a stop string.
     held: String,
-    /// A stop string has matched; nothing more is emitted.
-    matched: bool,
+    /// The stop string that matched (index into `stops`); nothing more is emitted after it.
+    matched: Option<usize>,
 }
 
 impl StopStringMatcher {
@@ -25,7 +26,7 @@ impl StopStringMatcher {
         v.sort();
         v.dedup();
         let max_len = v.iter().map(|s| s.len()).max().unwrap_or(0);
-        Self { stops: v, max_len, held: String::new(), matched: false }
+        Self { stops: v, max_len, held: String::new(), matched: None }
     }
 
     /// True when there is at least one stop string to look for.
@@ -35,14 +36,19 @@ impl StopStringMatcher {
 
     /// True once a stop string has matched.
     pub fn is_matched(&self) -> bool {
-        self.matched
+        self.matched.is_some()
+    }
+
+    /// The stop string that ended the text, once one has matched.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Feeds newly decoded text. Returns the text that is safe to emit now and whether a stop
     /// string completed. On a match the returned text is everything before the (earliest)
     /// match and the rest is discarded; after a match every call returns `("", true)`.
     pub fn push(&mut self, text: &str) -> (String, bool) {
-        if self.matched {
+        if self.matched.is_some() {
             return (String::new(), true);
         }
         if self.stops.is_empty() {
@@ -50,10 +56,16 @@ impl StopStringMatcher {
         }
         self.held.push_str(text);
 
-        // Earliest match start; among matches at the same start, any gives the same prefix.
-        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(pos) = found {
-            self.matched = true;
+        // Earliest match start; among matches at the same start the shortest (it completed
+        // first); that one is reported by `matched_stop`.
+        let found = self
+            .stops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|p| (p, s.len(), i)))
+            .min();
+        if let Some((pos, _, i)) = found {
+            self.matched = Some(i);
             let mut out = std::mem::take(&mut self.held);
             out.truncate(pos);
             return (out, true);
@@ -183,6 +195,36 @@ mod tests {
 
         let mut m = matcher(&["🙂!"]);
         assert_eq!(run(&mut m, &["a🙂", "🙂", "!b"]), ("a🙂".to_string(), true));
+    }
+
+    #[test]
+    fn remembers_which_stop_matched() {
+        let mut m = matcher(&["</answer>", "\nObservation:", "END"]);
+        assert_eq!(m.matched_stop(), None);
+        assert_eq!(run(&mut m, &["42 ", "</ans", "wer> END"]), ("42 ".to_string(), true));
+        assert_eq!(m.matched_stop(), Some("</answer>"));
+        // Later pushes change nothing.
+        assert_eq!(m.push("END"), (String::new(), true));
+        assert_eq!(m.matched_stop(), Some("</answer>"));
+
+        // Earliest start wins; at the same start, the shorter one (it completed first).
+        let mut m = matcher(&["world", "lo w"]);
+        m.push("hello world");
+        assert_eq!(m.matched_stop(), Some("lo w"));
+        let mut m = matcher(&["abcd", "ab"]);
+        m.push("xabcd");
+        assert_eq!(m.matched_stop(), Some("ab"));
+        let mut m = matcher(&["bc", "abcd"]);
+        run(&mut m, &["xa", "b", "c", "d"]);
+        assert_eq!(m.matched_stop(), Some("bc"));
+
+        // No match, or no stops: nothing to report.
+        let mut m = matcher(&["nope"]);
+        assert_eq!(run(&mut m, &["no", "p"]), ("nop".to_string(), false));
+        assert_eq!(m.matched_stop(), None);
+        let mut m = StopStringMatcher::new(&[]);
+        m.push("anything");
+        assert_eq!(m.matched_stop(), None);
     }
 
     #[test]

@@ -35,12 +35,20 @@ struct Outcome {
     ids: Vec<u32>,
     text: String,
     reason: Option<FinishReason>,
+    stop_string: Option<String>,
     usage: Usage,
     logprobs: Vec<PositionLogprobs>,
 }
 
 fn collect(mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>) -> Outcome {
-    let mut o = Outcome { ids: vec![], text: String::new(), reason: None, usage: Usage::default(), logprobs: vec![] };
+    let mut o = Outcome {
+        ids: vec![],
+        text: String::new(),
+        reason: None,
+        stop_string: None,
+        usage: Usage::default(),
+        logprobs: vec![],
+    };
     while let Some(ev) = rx.blocking_recv() {
         match ev {
             GenerationEvent::Token { id, text, logprobs } => {
@@ -48,9 +56,10 @@ fn collect(mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>) -> Outcome {
                 o.text.push_str(&text);
                 o.logprobs.extend(logprobs);
             }
-            GenerationEvent::Finished { reason, text, usage, .. } => {
+            GenerationEvent::Finished { reason, text, stop_string, usage, .. } => {
                 o.text.push_str(&text);
                 o.reason = Some(reason);
+                o.stop_string = stop_string;
                 o.usage = usage;
                 break;
             }
@@ -142,7 +151,7 @@ fn stop_rules() {
         ..greedy_req(prompt.clone(), 20)
     };
     let o = collect(e.submit(req).unwrap());
-    assert_eq!(o.reason, Some(FinishReason::Stop));
+    assert_eq!((o.reason, o.stop_string), (Some(FinishReason::Stop), None));
     assert_eq!(o.ids, want[..=first].to_vec());
     // A stop string: the text ends right before it.
     let full = collect(e.submit(greedy_req(prompt.clone(), 20)).unwrap());
@@ -150,17 +159,19 @@ fn stop_rules() {
     assert_eq!(full.text, tok.decode(&full.ids, true));
     let cut = full.text.char_indices().nth(full.text.chars().count() / 2).map(|(i, _)| i).unwrap();
     let stop: String = full.text[cut..].chars().take(3).collect();
+    let stops = vec!["\u{0}never".to_string(), stop.clone()];
     let req = GenerateRequest {
-        stop: StopParams { max_tokens: 20, stop_strings: vec![stop.clone()], ignore_eos: true, ..Default::default() },
+        stop: StopParams { max_tokens: 20, stop_strings: stops, ignore_eos: true, ..Default::default() },
         ..greedy_req(prompt.clone(), 20)
     };
     let o = collect(e.submit(req).unwrap());
-    assert_eq!(o.reason, Some(FinishReason::Stop));
+    // The finish event names the stop string that matched.
+    assert_eq!((o.reason, o.stop_string.as_deref()), (Some(FinishReason::Stop), Some(stop.as_str())));
     let at = full.text.find(&stop).unwrap();
     assert_eq!(o.text, full.text[..at]);
     // max_tokens
     let o = collect(e.submit(greedy_req(prompt, 5)).unwrap());
-    assert_eq!((o.ids.len(), o.reason), (5, Some(FinishReason::Length)));
+    assert_eq!((o.ids.len(), o.reason, o.stop_string), (5, Some(FinishReason::Length), None));
 }
 
 #[test]

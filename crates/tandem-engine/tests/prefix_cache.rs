@@ -2,7 +2,8 @@
 //! prefix and every turn of a multi-turn conversation give the same greedy tokens and
 //! log-probabilities (within 1e-4) as with the cache off, and report the cached prompt tokens:
 //! the whole matched prefix for attention-only models, the deepest recurrent-state checkpoint
-//! on it for hybrid ones (prompt ends, message boundaries, `checkpoint_interval`).
+//! on it for hybrid ones (prompt ends, message boundaries, `checkpoint_interval`, and the last
+//! block boundary a finished request reached while generating).
 
 mod common;
 
@@ -96,6 +97,11 @@ fn multi_turn_conversation_is_transparent() {
                 cps.extend(old);
             }
             let fed = [&prompt_ids[..], &got.ids[..7]].concat();
+            // And the last block boundary reached while generating (kept when it finished).
+            let last = fed.len() / BS * BS;
+            if last > prompt_ids.len() {
+                cps.push(last);
+            }
             prev = Some((fed, cps));
             prompt_ids.extend(&got.ids);
             boundaries.push(prompt_ids.len());

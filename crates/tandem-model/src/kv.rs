@@ -224,6 +224,32 @@ impl SequenceCache {
         }
     }
 
+    /// Layer `li`'s attention KV continuing at `past` instead of the main position: a layer
+    /// that runs behind or ahead of the model (the MTP head's own layer). Positions from
+    /// `past` on are overwritten by the next attend.
+    pub fn layer_kv_at(&mut self, li: usize, past: usize) -> Result<LayerKv<'_>> {
+        match &self.paged {
+            Some(p) => {
+                let bs = p.store.block_size();
+                if past > p.blocks.len() * bs {
+                    return Err(ModelError::Input(format!("layer {li}: position {past} is past the block table")));
+                }
+                Ok(LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past })
+            }
+            None => {
+                let buf = self
+                    .layers
+                    .get_mut(li)
+                    .ok_or_else(|| ModelError::Input("sequence cache has fewer layers than the model".into()))?;
+                if past > buf.len() {
+                    return Err(ModelError::Input(format!("layer {li} holds {} positions, not {past}", buf.len())));
+                }
+                buf.truncate(past);
+                Ok(LayerKv::Contiguous(buf))
+            }
+        }
+    }
+
     /// Starts a fresh paged cache at `position` (a prefix-cache hit): the KV of positions
     /// before it is already in the block table's blocks, and recurrent layers take
     /// `snapshot`'s state, which must be taken at `position`.
@@ -325,6 +351,20 @@ impl SequenceCache {
         }
         self.pos = len;
         Ok(())
+    }
+
+    /// Ends a speculative verification forward of `fed` tokens: keeps the first `keep` of them
+    /// (1 <= keep <= fed). Recurrent layers take the state recorded in verify mode (which must
+    /// have been started with [`Self::begin_verify`]); attention KV is cut.
+    pub fn commit_speculative(&mut self, fed: usize, keep: usize) -> Result<()> {
+        if keep == 0 || keep > fed || fed > self.pos {
+            return Err(ModelError::Input(format!("cannot keep {keep} of {fed} verified positions")));
+        }
+        if self.has_recurrent() {
+            return self.commit_verified(keep);
+        }
+        self.verify = None;
+        self.truncate(self.pos - fed + keep)
     }
 
     /// Number of tokens already in the cache.

@@ -161,14 +161,24 @@ fn verify_commit_j_equals_plain_run_of_j_tokens() {
         let mut plain = new_cache(&m);
         fwd(&m, &mut plain, prompt, LogitsWanted::None);
         let want_v = fwd(&m, &mut plain, &drafts[..j], LogitsWanted::All).unwrap();
+        let want_state = plain.snapshot();
         let want = fwd(&m, &mut plain, &[follow], LogitsWanted::Last).unwrap();
         let mut c = new_cache(&m);
         fwd(&m, &mut c, prompt, LogitsWanted::None);
         c.begin_verify();
         let v = fwd(&m, &mut c, &drafts, LogitsWanted::All).unwrap();
         assert!(rel_err(&v.narrow(0, 0, j).unwrap(), &want_v) <= 1e-5, "verify logits, j={j}");
-        c.commit_verified(j).unwrap();
+        c.commit_speculative(drafts.len(), j).unwrap();
         assert_eq!(c.position(), prompt.len() + j);
+        // The rolled-back recurrent state is the plain run's, not just close in its effect.
+        let got_state = c.snapshot();
+        assert_eq!(got_state.position, want_state.position);
+        for (a, b) in got_state.layers.iter().zip(&want_state.layers) {
+            if let (Some(a), Some(b)) = (a, b) {
+                let diff = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+                assert!(diff(&a.conv, &b.conv) <= 1e-5 && diff(&a.ssm, &b.ssm) <= 1e-4, "state after rollback to {j}");
+            }
+        }
         let got = fwd(&m, &mut c, &[follow], LogitsWanted::Last).unwrap();
         assert!(rel_err(&got, &want) <= 1e-5, "after committing {j}");
     }

@@ -14,6 +14,8 @@ pub struct Completion {
     /// One entry per generated token that came with log-probabilities.
     pub logprobs: Vec<PositionLogprobs>,
     pub finish_reason: FinishReason,
+    /// The request's stop string that ended it, if one did.
+    pub stop_string: Option<String>,
     pub usage: Usage,
 }
 
@@ -30,9 +32,9 @@ pub async fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Result<Completi
                 text.push_str(&piece);
                 logprobs.extend(lp);
             }
-            GenerationEvent::Finished { reason, text: tail, usage, .. } => {
+            GenerationEvent::Finished { reason, text: tail, stop_string, usage, .. } => {
                 text.push_str(&tail);
-                return Ok(Completion { text, token_ids, logprobs, finish_reason: reason, usage });
+                return Ok(Completion { text, token_ids, logprobs, finish_reason: reason, stop_string, usage });
             }
             GenerationEvent::Error(msg) => return Err(ApiError::internal(format!("Generation failed: {msg}"))),
         }
@@ -63,17 +65,19 @@ mod tests {
         let (tx, rx) = mpsc::channel(8);
         tx.send(tok(1, "he")).await.unwrap();
         tx.send(tok(2, "")).await.unwrap();
-        let usage = Usage { prompt_tokens: 5, completion_tokens: 2, cached_tokens: 0 };
+        let usage = Usage { prompt_tokens: 5, completion_tokens: 2, cached_tokens: 0, ..Default::default() };
         tx.send(GenerationEvent::Finished {
-            reason: FinishReason::Length,
+            reason: FinishReason::Stop,
             text: "y".into(),
+            stop_string: Some("STOP".into()),
             usage,
             timings: Timings::default(),
         })
         .await
         .unwrap();
         let c = collect(rx).await.unwrap();
-        assert_eq!((c.text.as_str(), c.token_ids, c.finish_reason), ("hey", vec![1, 2], FinishReason::Length));
+        assert_eq!((c.text.as_str(), c.token_ids, c.finish_reason), ("hey", vec![1, 2], FinishReason::Stop));
+        assert_eq!(c.stop_string.as_deref(), Some("STOP"));
         assert_eq!(c.usage, usage);
     }
 

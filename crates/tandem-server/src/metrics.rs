@@ -1,6 +1,7 @@
 //! `GET /metrics`: the engine's counters in the Prometheus text format (version 0.0.4):
 //! running and waiting requests, KV blocks used and free, state slots, recurrent-state
-//! checkpoints held, prefix-cache hit tokens and ratio, preemptions. A backend without engine
+//! checkpoints held, prefix-cache hit tokens and ratio, preemptions, speculative decoding
+//! (drafted/accepted tokens, acceptance per draft position). A backend without engine
 //! stats (test fakes) reports only `tandem_up`.
 
 use std::fmt::Write;
@@ -82,7 +83,35 @@ pub fn render(stats: Option<&EngineStats>) -> String {
         "Share of admitted prompt tokens served from the prefix cache.",
         s.prefix_hit_ratio(),
     );
+    speculative(&mut out, s);
     out
+}
+
+/// Speculative decoding: drafted/accepted counters, acceptance rate, mean accepted length and
+/// acceptance per draft position (a `position` label, 0 = the first draft).
+fn speculative(out: &mut String, s: &EngineStats) {
+    use Kind::{Counter, Gauge};
+    let v = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
+    metric(out, "tandem_spec_steps_total", Counter, "Verification steps that carried drafts.", v(&s.spec_steps));
+    metric(out, "tandem_spec_drafted_tokens_total", Counter, "Tokens drafted for speculation.", v(&s.spec_drafted));
+    metric(out, "tandem_spec_accepted_tokens_total", Counter, "Drafted tokens accepted.", v(&s.spec_accepted));
+    metric(out, "tandem_spec_acceptance_rate", Gauge, "Accepted share of drafted tokens.", s.spec_acceptance_rate());
+    metric(
+        out,
+        "tandem_spec_mean_accepted_length",
+        Gauge,
+        "Tokens per verification step (accepted drafts plus the model's own).",
+        s.spec_mean_accepted_length(),
+    );
+    let name = "tandem_spec_position_acceptance_rate";
+    out.push_str(&format!("# HELP {name} Share of drafts at each draft position that were accepted.\n"));
+    out.push_str(&format!("# TYPE {name} gauge\n"));
+    for (i, (d, a)) in s.spec_drafted_at.iter().zip(&s.spec_accepted_at).enumerate() {
+        let d = v(d);
+        if d > 0.0 {
+            out.push_str(&format!("{name}{{position=\"{i}\"}} {}\n", v(a) / d));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -98,8 +127,18 @@ mod tests {
         s.prompt_tokens.store(200, Ordering::Relaxed);
         s.prefix_hit_tokens.store(50, Ordering::Relaxed);
         s.preemptions.store(2, Ordering::Relaxed);
+        s.spec_steps.store(4, Ordering::Relaxed);
+        s.spec_drafted.store(10, Ordering::Relaxed);
+        s.spec_accepted.store(6, Ordering::Relaxed);
+        s.spec_drafted_at[0].store(4, Ordering::Relaxed);
+        s.spec_accepted_at[0].store(3, Ordering::Relaxed);
         let text = render(Some(&s));
         for line in [
+            "tandem_spec_drafted_tokens_total 10",
+            "tandem_spec_accepted_tokens_total 6",
+            "tandem_spec_acceptance_rate 0.6",
+            "tandem_spec_mean_accepted_length 2.5",
+            "tandem_spec_position_acceptance_rate{position=\"0\"} 0.75",
             "tandem_requests_running 3",
             "tandem_kv_blocks_used 40",
             "tandem_kv_blocks_free 60",
@@ -110,9 +149,11 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 19);
+        assert_eq!(samples.len(), 25);
         for l in &samples {
             let (name, value) = l.split_once(' ').unwrap();
+            // One labelled family: acceptance per draft position.
+            let name = name.strip_suffix("{position=\"0\"}").unwrap_or(name);
             assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{name}");
             value.parse::<f64>().unwrap();
             assert_eq!(text.matches(&format!("# TYPE {name} ")).count(), 1);

@@ -3,7 +3,7 @@
 //! [`SamplingParams`] and [`StopParams`], including the context-length budget.
 
 use serde::Deserialize;
-use tandem_engine::{SamplingParams, StopParams};
+use tandem_engine::{SamplingParams, SpecRequest, StopParams};
 
 use crate::error::ApiError;
 
@@ -46,6 +46,9 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     /// vLLM extension: return the generated (and prompt) token ids.
     pub return_token_ids: Option<bool>,
+    /// tandem extension: `{"method": "off"|"ngram"|"draft"|"mtp", "num_draft_tokens": k}`
+    /// overrides the server's speculative decoding for this request.
+    pub speculative: Option<SpecRequest>,
 }
 
 /// The validated, engine-ready form of [`CommonParams`].
@@ -58,6 +61,7 @@ pub struct Validated {
     pub stream: bool,
     pub include_usage: bool,
     pub return_token_ids: bool,
+    pub speculative: Option<SpecRequest>,
 }
 
 impl CommonParams {
@@ -137,6 +141,7 @@ impl CommonParams {
             stream,
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
+            speculative: self.speculative.clone(),
         })
     }
 }

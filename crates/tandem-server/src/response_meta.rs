@@ -35,6 +35,17 @@ pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
 
+/// tandem's extension of `usage`: speculative decoding numbers of the request (present when
+/// it drafted anything).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct SpeculativeUsage {
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    pub acceptance_rate: f64,
+    /// Tokens per verification step (accepted drafts plus the model's own).
+    pub mean_accepted_length: f64,
+}
+
 /// The OpenAI `usage` object.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct UsageBody {
@@ -42,6 +53,8 @@ pub struct UsageBody {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeUsage>,
 }
 
 impl From<&Usage> for UsageBody {
@@ -51,6 +64,12 @@ impl From<&Usage> for UsageBody {
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            speculative: (u.speculative.drafted_tokens > 0).then(|| SpeculativeUsage {
+                drafted_tokens: u.speculative.drafted_tokens,
+                accepted_tokens: u.speculative.accepted_tokens,
+                acceptance_rate: u.speculative.acceptance_rate(),
+                mean_accepted_length: u.speculative.mean_accepted_length(),
+            }),
         }
     }
 }
@@ -64,7 +83,7 @@ mod tests {
         let id = response_id("chatcmpl");
         assert!(id.starts_with("chatcmpl-") && id.len() == "chatcmpl-".len() + 24, "{id}");
         assert_ne!(id, response_id("chatcmpl"));
-        let u = UsageBody::from(&Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 1 });
+        let u = UsageBody::from(&Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 1, ..Default::default() });
         let v = serde_json::to_value(u).unwrap();
         assert_eq!(v["total_tokens"], 7);
         assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 1);

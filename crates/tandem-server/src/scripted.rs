@@ -7,7 +7,8 @@
 //! Tokens are bytes (id = byte + 3). The answer is the `reply` of the rule whose `when` text
 //! occurs latest in the rendered prompt (so in a multi-step conversation the newest message
 //! decides), else `default_reply`. Replies stream one byte-token at a time and honour
-//! `max_tokens` and cancellation. The script is JSON:
+//! `max_tokens`, stop strings (with the engine's matcher, reporting the one that matched) and
+//! cancellation. The script is JSON:
 //!
 //! ```json
 //! {"model": "scripted", "context_length": 8192, "chat_template": "…optional…",
@@ -17,6 +18,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use tandem_engine::engine::ModelInfo;
+use tandem_engine::stop::StopStringMatcher;
 use tandem_engine::{FinishReason, GenerateRequest, GenerationEvent, SubmitError, Timings, Usage};
 use tandem_model::chat_template::{ChatTemplate, RenderOptions};
 use tokio::sync::mpsc;
@@ -165,20 +167,29 @@ impl Backend for ScriptedBackend {
         let reply = self.reply_for(&decode(&req.prompt_ids));
         let (tx, rx) = mpsc::channel(8);
         tokio::spawn(async move {
+            let mut stops = StopStringMatcher::new(&req.stop.stop_strings);
+            let prompt_tokens = req.prompt_ids.len();
+            // The last event: held-back text, and the stop string if one matched.
+            let end = move |stops: &mut StopStringMatcher, reason, tail: &str, n| {
+                let (mut text, matched) = stops.push(tail);
+                if !matched {
+                    text.push_str(&stops.flush());
+                }
+                let stop_string = stops.matched_stop().map(str::to_owned);
+                GenerationEvent::Finished {
+                    reason: if stop_string.is_some() { FinishReason::Stop } else { reason },
+                    text,
+                    stop_string,
+                    usage: Usage { prompt_tokens, completion_tokens: n, cached_tokens: 0, ..Default::default() },
+                    timings: Timings::default(),
+                }
+            };
             let mut pending = Vec::new();
             let mut n = 0;
-            let usage = |n| Usage { prompt_tokens: req.prompt_ids.len(), completion_tokens: n, cached_tokens: 0 };
             for b in reply.bytes() {
                 if n == req.stop.max_tokens {
-                    let text = String::from_utf8_lossy(&pending).into_owned();
-                    let _ = tx
-                        .send(GenerationEvent::Finished {
-                            reason: FinishReason::Length,
-                            text,
-                            usage: usage(n),
-                            timings: Timings::default(),
-                        })
-                        .await;
+                    let tail = String::from_utf8_lossy(&pending).into_owned();
+                    let _ = tx.send(end(&mut stops, FinishReason::Length, &tail, n)).await;
                     return;
                 }
                 pending.push(b);
@@ -190,18 +201,16 @@ impl Backend for ScriptedBackend {
                     }
                     Err(_) => String::new(),
                 };
+                let (text, matched) = stops.push(&text);
                 if tx.send(GenerationEvent::Token { id: u32::from(b) + OFFSET, text, logprobs: None }).await.is_err() {
                     return;
                 }
                 n += 1;
+                if matched {
+                    break;
+                }
             }
-            let done = GenerationEvent::Finished {
-                reason: FinishReason::Stop,
-                text: String::new(),
-                usage: usage(n),
-                timings: Timings::default(),
-            };
-            let _ = tx.send(done).await;
+            let _ = tx.send(end(&mut stops, FinishReason::Stop, "", n)).await;
         });
         Ok(rx)
     }

@@ -179,8 +179,14 @@ mod tests {
     }
 
     fn finished() -> GenerationEvent {
-        let usage = Usage { prompt_tokens: 1, completion_tokens: 3, cached_tokens: 0 };
-        GenerationEvent::Finished { reason: FinishReason::Stop, text: "!".into(), usage, timings: Timings::default() }
+        let usage = Usage { prompt_tokens: 1, completion_tokens: 3, cached_tokens: 0, ..Default::default() };
+        GenerationEvent::Finished {
+            reason: FinishReason::Stop,
+            text: "!".into(),
+            stop_string: None,
+            usage,
+            timings: Timings::default(),
+        }
     }
 
     #[tokio::test]

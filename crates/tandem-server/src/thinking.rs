@@ -6,12 +6,22 @@
 //! transition that closes the block ([`BUDGET_TRANSITION`], [`LOOP_TRANSITION`]) as if the model
 //! had written it, and submits a continuation whose prompt is the original prompt + every token
 //! generated so far + the transition's tokens. The continuation is an ordinary request, so the
-//! engine needs nothing new; its cost is one extra prefill of prompt + thinking (which the prefix
-//! cache will make nearly free). With a budget, `max_tokens` bounds the answer only: the driver
-//! stops the answer after that many tokens with finish reason `length`.
+//! engine needs nothing new. With a budget, `max_tokens` bounds the answer only: the driver
+//! stops the answer after that many tokens with finish reason `length` (after a cut, the
+//! continuation is submitted with exactly that `max_tokens`, so the engine ends it).
+//!
+//! Cost of the continuation: its prompt is a prefix-cache hit up to what the first request
+//! committed. Full KV blocks enter the prefix tree as soon as they fill, generated tokens
+//! included, so on attention-only models everything but the last partial block of prompt +
+//! reasoning is reused. Models with recurrent layers resume only at a recurrent-state
+//! checkpoint; a request that finishes or is cancelled leaves one at the last block boundary it
+//! reached while generating, so the continuation resumes there and recomputes at most a block
+//! of reasoning plus the transition.
+//! it. `tests/thinking_cache.rs` measures both cases on real fixtures.
 //!
 //! Downstream sees one ordinary [`GenerationEvent`] stream (transition tokens included, usage
-//! counting both requests' generated tokens against the original prompt).
+//! counting both requests' generated tokens against the original prompt; `cached_tokens` is
+//! the continuation's prefix-cache hit, capped at the original prompt's length).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -114,15 +124,12 @@ async fn drive(
     let (mut thinking, mut answer) = (0usize, 0usize);
     // Set once the block was closed by us: tokens generated before the continuation.
     let mut cut_at: Option<usize> = None;
-    let mut cached = None;
-    let finished = |reason, completion: usize, cached: Option<usize>| GenerationEvent::Finished {
+    // Ends the stream before the engine finished (its prefix-cache hit is then unknown: 0).
+    let finished = |reason, completion: usize| GenerationEvent::Finished {
         reason,
         text: String::new(),
-        usage: Usage {
-            prompt_tokens: orig.prompt_ids.len(),
-            completion_tokens: completion,
-            cached_tokens: cached.unwrap_or(0),
-        },
+        stop_string: None,
+        usage: Usage { prompt_tokens: orig.prompt_ids.len(), completion_tokens: completion, ..Default::default() },
         timings: Timings::default(),
     };
     loop {
@@ -148,8 +155,10 @@ async fn drive(
                 if tx.send(GenerationEvent::Token { id, text, logprobs }).await.is_err() {
                     return;
                 }
-                if policy.answer_max.is_some_and(|m| answer >= m) && !inside {
-                    let _ = tx.send(finished(FinishReason::Length, generated.len(), cached)).await;
+                // After a cut the continuation's own `max_tokens` is the answer budget: its
+                // `Finished` (with its prefix-cache hit) ends the stream.
+                if cut_at.is_none() && policy.answer_max.is_some_and(|m| answer >= m) && !inside {
+                    let _ = tx.send(finished(FinishReason::Length, generated.len())).await;
                     return;
                 }
                 let over = policy.budget.is_some_and(|b| thinking >= b);
@@ -183,7 +192,7 @@ async fn drive(
                 };
                 let max_tokens = wanted.min(room);
                 if max_tokens == 0 {
-                    let _ = tx.send(finished(FinishReason::Length, generated.len(), cached)).await;
+                    let _ = tx.send(finished(FinishReason::Length, generated.len())).await;
                     return;
                 }
                 let next = GenerateRequest {
@@ -203,17 +212,17 @@ async fn drive(
                 };
                 cut_at = Some(generated.len());
             }
-            GenerationEvent::Finished { reason, text, usage, timings } => {
-                cached.get_or_insert(usage.cached_tokens);
+            GenerationEvent::Finished { reason, text, stop_string, usage, timings } => {
                 let usage = match cut_at {
                     None => usage,
                     Some(n) => Usage {
                         prompt_tokens: orig.prompt_ids.len(),
                         completion_tokens: n + usage.completion_tokens,
-                        cached_tokens: cached.unwrap_or(0),
+                        cached_tokens: usage.cached_tokens.min(orig.prompt_ids.len()),
+                        ..usage
                     },
                 };
-                let _ = tx.send(GenerationEvent::Finished { reason, text, usage, timings }).await;
+                let _ = tx.send(GenerationEvent::Finished { reason, text, stop_string, usage, timings }).await;
                 return;
             }
             GenerationEvent::Error(e) => {

@@ -1,7 +1,8 @@
 //! The agent-facing API end to end over real sockets, on the scripted backend (real chat
 //! template, parsers and thinking driver; scripted model output): tool calls whole and
 //! streamed, `tool_choice`, a multi-step tool conversation, reasoning content, the thinking
-//! budget and loop escape, and the Anthropic Messages API with its streaming events.
+//! budget and loop escape, and the Anthropic Messages API with its streaming events and stop
+//! sequences.
 
 mod common;
 
@@ -350,6 +351,41 @@ async fn anthropic_messages() {
         .await;
     assert_eq!(st, 200);
     assert_eq!(c["input_tokens"], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".len());
+}
+
+#[tokio::test]
+async fn anthropic_stop_sequence() {
+    let s = start().await;
+    let msgs = json!([{"role": "user", "content": "two plus two"}]);
+    let body = json!({"max_tokens": 100, "stop_sequences": ["nowhere", "is 4"], "messages": msgs});
+    let (st, v) = s.post("/v1/messages", &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((v["stop_reason"].as_str(), v["stop_sequence"].as_str()), (Some("stop_sequence"), Some("is 4")), "{v}");
+    assert_eq!(v["content"][0]["thinking"], "Two plus two is four.");
+    assert_eq!(v["content"][1], json!({"type": "text", "text": "The answer "}));
+
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let events = anthropic_events(&s, &sbody).await;
+    let delta = &events[events.len() - 2];
+    assert_eq!(delta.0, "message_delta");
+    assert_eq!(delta.1["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": "is 4"}));
+    assert_eq!(events[0].1["message"]["stop_sequence"], Value::Null);
+    let text: String = events.iter().filter_map(|e| e.1["delta"]["text"].as_str()).collect();
+    assert_eq!(text, "The answer ");
+
+    // No stop sequence matched: `end_turn` and a null `stop_sequence`.
+    let body = json!({"max_tokens": 100, "stop_sequences": ["nowhere"], "messages": msgs});
+    let (_, v) = s.post("/v1/messages", &body).await;
+    assert_eq!((v["stop_reason"].as_str(), &v["stop_sequence"]), (Some("end_turn"), &Value::Null), "{v}");
+    sbody["stop_sequences"] = json!(["nowhere"]);
+    let events = anthropic_events(&s, &sbody).await;
+    assert_eq!(events[events.len() - 2].1["delta"], json!({"stop_reason": "end_turn", "stop_sequence": null}));
+
+    // The OpenAI route keeps `finish_reason: "stop"` for a stop string.
+    let (_, v) = s.post("/v1/chat/completions", &chat(msgs, json!({"stop": ["is 4"]}))).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "The answer ");
 }
 
 #[tokio::test]

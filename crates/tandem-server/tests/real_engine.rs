@@ -1,7 +1,8 @@
 //! The server on the real engine with the tiny Qwen2 fixture (random weights, context 256,
 //! vocabulary 384), over real sockets: whole and streamed chat and completions agree for greedy
 //! decoding, usage matches the token ids, log-probability shapes, every refusal, cancellation on
-//! disconnect, and that a good request is served after the bad ones.
+//! disconnect, that a good request is served after the bad ones, and Anthropic's
+//! `stop_sequence` reporting.
 
 mod common;
 
@@ -270,4 +271,35 @@ async fn message_boundaries_fall_on_message_ends() {
         let prefix = engine.tokenizer().decode(&prompt.ids[..b], false);
         assert_eq!(prefix, rendered.text[..end], "boundary {b}");
     }
+}
+
+#[tokio::test]
+async fn anthropic_stop_sequence_on_the_real_engine() {
+    let (s, _engine) = start().await;
+    let msgs = json!([{"role": "user", "content": "Hello there"}]);
+    let (st, full) = s.post("/v1/messages", &json!({"max_tokens": 16, "temperature": 0, "messages": msgs})).await;
+    assert_eq!(st, 200, "{full}");
+    let text = full["content"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(full["stop_sequence"], Value::Null, "{full}");
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    assert!(chars.len() >= 4, "the greedy answer is long enough to cut: {text:?}");
+    // A stop sequence from the middle of the greedy answer: the answer ends right before it.
+    let from = chars[chars.len() / 2].0;
+    let stop: String = text[from..].chars().take(2).collect();
+    let want = &text[..text.find(&stop).unwrap()];
+    let body = json!({"max_tokens": 16, "temperature": 0, "messages": msgs, "stop_sequences": ["\u{1}never", stop]});
+    let (st, v) = s.post("/v1/messages", &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((v["stop_reason"].as_str(), v["stop_sequence"].as_str()), (Some("stop_sequence"), Some(stop.as_str())));
+    assert_eq!(v["content"][0]["text"], want, "{v}");
+
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let (st, _, data) = s.stream("/v1/messages", &sbody).await;
+    assert_eq!(st, 200);
+    let events: Vec<Value> = data.iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let delta = events.iter().find(|e| e["type"] == "message_delta").expect("a message_delta event");
+    assert_eq!(delta["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": stop}));
+    let streamed: String = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
+    assert_eq!(streamed, want);
 }

@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 
 use crate::batch::SeqChunk;
 use crate::error::Result;
-use crate::kv::LayerCacheSpec;
+use crate::kv::{LayerCacheSpec, SequenceCache};
 
 /// A decoder-only language model.
 pub trait CausalLm: Send + Sync {
@@ -21,4 +21,32 @@ pub trait CausalLm: Send + Sync {
     /// Runs one ragged batch. Each chunk continues its sequence at `cache.position()` and
     /// advances it. Returns, per chunk, f32 logits `[rows, vocab]` for the rows it asked for.
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>>;
+
+    /// [`CausalLm::forward`] that also returns the final-normed hidden state of every token,
+    /// `[total_tokens, hidden]`, where the model has a use for it (an MTP head); `None` otherwise.
+    fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        Ok((self.forward(chunks)?, None))
+    }
+
+    /// The model's built-in multi-token-prediction head, if it has one.
+    fn mtp(&self) -> Option<&dyn MtpDraft> {
+        None
+    }
+}
+
+/// A multi-token-prediction head drafting for speculative decoding. Its KV is the last layer of
+/// the model's [`CausalLm::cache_spec`] and is indexed by main-model positions.
+pub trait MtpDraft: Send + Sync {
+    /// Runs the head over main positions `past .. past + n`, given the main model's final-normed
+    /// hidden states there (`hidden: [n, H]`) and the token after each; writes the head's KV
+    /// at those positions. Returns `(logits [1, vocab], y [n, H])`: the logits of the last row
+    /// (a draft of the token after the last of `next_tokens`) and the head's output rows (the
+    /// last one is fed back as `hidden` to draft further).
+    fn mtp_forward(
+        &self,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        cache: &mut SequenceCache,
+        past: usize,
+    ) -> Result<(Tensor, Tensor)>;
 }

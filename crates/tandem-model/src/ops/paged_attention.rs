@@ -3,9 +3,11 @@
 //! sequence's block table.
 //!
 //! The CPU kernel is tiled like flash attention: the query heads that share a KV head and a
-//! tile of query positions walk the sequence's key blocks in order, keeping a running maximum,
-//! normaliser and weighted sum per query row (online softmax), so memory never grows with the
-//! square of the length and every key block is read once per tile. A query row's arithmetic
+//! tile of query positions walk a segment of the sequence's keys together, computing a
+//! maximum, normaliser and weighted sum per query row, and the segments' states are merged
+//! (online softmax, split over key positions like flash-decoding), so memory never grows with
+//! the square of the length and every key and value row is read once per tile, not once per
+//! query head. A query row's arithmetic
 //! depends only on its own query, the keys it sees and their block order, never on the tile
 //! or chunk it arrives in, so chunked prefill and decode give bit-identical rows.
 //!
@@ -130,8 +132,16 @@ impl CustomOp3 for PagedAttentionOp {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod kernel;
+#[cfg(test)]
+mod reference;
+mod segment;
+mod vec_ops;
 pub use kernel::{paged_attention_cpu, Dims};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kernel;

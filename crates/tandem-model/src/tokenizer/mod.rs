@@ -73,6 +73,21 @@ impl Tokenizer {
         hf::from_hf_dir(dir)
     }
 
+    /// A stand-in vocabulary of `vocab_size` word-level tokens `t0 t1 ...` (no special tokens):
+    /// for random-weight models in benchmarks, which need ids, not text.
+    pub fn placeholder(vocab_size: usize) -> Result<Self> {
+        use tokenizers::models::wordlevel::WordLevel;
+        let vocab = (0..vocab_size.max(1) as u32).map(|i| (format!("t{i}"), i)).collect();
+        let model = WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("t0".into())
+            .build()
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::WhitespaceSplit));
+        Ok(Self::assemble(inner, None, false, None, Vec::new(), vocab_size))
+    }
+
     /// Puts the pieces together: collects end-of-generation ids and picks the stream anchor.
     fn assemble(
         inner: tokenizers::Tokenizer,

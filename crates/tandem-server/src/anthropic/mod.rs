@@ -4,12 +4,12 @@
 //! Anthropic's shapes ([`response`]); every error has Anthropic's body
 //! `{"type":"error","error":{"type","message"}}`.
 //!
-//! Differences from Anthropic's service: `thinking` blocks carry an empty `signature`; when
-//! generation ends on one of `stop_sequences` the stop reason is `end_turn` and `stop_sequence`
-//! is `null` (the engine does not report which rule stopped it); without a `thinking` field the
-//! chat template's default applies (Qwen3 models think by default); `budget_tokens` counts
-//! separately from `max_tokens`, which bounds the answer after the thinking block (as
-//! `max_thinking_tokens` does on the OpenAI route).
+//! Differences from Anthropic's service: `thinking` blocks carry an empty `signature`; without a
+//! `thinking` field the chat template's default applies (Qwen3 models think by default);
+//! `budget_tokens` counts separately from `max_tokens`, which bounds the answer after the
+//! thinking block (as `max_thinking_tokens` does on the OpenAI route). A stop sequence that
+//! ends the answer is reported as Anthropic does (`stop_reason: "stop_sequence"` and the
+//! matched string in `stop_sequence`).
 
 pub mod request;
 pub mod response;
@@ -81,7 +81,8 @@ pub async fn messages(
     let id = message_id();
     if !params.stream {
         let done = collect_until(sub.rx, &guard).await?;
-        let body = whole_message(&id, &model, &sub.output, &done.text, done.finish_reason, &done.usage);
+        let stop = done.stop_string.as_deref();
+        let body = whole_message(&id, &model, &sub.output, &done.text, done.finish_reason, stop, &done.usage);
         return Ok(axum::Json(body).into_response());
     }
     let first = first_event_until(&mut sub.rx, &guard).await?;
@@ -144,7 +145,9 @@ pub async fn count_tokens(
 fn on_event(writer: &mut EventWriter, event: Option<GenerationEvent>) -> (Vec<response::Event>, bool) {
     match event {
         Some(GenerationEvent::Token { text, .. }) => (writer.text(&text), false),
-        Some(GenerationEvent::Finished { reason, text, usage, .. }) => (writer.finish(reason, &text, &usage), true),
+        Some(GenerationEvent::Finished { reason, text, stop_string, usage, .. }) => {
+            (writer.finish(reason, stop_string.as_deref(), &text, &usage), true)
+        }
         Some(GenerationEvent::Error(msg)) => {
             (vec![("error", ApiError::internal(format!("Generation failed: {msg}")).anthropic_body())], true)
         }

@@ -2,6 +2,8 @@
 //! (`message_start`, `content_block_start` / `_delta` / `_stop` with `text_delta`,
 //! `thinking_delta` and `input_json_delta`, `message_delta` with the stop reason and usage,
 //! `message_stop`, `ping`). Text goes through the shared [`OutputParser`], as for OpenAI.
+//! `stop_reason` is `stop_sequence`, with the matched string in `stop_sequence`, when one of
+//! the request's `stop_sequences` ended the answer (the engine reports which).
 
 use serde_json::{json, Value};
 use tandem_engine::{FinishReason, Usage};
@@ -22,12 +24,15 @@ fn tool_id(id: &str) -> String {
     }
 }
 
-/// `stop_reason` of an answer.
-pub fn stop_reason(reason: FinishReason, made_calls: bool) -> &'static str {
-    match (made_calls, reason) {
-        (true, _) => "tool_use",
-        (false, FinishReason::Length) => "max_tokens",
-        (false, FinishReason::Stop) => "end_turn",
+/// `stop_reason` and `stop_sequence` of an answer: `tool_use` when it made calls, else
+/// `stop_sequence` and the matched string when `stop` (one of the request's `stop_sequences`)
+/// ended it, `max_tokens`, or `end_turn`. `stop_sequence` is `null` unless it is the reason.
+pub fn stop_fields(reason: FinishReason, stop: Option<&str>, made_calls: bool) -> (&'static str, Value) {
+    match (made_calls, reason, stop) {
+        (true, _, _) => ("tool_use", Value::Null),
+        (false, FinishReason::Stop, Some(s)) => ("stop_sequence", json!(s)),
+        (false, FinishReason::Stop, None) => ("end_turn", Value::Null),
+        (false, FinishReason::Length, _) => ("max_tokens", Value::Null),
     }
 }
 
@@ -52,6 +57,7 @@ pub fn whole_message(
     output: &OutputConfig,
     text: &str,
     reason: FinishReason,
+    stop: Option<&str>,
     usage: &Usage,
 ) -> Value {
     let p = Parsed::from_text(output, text);
@@ -67,14 +73,15 @@ pub fn whole_message(
             json!({"type": "tool_use", "id": tool_id(&c.id), "name": c.name, "input": input_object(&c.arguments)}),
         );
     }
+    let (stop_reason, stop_sequence) = stop_fields(reason, stop, !p.calls.is_empty());
     json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(reason, !p.calls.is_empty()),
-        "stop_sequence": null,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": usage_body(usage),
     })
 }
@@ -122,8 +129,9 @@ impl EventWriter {
         self.blocks(events)
     }
 
-    /// The closing events: the last block's stop, `message_delta` and `message_stop`.
-    pub fn finish(&mut self, reason: FinishReason, tail: &str, usage: &Usage) -> Vec<Event> {
+    /// The closing events: the last block's stop, `message_delta` and `message_stop`. `stop` is
+    /// the stop sequence that ended generation, if one did.
+    pub fn finish(&mut self, reason: FinishReason, stop: Option<&str>, tail: &str, usage: &Usage) -> Vec<Event> {
         let mut events = self.parser.push(tail);
         events.extend(self.parser.finish());
         let mut out = self.blocks(events);
@@ -132,10 +140,11 @@ impl EventWriter {
             out.extend(self.open_block(Block::Text, json!({"type": "text", "text": ""})));
         }
         out.extend(self.close());
+        let (stop_reason, stop_sequence) = stop_fields(reason, stop, self.parser.made_calls());
         out.push((
             "message_delta",
             json!({"type": "message_delta",
-            "delta": {"stop_reason": stop_reason(reason, self.parser.made_calls()), "stop_sequence": null},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
             "usage": {"output_tokens": usage.completion_tokens}}),
         ));
         out.push(("message_stop", json!({"type": "message_stop"})));
@@ -222,17 +231,23 @@ mod tests {
 
     #[test]
     fn whole() {
-        let usage = Usage { prompt_tokens: 3, completion_tokens: 9, cached_tokens: 0 };
-        let m = whole_message("msg_1", "m", &cfg(), TEXT, FinishReason::Stop, &usage);
+        let usage = Usage { prompt_tokens: 3, completion_tokens: 9, cached_tokens: 0, ..Default::default() };
+        let m = whole_message("msg_1", "m", &cfg(), TEXT, FinishReason::Stop, None, &usage);
         assert_eq!(m["stop_reason"], "tool_use");
         assert_eq!(m["content"][0], json!({"type": "thinking", "thinking": "hmm", "signature": ""}));
         assert_eq!(m["content"][1], json!({"type": "text", "text": "Ok."}));
         assert_eq!(m["content"][2]["input"], json!({"a": 1}));
         assert!(m["content"][2]["id"].as_str().unwrap().starts_with("toolu_"));
         assert_eq!(m["usage"]["input_tokens"], 3);
-        let empty = whole_message("msg_2", "m", &OutputConfig::default(), "", FinishReason::Length, &usage);
+        let empty = whole_message("msg_2", "m", &OutputConfig::default(), "", FinishReason::Length, None, &usage);
         assert_eq!(empty["content"], json!([{"type": "text", "text": ""}]));
         assert_eq!(empty["stop_reason"], "max_tokens");
+        assert_eq!(empty["stop_sequence"], Value::Null);
+        let stopped = whole_message("msg_3", "m", &cfg(), "hmm</think>Ok", FinishReason::Stop, Some("\n\nH"), &usage);
+        assert_eq!((&stopped["stop_reason"], &stopped["stop_sequence"]), (&json!("stop_sequence"), &json!("\n\nH")));
+        assert_eq!(stopped["content"][1], json!({"type": "text", "text": "Ok"}));
+        let plain = whole_message("msg_4", "m", &cfg(), "hmm</think>Ok", FinishReason::Stop, None, &usage);
+        assert_eq!((&plain["stop_reason"], &plain["stop_sequence"]), (&json!("end_turn"), &Value::Null));
     }
 
     #[test]
@@ -242,7 +257,7 @@ mod tests {
         for ch in TEXT.chars() {
             events.extend(w.text(&ch.to_string()));
         }
-        events.extend(w.finish(FinishReason::Stop, "", &Usage::default()));
+        events.extend(w.finish(FinishReason::Stop, None, "", &Usage::default()));
         let names: Vec<&str> = events.iter().map(|e| e.0).collect();
         let mut dedup = names.clone();
         dedup.dedup();
@@ -271,5 +286,14 @@ mod tests {
         assert_eq!(json, "{\"a\": 1}");
         let last_delta = &events[events.len() - 2].1;
         assert_eq!(last_delta["delta"]["stop_reason"], "tool_use");
+        assert_eq!(last_delta["delta"]["stop_sequence"], Value::Null);
+
+        // A stop sequence ended the answer: `message_delta` names it.
+        let mut w = EventWriter::new(&OutputConfig::default());
+        let mut events = w.text("The answer is 4");
+        events.extend(w.finish(FinishReason::Stop, Some("2."), "", &Usage::default()));
+        let delta = &events[events.len() - 2];
+        assert_eq!(delta.0, "message_delta");
+        assert_eq!(delta.1["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": "2."}));
     }
 }

@@ -293,7 +293,8 @@ mod tests {
             token_ids: vec![7, 8],
             logprobs: vec![],
             finish_reason: FinishReason::Stop,
-            usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 0 },
+            stop_string: None,
+            usage: Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 0, ..Default::default() },
         };
         let out = OutputConfig::default();
         let v = serde_json::to_value(ChatCompletion::new(meta(), done.clone(), &out, None, false)).unwrap();
@@ -322,7 +323,7 @@ mod tests {
         let fin = parse(&f.finish(FinishReason::Length, ""));
         assert_eq!(fin["choices"][0]["finish_reason"], "length");
         assert_eq!(fin["choices"][0]["delta"], serde_json::json!({}));
-        let u = parse(&f.usage(&Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 }));
+        let u = parse(&f.usage(&Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0, ..Default::default() }));
         assert_eq!(u["choices"], serde_json::json!([]));
         assert_eq!(u["usage"]["total_tokens"], 2);
     }
@@ -350,6 +351,7 @@ mod tests {
             token_ids: vec![],
             logprobs: vec![],
             finish_reason: FinishReason::Stop,
+            stop_string: None,
             usage: Usage::default(),
         };
         let v = serde_json::to_value(ChatCompletion::new(meta(), done, &out, None, false)).unwrap();

@@ -78,6 +78,7 @@ pub async fn submit_chat(state: &AppState, job: ChatJob) -> Result<Submitted, Ap
         stop: StopParams { max_tokens, ..params.stop },
         logprobs,
         message_boundaries: prompt.message_boundaries,
+        speculative: params.speculative.clone(),
     };
     let rx = thinking::submit(state.backend.clone(), gen, policy)?;
     Ok(Submitted { rx, prompt_ids: prompt.ids, output })

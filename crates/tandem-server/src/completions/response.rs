@@ -153,7 +153,8 @@ mod tests {
             token_ids: vec![1, 2],
             logprobs: vec![lp("a"), lp("b")],
             finish_reason: FinishReason::Length,
-            usage: Usage { prompt_tokens: 2, completion_tokens: 2, cached_tokens: 0 },
+            stop_string: None,
+            usage: Usage { prompt_tokens: 2, completion_tokens: 2, cached_tokens: 0, ..Default::default() },
         };
         let v = whole(&meta(), done, Some(vec![9]), true);
         assert_eq!(v["object"], "text_completion");

@@ -49,6 +49,7 @@ pub async fn completions(
         stop: StopParams { max_tokens, ..params.stop },
         logprobs,
         message_boundaries: Vec::new(),
+        speculative: params.speculative.clone(),
     };
     let mut rx = state.backend.submit(gen)?;
     let meta = ResponseMeta::new("cmpl", &model);

@@ -96,7 +96,7 @@ impl Backend for Fake {
         let (tx, rx) = mpsc::channel(4);
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let usage = |n| Usage { prompt_tokens: req.prompt_ids.len(), completion_tokens: n, cached_tokens: 0 };
+            let usage = |n| Usage { prompt_tokens: req.prompt_ids.len(), completion_tokens: n, cached_tokens: 0, ..Default::default() };
             if prompt.contains("ERRFIRST") {
                 let _ = tx.send(GenerationEvent::Error("scripted failure".into())).await;
                 return;
@@ -111,6 +111,7 @@ impl Backend for Fake {
                     let done = GenerationEvent::Finished {
                         reason: FinishReason::Length,
                         text,
+                        stop_string: None,
                         usage: usage(n),
                         timings: Timings::default(),
                     };
@@ -149,6 +150,7 @@ impl Backend for Fake {
             let done = GenerationEvent::Finished {
                 reason: FinishReason::Stop,
                 text: String::new(),
+                stop_string: None,
                 usage: usage(n),
                 timings: Timings::default(),
             };

@@ -205,6 +205,18 @@ def scripted_tests(port):
         assert final.content[0].type == "thinking" and final.content[0].thinking.endswith("now the answer."), final
         assert final.content[1].type == "text" and final.content[1].text == "Budget answer."
 
+    def anthropic_stop_sequence():
+        msgs = [{"role": "user", "content": "two plus two?"}]
+        m = ac.messages.create(model="scripted", max_tokens=100, messages=msgs, stop_sequences=["nowhere", "is 4"])
+        assert m.stop_reason == "stop_sequence" and m.stop_sequence == "is 4", m
+        assert m.content[-1].type == "text" and m.content[-1].text == "The answer ", m
+        with ac.messages.stream(model="scripted", max_tokens=100, messages=msgs, stop_sequences=["is 4"]) as s:
+            final = s.get_final_message()
+        assert final.stop_reason == "stop_sequence" and final.stop_sequence == "is 4", final
+        assert final.content[-1].text == "The answer ", final
+        m = ac.messages.create(model="scripted", max_tokens=100, messages=msgs, stop_sequences=["nowhere"])
+        assert m.stop_reason == "end_turn" and m.stop_sequence is None, m
+
     def auth_errors():
         bad_oc = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0)
         bad_ac = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="wrong", max_retries=0)
@@ -222,7 +234,7 @@ def scripted_tests(port):
                 raise AssertionError(f"expected {exc.__name__}")
 
     return [openai_tool_conversation, openai_streamed_tool_call, openai_reasoning_content, openai_thinking_budget,
-            anthropic_tool_conversation, anthropic_thinking, auth_errors]
+            anthropic_tool_conversation, anthropic_thinking, anthropic_stop_sequence, auth_errors]
 
 
 def main():

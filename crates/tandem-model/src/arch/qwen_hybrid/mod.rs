@@ -26,7 +26,7 @@ use crate::arch::CausalLm;
 use crate::batch::{LogitsWanted, SeqChunk};
 use crate::config::{RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::kv::LayerCacheSpec;
+use crate::kv::{LayerCacheSpec, SequenceCache};
 use crate::loader::safetensors::SafetensorsSource;
 use crate::loader::{layer_progress, Embedding, Linear, LoadedModel, ModelSummary, WeightSource};
 use crate::ops::Rope;
@@ -223,6 +223,33 @@ impl CausalLm for QwenHybrid {
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let hidden = self.forward_hidden(chunks)?;
         crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))
+    }
+
+    fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        let hidden = self.forward_hidden(chunks)?;
+        let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))?;
+        Ok((logits, Some(hidden)))
+    }
+
+    fn mtp(&self) -> Option<&dyn super::MtpDraft> {
+        self.mtp.is_some().then_some(self as &dyn super::MtpDraft)
+    }
+}
+
+impl super::MtpDraft for QwenHybrid {
+    fn mtp_forward(
+        &self,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        cache: &mut SequenceCache,
+        past: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
+        // The head's KV is the layer after the main ones (see `cache_spec`).
+        let kv = cache.layer_kv_at(self.cfg.num_layers(), past)?;
+        let y = head.forward_kv(self, hidden, next_tokens, kv, past)?;
+        let n = y.dim(0)?;
+        Ok((self.logits(&y.narrow(0, n - 1, 1)?)?, y))
     }
 }
 

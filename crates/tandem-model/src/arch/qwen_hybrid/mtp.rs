@@ -68,6 +68,21 @@ impl MtpHead {
         next_tokens: &[u32],
         kv: &mut KvBuffer,
     ) -> Result<(Tensor, Tensor)> {
+        let start = kv.len();
+        let y = self.forward_kv(model, hidden, next_tokens, LayerKv::Contiguous(kv), start)?;
+        Ok((model.logits(&y)?, y))
+    }
+
+    /// The head's output `y: [n, H]` (before the LM head) over any KV store: `kv` continues at
+    /// main position `start` (its `past`), e.g. the head's layer in the engine's paged blocks.
+    pub fn forward_kv(
+        &self,
+        model: &QwenHybrid,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        kv: LayerKv<'_>,
+        start: usize,
+    ) -> Result<Tensor> {
         let n = next_tokens.len();
         if hidden.dim(0)? != n || n == 0 {
             return Err(ModelError::Input(format!("MTP: {} hidden rows for {n} tokens", hidden.dim(0)?)));
@@ -79,15 +94,13 @@ impl MtpHead {
         let e = model.embed_tokens(&Tensor::from_vec(next_tokens.to_vec(), n, dev)?)?;
         let x = Tensor::cat(&[self.rms(&e, &self.enorm)?, self.rms(hidden, &self.hnorm)?], 1)?;
         let x = self.fc.forward(&x)?;
-        let start = kv.len();
         let positions: Vec<usize> = (start..start + n).collect();
         let tables = model.rope.tables(&positions, dev)?;
         let h = self.rms(&x, &self.in_norm)?;
-        let mut parts = [AttnPart { len: n, kv: LayerKv::Contiguous(kv), tables: &tables }];
+        let mut parts = [AttnPart { len: n, kv, tables: &tables }];
         let x = (x + self.attn.forward(&h, &model.rope, &mut parts)?)?;
         let x = (&x + self.ffn.forward(&self.rms(&x, &self.post_norm)?)?)?;
-        let y = self.rms(&x, &self.norm)?;
-        Ok((model.logits(&y)?, y))
+        self.rms(&x, &self.norm)
     }
 
     /// Feeds the real rows (as in [`Self::forward`]) and then drafts `k >= 1` tokens greedily,

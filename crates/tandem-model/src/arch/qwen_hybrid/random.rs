@@ -14,12 +14,14 @@ use crate::error::{ModelError, Result};
 use crate::loader::{Embedding, LinearWeight, WeightSource};
 
 /// Names of the presets [`preset`] knows.
-pub const PRESETS: [&str; 2] = ["0.8b", "tiny"];
+pub const PRESETS: [&str; 3] = ["0.8b", "0.8b-mtp", "tiny"];
 
 /// A named configuration:
 /// - `0.8b`: Qwen3.5-0.8B-like: 24 layers (3 GDN : 1 attention), hidden 1024, GDN nk = nv = 16,
 ///   dk = dv = 128, attention 8 heads / 2 KV heads / head_dim 256 (rotary 64), dense SwiGLU
 ///   3584, vocab 248320, tied embeddings;
+/// - `0.8b-mtp`: the same with an MTP head (one attention layer + dense MLP), for speculative
+///   decoding benchmarks;
 /// - `tiny`: 4 layers, hidden 64, MoE with 4 experts (for quick checks).
 pub fn preset(name: &str) -> Result<HybridConfig> {
     let base = HybridConfig {
@@ -50,6 +52,7 @@ pub fn preset(name: &str) -> Result<HybridConfig> {
     };
     Ok(match name {
         "0.8b" => base,
+        "0.8b-mtp" => HybridConfig { mtp_layers: 1, ..base },
         "tiny" => HybridConfig {
             model_type: "qwen3_5_moe_text".into(),
             vocab_size: 512,
@@ -197,6 +200,26 @@ impl RandomSource {
                     put(p("mlp.down_proj.weight"), vec![h, n], Kind::Matrix);
                 }
             }
+        }
+        if cfg.mtp_layers > 0 {
+            // The MTP head (spec §8): one full-attention decoder layer with a dense MLP.
+            put("mtp.fc.weight".into(), vec![h, 2 * h], Kind::Matrix);
+            put("mtp.pre_fc_norm_embedding.weight".into(), vec![h], Kind::ZeroNorm);
+            put("mtp.pre_fc_norm_hidden.weight".into(), vec![h], Kind::ZeroNorm);
+            put("mtp.norm.weight".into(), vec![h], Kind::ZeroNorm);
+            let p = |t: &str| format!("mtp.layers.0.{t}");
+            put(p("input_layernorm.weight"), vec![h], Kind::ZeroNorm);
+            put(p("post_attention_layernorm.weight"), vec![h], Kind::ZeroNorm);
+            put(p("self_attn.q_proj.weight"), vec![2 * nh * hd, h], Kind::Matrix);
+            put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
+            put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
+            put(p("self_attn.o_proj.weight"), vec![h, nh * hd], Kind::Matrix);
+            put(p("self_attn.q_norm.weight"), vec![hd], Kind::ZeroNorm);
+            put(p("self_attn.k_norm.weight"), vec![hd], Kind::ZeroNorm);
+            let n = cfg.intermediate_size;
+            put(p("mlp.gate_proj.weight"), vec![n, h], Kind::Matrix);
+            put(p("mlp.up_proj.weight"), vec![n, h], Kind::Matrix);
+            put(p("mlp.down_proj.weight"), vec![h, n], Kind::Matrix);
         }
         Self { shapes: s, dtype, device: device.clone() }
     }

@@ -1,0 +1,136 @@
+//! Scheduler tests that need its insides: speculative rollback at every draft position on the
+//! hybrid fixtures, driven by a scripted proposer that knows the plain greedy continuation and
+//! corrupts one draft position per step (including none), so every acceptance length occurs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Tensor;
+use tandem_model::arch::CausalLm;
+use tokio::sync::mpsc;
+
+use super::{Scheduler, Submission};
+use crate::engine::{EngineConfig, EngineStats};
+use crate::request::{GenerateRequest, GenerationEvent, StopParams};
+use crate::sampler::Sampler;
+use crate::sequence::Sequence;
+use crate::spec::{Proposer, SpecConfig, SpecMethod};
+
+struct Oracle {
+    prompt_len: usize,
+    truth: Vec<u32>,
+    k: usize,
+    step: usize,
+}
+
+impl Proposer for Oracle {
+    fn propose(&mut self, _m: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+        for (s, k) in seqs.iter_mut() {
+            let at = s.tokens().len() - self.prompt_len;
+            let mut d: Vec<u32> = self.truth.iter().skip(at).take(*k).copied().collect();
+            // Corrupt draft `step % (k + 1)` (none when it equals k): rejections everywhere.
+            let bad = self.step % (self.k + 1);
+            if let Some(t) = d.get_mut(bad) {
+                *t = (*t + 1) % 384;
+            }
+            self.step += 1;
+            s.spec.drafts = d;
+        }
+        Ok(())
+    }
+
+    fn catch_up(&mut self, _m: &dyn CausalLm, _s: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid").join(name)
+}
+
+/// Runs one greedy request to completion on a scheduler; the generated ids.
+fn generate(s: &mut Scheduler, prompt: &[u32], n: usize) -> Vec<u32> {
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        stop: StopParams { max_tokens: n, ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    };
+    let (tx, mut rx) = mpsc::channel(n + 2);
+    let sampler = Sampler::new(req.sampling.clone()).unwrap();
+    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    while !(s.running.is_empty() && s.waiting.is_empty()) {
+        s.admit();
+        s.step();
+        s.retire_finished();
+    }
+    let mut ids = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            GenerationEvent::Token { id, .. } => ids.push(id),
+            GenerationEvent::Error(e) => panic!("{e}"),
+            GenerationEvent::Finished { .. } => {}
+        }
+    }
+    ids
+}
+
+fn scheduler(name: &str, method: SpecMethod, k: usize) -> Scheduler {
+    let loaded = tandem_model::loader::load(&fixture(name), &candle_core::Device::Cpu).unwrap();
+    let cfg = EngineConfig {
+        speculative: SpecConfig { method, num_draft_tokens: k, adaptive: false, ..Default::default() },
+        ..Default::default()
+    };
+    let ctx = loaded.model.context_length().min(4096);
+    Scheduler::new(loaded.model, None, Arc::new(loaded.tokenizer), cfg, ctx, Arc::new(EngineStats::default())).unwrap()
+}
+
+#[test]
+fn rollback_at_every_draft_position_matches_plain_decoding() {
+    let k = 4;
+    for name in ["qwen3_5", "qwen3_next", "qwen3_5_moe"] {
+        let prompt: Vec<u32> = (0..37u32).map(|i| (i * 29 + 3) % 384).collect();
+        let truth = generate(&mut scheduler(name, SpecMethod::Off, 0), &prompt, 30);
+        let mut s = scheduler(name, SpecMethod::Ngram, k);
+        s.proposers.ngram = Box::new(Oracle { prompt_len: prompt.len(), truth: truth.clone(), k, step: 0 });
+        let got = generate(&mut s, &prompt, 30);
+        assert_eq!(got, truth, "{name}");
+        // Every acceptance length 0..=k happened.
+        let st = &s.stats;
+        let at = |i: usize| st.spec_accepted_at[i].load(std::sync::atomic::Ordering::Relaxed);
+        assert!((0..k).all(|i| at(i) > 0), "{name}: accepted per position {:?}", (0..k).map(at).collect::<Vec<_>>());
+        assert!(at(0) < st.spec_steps.load(std::sync::atomic::Ordering::Relaxed), "{name}: no rejection at 0");
+        // Same prompt again: a prefix-cache hit, then the same rollbacks on top of it.
+        let again = generate(&mut s, &prompt, 30);
+        assert_eq!(again, truth, "{name}: after a prefix-cache hit");
+    }
+}
+
+/// The MTP proposer's drafts after prefill (catch-up over the prompt's hidden states in paged
+/// head KV, then one head step) equal the fixtures' independent PyTorch reference drafts.
+#[test]
+fn mtp_drafts_after_prefill_match_the_reference() {
+    for name in ["qwen3_5", "qwen3_next", "qwen3_5_moe"] {
+        let r = candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+        let ids = |k: &str| r[k].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect::<Vec<_>>();
+        let (prompt, greedy, want) = (ids("prompt_ids"), ids("greedy_ids"), ids("mtp_draft_ids"));
+        let mut s = scheduler(name, SpecMethod::Mtp, 2);
+        let req = GenerateRequest {
+            prompt_ids: prompt.clone(),
+            stop: StopParams { max_tokens: 8, ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        };
+        let (tx, _rx) = mpsc::channel(16);
+        let sampler = Sampler::new(req.sampling.clone()).unwrap();
+        s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+        s.admit();
+        while s.running[0].tokens().len() == prompt.len() {
+            s.step();
+        }
+        assert_eq!(s.running[0].tokens()[prompt.len()], greedy[0], "{name}: first token");
+        let drafted = s.propose(&[1 + want.len()], &[false]);
+        assert_eq!(drafted, want.len());
+        assert_eq!(s.running[0].spec.drafts, want, "{name}: MTP drafts");
+    }
+}

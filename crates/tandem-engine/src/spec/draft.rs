@@ -1,0 +1,85 @@
+//! Draft-model proposer: a smaller model with the same vocabulary drafts `k` tokens greedily.
+//!
+//! Its KV lives in a second paged store indexed by the same block ids as the target's, so a
+//! sequence's block table, copy-on-write and the prefix cache serve both models at once: a
+//! prefix-cache hit resumes the draft model too. The draft model mirrors the prompt as it is
+//! prefilled (so published prompt blocks hold its KV); during decoding it catches up lazily,
+//! in the same forward that drafts, so a sequence that stops speculating stops paying for it.
+
+use candle_core::Tensor;
+use tandem_model::arch::CausalLm;
+use tandem_model::batch::{LogitsWanted, SeqChunk};
+
+use super::{argmax, Proposer};
+use crate::sequence::Sequence;
+
+pub struct DraftProposer {
+    pub model: Box<dyn CausalLm>,
+}
+
+fn rows(logits: Option<Tensor>) -> Result<Vec<f32>, String> {
+    let t = logits.ok_or("the draft model returned no logits")?;
+    t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())
+}
+
+impl Proposer for DraftProposer {
+    fn propose(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+        for (seq, _) in seqs.iter_mut() {
+            seq.spec.drafts.clear();
+        }
+        // Round 0: everything the draft model has not seen, up to the pending token; then one
+        // token per round for the sequences that want more drafts.
+        let mut round = 0;
+        loop {
+            let mut chunks = Vec::new();
+            let mut who = Vec::new();
+            for (i, (seq, k)) in seqs.iter_mut().enumerate() {
+                if seq.spec.drafts.len() >= *k || seq.spec.draft_cache.is_none() {
+                    continue;
+                }
+                if round > 0 && seq.spec.drafts.len() < round {
+                    continue;
+                }
+                let Some((tokens, cache)) = (if round == 0 { seq.draft_catch_up_input(usize::MAX) } else { seq.spec.last_draft_input() })
+                else {
+                    continue;
+                };
+                chunks.push(SeqChunk { tokens, cache, logits: LogitsWanted::Last });
+                who.push(i);
+            }
+            if chunks.is_empty() {
+                return Ok(());
+            }
+            let logits = self.model.forward(&mut chunks).map_err(|e| format!("draft model: {e}"))?;
+            drop(chunks);
+            for (i, l) in who.into_iter().zip(logits) {
+                let row = rows(l)?;
+                seqs[i].0.spec.drafts.push(argmax(&row));
+            }
+            round += 1;
+        }
+    }
+
+    fn catch_up(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+        let mut chunks = Vec::new();
+        for (seq, _) in seqs.iter_mut() {
+            let main_pos = seq.cache.position();
+            let prompt_len = seq.prompt_len();
+            let Some(dc) = &mut seq.spec.draft_cache else { continue };
+            // Drafts past the committed positions are void.
+            if dc.position() > main_pos {
+                dc.truncate(main_pos).map_err(|e| e.to_string())?;
+            }
+            // Mirror prefill eagerly; decode catches up when it next drafts.
+            if dc.position() < main_pos && dc.position() < prompt_len {
+                if let Some((tokens, cache)) = seq.draft_catch_up_input(main_pos) {
+                    chunks.push(SeqChunk { tokens, cache, logits: LogitsWanted::None });
+                }
+            }
+        }
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        self.model.forward(&mut chunks).map(|_| ()).map_err(|e| format!("draft model: {e}"))
+    }
+}

@@ -1,0 +1,214 @@
+//! Speculative decoding is lossless: for every proposer (n-gram prompt lookup, a draft model,
+//! the MTP head of the hybrid fixtures), on a prefix-cache miss and hit, alone and in a batch
+//! of 8, greedy output equals plain greedy decoding token for token (with log-probabilities
+//! within 1e-4). Sampled output keeps the model's distribution (chi-square), and nothing
+//! leaks, including requests cancelled while they speculate.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use common::*;
+use tandem_engine::*;
+
+fn spec_cfg(method: SpecMethod, k: usize) -> EngineConfig {
+    EngineConfig {
+        speculative: SpecConfig { method, num_draft_tokens: k, ngram_min: 1, ngram_max: 3, adaptive: false },
+        ..Default::default()
+    }
+}
+
+fn spec_engine(path: &str, method: SpecMethod, draft: Option<&str>, k: usize) -> EngineHandle {
+    let dev = candle_core::Device::Cpu;
+    let target = tandem_model::loader::load(&fixture(path), &dev).expect("target");
+    let draft = draft.map(|d| tandem_model::loader::load(&fixture(d), &dev).expect("draft"));
+    EngineHandle::start_with_draft(target, draft, spec_cfg(method, k)).expect("engine")
+}
+
+/// Eight different prompts from the fixture's prompt (rotations), the first the prompt itself.
+fn prompts(path: &str) -> Vec<Vec<u32>> {
+    let p = prompt(path);
+    (0..8).map(|i| p.iter().cycle().skip(i * 5).take(p.len() - i).copied().collect()).collect()
+}
+
+fn run_batch(e: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Outcome> {
+    let rxs: Vec<_> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
+    rxs.into_iter().map(collect).collect()
+}
+
+/// (model, method, draft model) combinations under test.
+fn cases() -> Vec<(&'static str, SpecMethod, Option<&'static str>)> {
+    let mut v = Vec::new();
+    for path in ["tiny/llama", "tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"] {
+        v.push((path, SpecMethod::Ngram, None));
+        // A draft that always agrees (the model itself, attention-only) and one that mostly
+        // does not (another fixture with the same vocabulary).
+        if !is_hybrid(path) {
+            v.push((path, SpecMethod::Draft, Some(path)));
+        }
+        v.push((path, SpecMethod::Draft, Some(if path == "tiny/qwen2" { "tiny/llama" } else { "tiny/qwen2" })));
+        if is_hybrid(path) {
+            v.push((path, SpecMethod::Mtp, None));
+        }
+    }
+    v
+}
+
+#[test]
+fn greedy_output_is_unchanged_by_every_proposer() {
+    let n = 24;
+    for path in ["tiny/llama", "tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"] {
+        let plain = engine(path, cache_off());
+        let ps = prompts(path);
+        let want: Vec<Outcome> = ps.iter().map(|p| run(&plain, greedy(p.clone(), n))).collect();
+        for (p2, method, draft) in cases() {
+            if p2 != path {
+                continue;
+            }
+            let what = format!("{path} {} (draft {draft:?})", method.as_str());
+            let e = spec_engine(path, method, draft, 4);
+            // Miss, then hit (the same prompt again), alone.
+            let miss = run(&e, greedy(ps[0].clone(), n));
+            assert_same(&miss, &want[0], &format!("{what}: miss"));
+            assert_eq!(miss.usage.cached_tokens, 0);
+            let hit = run(&e, greedy(ps[0].clone(), n));
+            assert_same(&hit, &want[0], &format!("{what}: hit"));
+            assert!(hit.usage.cached_tokens > 0, "{what}: expected a prefix-cache hit");
+            // A batch of 8 (one of them a hit), together.
+            let got = run_batch(&e, ps.iter().map(|p| greedy(p.clone(), n)).collect());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_same(g, w, &format!("{what}: batch member {i}"));
+            }
+            assert_no_leaks(&e); // also waits for the engine to finish its step's bookkeeping
+            let st = e.stats();
+            let drafted = st.spec_drafted.load(Ordering::Relaxed);
+            assert!(drafted > 0, "{what}: nothing was drafted");
+            let accepted = st.spec_accepted.load(Ordering::Relaxed);
+            let reported: usize = got.iter().chain([&miss, &hit]).map(|o| o.usage.speculative.accepted_tokens).sum();
+            assert_eq!(reported, accepted, "{what}: per-request and engine counters agree");
+            if draft == Some(path) {
+                // A draft model identical to the target agrees with it everywhere.
+                assert_eq!(accepted, drafted, "{what}: self-drafting must be fully accepted");
+            }
+            eprintln!("{what}: {accepted} of {drafted} drafts accepted");
+            if draft == Some(path) {
+                assert!(accepted > 0, "{what}: no draft was ever accepted");
+            }
+        }
+    }
+}
+
+/// With temperature 1 and top-k 5, the token chosen by verification (accepting a greedy draft
+/// with probability p(draft), else drawing from the rest) follows the model's distribution,
+/// which the request's own top-5 log-probabilities give exactly.
+#[test]
+fn sampled_output_keeps_the_model_distribution() {
+    let path = "tiny/llama";
+    let e = spec_engine(path, SpecMethod::Draft, Some(path), 1);
+    let p = prompt(path);
+    let samples = 1600;
+    let mut outcomes = Vec::new();
+    for chunk in (0..samples).collect::<Vec<u64>>().chunks(32) {
+        let reqs = chunk
+            .iter()
+            .map(|&seed| GenerateRequest {
+                prompt_ids: p.clone(),
+                sampling: SamplingParams { temperature: 1.0, top_k: 5, seed: Some(seed), ..Default::default() },
+                stop: StopParams { max_tokens: 3, ignore_eos: true, ..Default::default() },
+                logprobs: Some(5),
+                ..Default::default()
+            })
+            .collect();
+        outcomes.extend(run_batch(&e, reqs));
+    }
+    assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0);
+    // Group by the first token; the second was chosen by verification.
+    let mut groups: HashMap<u32, Vec<&Outcome>> = HashMap::new();
+    for o in &outcomes {
+        groups.entry(o.ids[0]).or_default().push(o);
+    }
+    let (_, group) = groups.into_iter().max_by_key(|(_, g)| g.len()).unwrap();
+    assert!(group.len() >= 200, "too few samples share a first token: {}", group.len());
+    let top = &group[0].logprobs[1].top;
+    let z: f64 = top.iter().map(|t| (t.logprob as f64).exp()).sum();
+    let mut chi2 = 0.0;
+    for t in top {
+        let expected = (t.logprob as f64).exp() / z * group.len() as f64;
+        let seen = group.iter().filter(|o| o.ids[1] == t.id).count() as f64;
+        chi2 += (seen - expected).powi(2) / expected;
+    }
+    // 5 categories, 4 degrees of freedom: p > 0.01 <=> chi2 < 13.28.
+    assert!(chi2 < 13.28, "chi-square {chi2:.2} over {} samples", group.len());
+    assert!(group.iter().all(|o| top.iter().any(|t| t.id == o.ids[1])), "a token outside the top 5 was sampled");
+}
+
+#[test]
+fn nothing_leaks_when_speculating_requests_finish_or_are_cancelled() {
+    for (path, method, draft) in [("tiny/llama", SpecMethod::Draft, Some("tiny/llama")), ("hybrid/qwen3_5", SpecMethod::Mtp, None)] {
+        let e = spec_engine(path, method, draft, 4);
+        let ps = prompts(path);
+        let mut keep = Vec::new();
+        for (i, p) in ps.iter().enumerate() {
+            let mut rx = e.submit(greedy(p.clone(), 64)).expect("submit");
+            if i % 2 == 0 {
+                // Cancel after a few tokens, while it speculates.
+                for _ in 0..3 {
+                    rx.blocking_recv();
+                }
+                drop(rx);
+            } else {
+                keep.push(rx);
+            }
+        }
+        for rx in keep {
+            let o = collect(rx);
+            assert_eq!(o.ids.len(), 64);
+        }
+        assert!(e.stats().cancelled.load(Ordering::Relaxed) > 0 || e.stats().finished.load(Ordering::Relaxed) == 8);
+        assert_no_leaks(&e);
+    }
+}
+
+#[test]
+fn unavailable_methods_are_refused() {
+    let e = spec_engine("tiny/llama", SpecMethod::Ngram, None, 4);
+    let req = GenerateRequest {
+        speculative: Some(SpecRequest { method: Some(SpecMethod::Mtp), num_draft_tokens: None }),
+        ..greedy(prompt("tiny/llama"), 4)
+    };
+    assert!(matches!(e.submit(req), Err(SubmitError::InvalidParam(m)) if m.contains("mtp")));
+    let dev = candle_core::Device::Cpu;
+    let target = tandem_model::loader::load(&fixture("tiny/llama"), &dev).unwrap();
+    assert!(EngineHandle::start_with_draft(target, None, spec_cfg(SpecMethod::Draft, 4)).is_err());
+    let target = tandem_model::loader::load(&fixture("tiny/llama"), &dev).unwrap();
+    assert!(EngineHandle::start_with_draft(target, None, spec_cfg(SpecMethod::Mtp, 4)).is_err());
+    // A request may turn speculation off.
+    let off = GenerateRequest {
+        speculative: Some(SpecRequest { method: Some(SpecMethod::Off), num_draft_tokens: None }),
+        ..greedy(prompt("tiny/llama"), 8)
+    };
+    assert_eq!(run(&e, off).usage.speculative.drafted_tokens, 0);
+}
+
+/// With drafts that are always wrong (another model's), the adaptive draft length backs off to
+/// occasional single-draft probes, and output stays that of plain decoding.
+#[test]
+fn adaptive_draft_length_backs_off_when_drafts_fail() {
+    let path = "tiny/llama";
+    let dev = candle_core::Device::Cpu;
+    let target = tandem_model::loader::load(&fixture(path), &dev).unwrap();
+    let draft = tandem_model::loader::load(&fixture("tiny/qwen2"), &dev).unwrap();
+    let mut cfg = spec_cfg(SpecMethod::Draft, 4);
+    cfg.speculative.adaptive = true;
+    let e = EngineHandle::start_with_draft(target, Some(draft), cfg).unwrap();
+    let plain = engine(path, cache_off());
+    let n = 48;
+    for p in prompts(path) {
+        assert_same(&run(&e, greedy(p.clone(), n)), &run(&plain, greedy(p, n)), "adaptive draft");
+    }
+    assert_no_leaks(&e);
+    let drafted = e.stats().spec_drafted.load(Ordering::Relaxed);
+    let fixed = 8 * (n - 1) * 4;
+    assert!(drafted > 0 && drafted * 5 < fixed, "drafted {drafted} of at most {fixed}");
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark (issue 5) against one `tandem serve` instance.
+
+Runs each workload with speculation off and with each method the server offers, using the
+per-request override `"speculative": {"method": ...}` so that every variant runs on the same
+loaded models in the same process. Workloads:
+  (a) code edit: a generated 150-line Python file in the prompt, "rename X and re-emit the
+      file" (the output copies the context: prompt lookup and draft models shine);
+  (b) chat: free-form writing (little to copy).
+Greedy decoding; reports decode tok/s (client-side, from first to last streamed token),
+acceptance and mean accepted length (from usage.speculative), and the speedup over off.
+Output is also checked: greedy speculation must give the same text as off.
+
+Usage: python3 scripts/spec_bench.py --base-url http://127.0.0.1:8080/v1 --methods off,ngram,draft
+Needs `requests`-free stdlib only.
+"""
+import argparse
+import json
+import time
+import urllib.request
+
+
+def python_file(lines=150):
+    out, i = [], 0
+    while len(out) < lines:
+        out += [
+            f"def compute_total_{i}(items, rate):",
+            f'    """Return the total of items {i} with tax applied."""',
+            "    total = 0",
+            "    for item in items:",
+            f"        total += item.price * item.quantity + {i}",
+            "    return total * (1 + rate)",
+            "",
+        ]
+        i += 1
+    return "\n".join(out[:lines])
+
+
+WORKLOADS = {
+    "code-edit": "Here is a Python file:\n\n```python\n" + python_file() + "\n```\n\n"
+    "Rename every function `compute_total_N` to `total_with_tax_N` and output the complete "
+    "updated file, unchanged otherwise, in one code block.",
+    "chat": "Write a short story about a lighthouse keeper who finds a message in a bottle. "
+    "Make it vivid and original.",
+}
+
+
+def stream(base, body):
+    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.time()
+    first = last = None
+    text, usage, n = [], None, 0
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for ch in ev.get("choices", []):
+                c = ch.get("delta", {}).get("content")
+                if c:
+                    now = time.time()
+                    first = first or now
+                    last = now
+                    text.append(c)
+    toks = usage["completion_tokens"]
+    decode = (toks - 1) / (last - first) if last and last > first else 0.0
+    return {"ttft_s": (first or t0) - t0, "decode_tok_s": decode, "tokens": toks, "text": "".join(text),
+            "speculative": usage.get("speculative")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
+    ap.add_argument("--methods", default="off,ngram,draft")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--workloads", default="code-edit,chat")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    rows = []
+    for w in a.workloads.split(","):
+        base = None
+        for m in a.methods.split(","):
+            body = {"messages": [{"role": "user", "content": WORKLOADS[w]}], "max_tokens": a.max_tokens,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                    "speculative": {"method": m}}
+            # Warm the prefix cache so every variant measures decoding on the same footing.
+            stream(a.base_url, dict(body, max_tokens=1, speculative={"method": "off"}))
+            r = stream(a.base_url, body)
+            base = base or r
+            sp = r["speculative"] or {}
+            row = {"workload": w, "method": m, "tokens": r["tokens"], "decode_tok_s": round(r["decode_tok_s"], 2),
+                   "speedup": round(r["decode_tok_s"] / base["decode_tok_s"], 2) if base["decode_tok_s"] else None,
+                   "acceptance": sp.get("acceptance_rate"), "mean_accepted_length": sp.get("mean_accepted_length"),
+                   "same_text_as_off": r["text"] == base["text"]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| workload | method | tokens | decode tok/s | speedup | acceptance | tokens/step | same output |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
+        print(f"| {r['workload']} | {r['method']} | {r['tokens']} | {r['decode_tok_s']} | {r['speedup']}x | {acc} | {mal} "
+              f"| {'yes' if r['same_text_as_off'] else 'NO'} |")
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
