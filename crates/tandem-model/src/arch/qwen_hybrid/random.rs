@@ -118,6 +118,44 @@ enum Kind {
     Zero,
 }
 
+/// Tensors of a gated full-attention block (after `blk.N.` or `mtp.layers.0.`).
+fn attention_shapes(cfg: &HybridConfig) -> Vec<(&'static str, Vec<usize>, Kind)> {
+    let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    vec![
+        ("self_attn.q_proj.weight", vec![2 * nh * hd, h], Kind::Matrix),
+        ("self_attn.k_proj.weight", vec![nkv * hd, h], Kind::Matrix),
+        ("self_attn.v_proj.weight", vec![nkv * hd, h], Kind::Matrix),
+        ("self_attn.o_proj.weight", vec![h, nh * hd], Kind::Matrix),
+        ("self_attn.q_norm.weight", vec![hd], Kind::ZeroNorm),
+        ("self_attn.k_norm.weight", vec![hd], Kind::ZeroNorm),
+    ]
+}
+
+/// Tensors of a feed-forward block: dense SwiGLU, or routed experts plus a shared expert.
+fn ffn_shapes(cfg: &HybridConfig, moe: bool) -> Vec<(String, Vec<usize>, Kind)> {
+    let h = cfg.hidden_size;
+    let mut v = Vec::new();
+    let mut swiglu = |p: &str, n: usize| {
+        v.push((format!("{p}gate_proj.weight"), vec![n, h], Kind::Matrix));
+        v.push((format!("{p}up_proj.weight"), vec![n, h], Kind::Matrix));
+        v.push((format!("{p}down_proj.weight"), vec![h, n], Kind::Matrix));
+    };
+    match (&cfg.moe, moe) {
+        (Some(m), true) => {
+            for e in 0..m.num_experts {
+                swiglu(&format!("mlp.experts.{e}."), m.intermediate_size);
+            }
+            if m.shared_intermediate_size > 0 {
+                swiglu("mlp.shared_expert.", m.shared_intermediate_size);
+                v.push(("mlp.shared_expert_gate.weight".into(), vec![1, h], Kind::Matrix));
+            }
+            v.push(("mlp.gate.weight".into(), vec![m.num_experts, h], Kind::Matrix));
+        }
+        _ => swiglu("mlp.", cfg.intermediate_size),
+    }
+    v
+}
+
 /// Makes every tensor of a hybrid model with config `cfg` on request.
 pub struct RandomSource {
     shapes: HashMap<String, (Vec<usize>, Kind)>,
@@ -129,7 +167,7 @@ impl RandomSource {
     /// Weight matrices whose rows split into blocks of `dtype` are quantised to it (F32 keeps
     /// everything dense).
     pub fn new(cfg: &HybridConfig, dtype: GgmlDType, device: &Device) -> Self {
-        let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let h = cfg.hidden_size;
         let (kd, vd) = (
             cfg.linear_num_key_heads * cfg.linear_key_head_dim,
             cfg.linear_num_value_heads * cfg.linear_value_head_dim,
@@ -161,48 +199,17 @@ impl RandomSource {
                     put(p("linear_attn.out_proj.weight"), vec![h, vd], Kind::Matrix);
                 }
                 LayerKind::Full => {
-                    put(p("self_attn.q_proj.weight"), vec![2 * nh * hd, h], Kind::Matrix);
-                    put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
-                    put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
-                    put(p("self_attn.o_proj.weight"), vec![h, nh * hd], Kind::Matrix);
-                    put(p("self_attn.q_norm.weight"), vec![hd], Kind::ZeroNorm);
-                    put(p("self_attn.k_norm.weight"), vec![hd], Kind::ZeroNorm);
+                    for (name, shape, kind) in attention_shapes(cfg) {
+                        put(p(name), shape, kind);
+                    }
                 }
             }
-            match (&cfg.moe, cfg.is_moe_layer(i)) {
-                (Some(m), true) => {
-                    put(p("mlp.gate.weight"), vec![m.num_experts, h], Kind::Matrix);
-                    for e in 0..m.num_experts {
-                        put(
-                            p(&format!("mlp.experts.{e}.gate_proj.weight")),
-                            vec![m.intermediate_size, h],
-                            Kind::Matrix,
-                        );
-                        put(p(&format!("mlp.experts.{e}.up_proj.weight")), vec![m.intermediate_size, h], Kind::Matrix);
-                        put(
-                            p(&format!("mlp.experts.{e}.down_proj.weight")),
-                            vec![h, m.intermediate_size],
-                            Kind::Matrix,
-                        );
-                    }
-                    if m.shared_intermediate_size > 0 {
-                        let si = m.shared_intermediate_size;
-                        put(p("mlp.shared_expert.gate_proj.weight"), vec![si, h], Kind::Matrix);
-                        put(p("mlp.shared_expert.up_proj.weight"), vec![si, h], Kind::Matrix);
-                        put(p("mlp.shared_expert.down_proj.weight"), vec![h, si], Kind::Matrix);
-                        put(p("mlp.shared_expert_gate.weight"), vec![1, h], Kind::Matrix);
-                    }
-                }
-                _ => {
-                    let n = cfg.intermediate_size;
-                    put(p("mlp.gate_proj.weight"), vec![n, h], Kind::Matrix);
-                    put(p("mlp.up_proj.weight"), vec![n, h], Kind::Matrix);
-                    put(p("mlp.down_proj.weight"), vec![h, n], Kind::Matrix);
-                }
+            for (name, shape, kind) in ffn_shapes(cfg, cfg.is_moe_layer(i)) {
+                put(p(&name), shape, kind);
             }
         }
         if cfg.mtp_layers > 0 {
-            // The MTP head (spec §8): one full-attention decoder layer with a dense MLP.
+            // The MTP head (spec §8): one full-attention decoder layer (MoE in MoE models).
             put("mtp.fc.weight".into(), vec![h, 2 * h], Kind::Matrix);
             put("mtp.pre_fc_norm_embedding.weight".into(), vec![h], Kind::ZeroNorm);
             put("mtp.pre_fc_norm_hidden.weight".into(), vec![h], Kind::ZeroNorm);
@@ -210,16 +217,12 @@ impl RandomSource {
             let p = |t: &str| format!("mtp.layers.0.{t}");
             put(p("input_layernorm.weight"), vec![h], Kind::ZeroNorm);
             put(p("post_attention_layernorm.weight"), vec![h], Kind::ZeroNorm);
-            put(p("self_attn.q_proj.weight"), vec![2 * nh * hd, h], Kind::Matrix);
-            put(p("self_attn.k_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
-            put(p("self_attn.v_proj.weight"), vec![nkv * hd, h], Kind::Matrix);
-            put(p("self_attn.o_proj.weight"), vec![h, nh * hd], Kind::Matrix);
-            put(p("self_attn.q_norm.weight"), vec![hd], Kind::ZeroNorm);
-            put(p("self_attn.k_norm.weight"), vec![hd], Kind::ZeroNorm);
-            let n = cfg.intermediate_size;
-            put(p("mlp.gate_proj.weight"), vec![n, h], Kind::Matrix);
-            put(p("mlp.up_proj.weight"), vec![n, h], Kind::Matrix);
-            put(p("mlp.down_proj.weight"), vec![h, n], Kind::Matrix);
+            for (name, shape, kind) in attention_shapes(cfg) {
+                put(p(name), shape, kind);
+            }
+            for (name, shape, kind) in ffn_shapes(cfg, cfg.moe.is_some()) {
+                put(p(&name), shape, kind);
+            }
         }
         Self { shapes: s, dtype, device: device.clone() }
     }
@@ -307,5 +310,22 @@ mod tests {
         assert!(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
         let p = parameter_count(&preset("0.8b").unwrap());
         assert!((700_000_000..900_000_000).contains(&p), "0.8b preset has {p} parameters");
+    }
+
+    #[test]
+    fn mtp_presets_have_a_working_head() {
+        assert_eq!(preset("0.8b-mtp").unwrap().mtp_layers, 1);
+        let cfg = HybridConfig { mtp_layers: 1, ..preset("tiny").unwrap() };
+        let m = random_model(&cfg, GgmlDType::F32, &Device::Cpu).unwrap();
+        let spec = m.cache_spec();
+        assert_eq!(spec.len(), cfg.num_layers() + 1, "the head's KV layer comes last");
+        let mut cache = SequenceCache::new(&spec, &Device::Cpu);
+        let tokens: Vec<u32> = (0..9).collect();
+        let hidden = m.forward_hidden(&mut [SeqChunk { tokens: &tokens, cache: &mut cache, logits: LogitsWanted::All }]);
+        let hidden = hidden.unwrap();
+        let head = CausalLm::mtp(&m).expect("MTP head");
+        let (logits, y) = head.mtp_forward(&hidden, &(1..10).collect::<Vec<u32>>(), &mut cache, 0).unwrap();
+        assert_eq!(logits.dims(), [1, 512]);
+        assert_eq!(y.dims(), [9, 64]);
     }
 }
