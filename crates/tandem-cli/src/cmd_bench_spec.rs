@@ -84,7 +84,12 @@ pub fn run(a: SpecBenchArgs) -> anyhow::Result<()> {
             let model = random::random_model(&hc, dt, &device).context("building the random model")?;
             let tokenizer = Tokenizer::placeholder(hc.vocab_size)?;
             cfg.model_id = format!("random-{p}");
-            let loaded = LoadedModel { model: Box::new(model), tokenizer, chat_template: None, summary: ModelSummary::default() };
+            let loaded = LoadedModel {
+                model: Box::new(model),
+                tokenizer,
+                chat_template: None,
+                summary: ModelSummary::default(),
+            };
             EngineHandle::start(loaded, cfg)?
         }
         None => a.model.start_engine(cfg)?,

@@ -220,7 +220,8 @@ impl EngineHandle {
                         model.vocab_size()
                     )));
                 }
-                if d.model.cache_spec().iter().any(|l| matches!(l, tandem_model::kv::LayerCacheSpec::Recurrent { .. })) {
+                if d.model.cache_spec().iter().any(|l| matches!(l, tandem_model::kv::LayerCacheSpec::Recurrent { .. }))
+                {
                     return Err(EngineError::Config("a draft model with recurrent layers is not supported".into()));
                 }
                 Some(d.model)

@@ -161,7 +161,12 @@ impl Sequence {
     /// (`rows[i]` for position `i` of the verify chunk), appends the accepted tokens and the
     /// target's own next token (as far as the stop rules allow) and keeps only the committed
     /// positions in the cache.
-    pub fn on_verify_logits(&mut self, rows: Vec<Vec<f32>>, tok: &Tokenizer, context_length: usize) -> Result<(), String> {
+    pub fn on_verify_logits(
+        &mut self,
+        rows: Vec<Vec<f32>>,
+        tok: &Tokenizer,
+        context_length: usize,
+    ) -> Result<(), String> {
         let drafts = std::mem::take(&mut self.spec.drafts);
         let fed = drafts.len() + 1;
         let Verdict { tokens, accepted } = crate::spec::verify::verify(&mut self.sampler, &self.tokens, &drafts, &rows);

@@ -145,7 +145,9 @@ fn sampled_output_keeps_the_model_distribution() {
 
 #[test]
 fn nothing_leaks_when_speculating_requests_finish_or_are_cancelled() {
-    for (path, method, draft) in [("tiny/llama", SpecMethod::Draft, Some("tiny/llama")), ("hybrid/qwen3_5", SpecMethod::Mtp, None)] {
+    for (path, method, draft) in
+        [("tiny/llama", SpecMethod::Draft, Some("tiny/llama")), ("hybrid/qwen3_5", SpecMethod::Mtp, None)]
+    {
         let e = spec_engine(path, method, draft, 4);
         let ps = prompts(path);
         let mut keep = Vec::new();

@@ -83,7 +83,8 @@ mod tests {
         let id = response_id("chatcmpl");
         assert!(id.starts_with("chatcmpl-") && id.len() == "chatcmpl-".len() + 24, "{id}");
         assert_ne!(id, response_id("chatcmpl"));
-        let u = UsageBody::from(&Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 1, ..Default::default() });
+        let u =
+            UsageBody::from(&Usage { prompt_tokens: 3, completion_tokens: 4, cached_tokens: 1, ..Default::default() });
         let v = serde_json::to_value(u).unwrap();
         assert_eq!(v["total_tokens"], 7);
         assert_eq!(v["prompt_tokens_details"]["cached_tokens"], 1);

@@ -22,7 +22,12 @@ async fn start() -> Server {
     let draft = tandem_model::loader::load(&fixture(), &dev).unwrap();
     let cfg = EngineConfig {
         model_id: "tiny".into(),
-        speculative: SpecConfig { method: SpecMethod::Draft, num_draft_tokens: 3, adaptive: false, ..Default::default() },
+        speculative: SpecConfig {
+            method: SpecMethod::Draft,
+            num_draft_tokens: 3,
+            adaptive: false,
+            ..Default::default()
+        },
         ..EngineConfig::default()
     };
     let engine = EngineHandle::start_with_draft(target, Some(draft), cfg).unwrap();

@@ -40,7 +40,8 @@ impl Proposer for DraftProposer {
                 if round > 0 && seq.spec.drafts.len() < round {
                     continue;
                 }
-                let Some((tokens, cache)) = (if round == 0 { seq.draft_catch_up_input(usize::MAX) } else { seq.spec.last_draft_input() })
+                let Some((tokens, cache)) =
+                    (if round == 0 { seq.draft_catch_up_input(usize::MAX) } else { seq.spec.last_draft_input() })
                 else {
                     continue;
                 };

@@ -4,8 +4,9 @@
 //! The head's KV is one more attention layer in the target's paged blocks, indexed by target
 //! positions, so it is shared and prefix-cached with them. After every target forward the head
 //! consumes the hidden states of the newly committed positions together with the token that
-//! followed each (catch-up), which also yields the first draft for the next step; drafts 2..k
-//! cost one head step each and write speculative head KV that the next catch-up overwrites.
+//! followed each (catch-up) and keeps its last output row; drafting runs the LM head on that
+//! row for the first draft (so steps that do not draft skip the LM head), and drafts 2..k cost
+//! one head step each and write speculative head KV that the next catch-up overwrites.
 
 use candle_core::{IndexOp, Tensor};
 use tandem_model::arch::CausalLm;
@@ -23,19 +24,20 @@ fn last_row(t: &Tensor) -> Result<Vec<f32>, String> {
 impl Proposer for MtpProposer {
     fn propose(&mut self, model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
         let mtp = model.mtp().ok_or("the model has no MTP head")?;
+        let err = |e: tandem_model::ModelError| e.to_string();
         for (seq, k) in seqs.iter_mut() {
             seq.spec.drafts.clear();
-            let Some((mut y, first)) = seq.spec.mtp_last.clone() else { continue };
+            let Some(mut y) = seq.spec.mtp_last.clone() else { continue };
             let main_pos = seq.cache.position();
-            seq.spec.drafts.push(first);
-            while seq.spec.drafts.len() < *k {
+            loop {
+                let d = argmax(&last_row(&mtp.mtp_logits(&y).map_err(err)?)?);
+                seq.spec.drafts.push(d);
                 let j = seq.spec.drafts.len();
-                let prev = seq.spec.drafts[j - 1];
-                // The draft after `prev` sits at target position main_pos + j - 1.
-                let (logits, y2) =
-                    mtp.mtp_forward(&y, &[prev], &mut seq.cache, main_pos + j - 1).map_err(|e| e.to_string())?;
-                seq.spec.drafts.push(argmax(&last_row(&logits)?));
-                y = y2;
+                if j >= *k {
+                    break;
+                }
+                // The draft after `d` sits at target position main_pos + j - 1.
+                y = mtp.mtp_forward(&y, &[d], &mut seq.cache, main_pos + j - 1).map_err(err)?;
             }
         }
         Ok(())
@@ -62,10 +64,9 @@ impl Proposer for MtpProposer {
             let from = start + skip;
             let rows = hidden.narrow(0, skip, n - skip).map_err(|e| e.to_string())?;
             let next: Vec<u32> = seq.tokens()[from + 1..=main_pos].to_vec();
-            let (logits, y) = mtp.mtp_forward(&rows, &next, &mut seq.cache, from).map_err(|e| e.to_string())?;
+            let y = mtp.mtp_forward(&rows, &next, &mut seq.cache, from).map_err(|e| e.to_string())?;
             let m = y.dim(0).map_err(|e| e.to_string())?;
-            let y_last = y.narrow(0, m - 1, 1).map_err(|e| e.to_string())?;
-            seq.spec.mtp_last = Some((y_last, argmax(&last_row(&logits)?)));
+            seq.spec.mtp_last = Some(y.narrow(0, m - 1, 1).map_err(|e| e.to_string())?);
             seq.spec.mtp_pos = main_pos;
         }
         Ok(())

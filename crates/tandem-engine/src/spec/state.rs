@@ -19,10 +19,10 @@ pub struct SeqSpec {
     pub verify_input: Vec<u32>,
     /// Draft model: its paged cache over the sequence's block table.
     pub draft_cache: Option<SequenceCache>,
-    /// MTP: positions whose head KV is written, and the head's last output row with the draft
-    /// it predicts (ready for the next step).
+    /// MTP: positions whose head KV is written, and the head's last output row (the first
+    /// draft of the next step comes from its logits).
     pub mtp_pos: usize,
-    pub mtp_last: Option<(Tensor, u32)>,
+    pub mtp_last: Option<Tensor>,
     pub usage: SpecUsage,
     /// Accepted drafts per draft position (index `i`: draft `i` accepted), for metrics.
     pub accepted_at: Vec<usize>,

@@ -39,14 +39,17 @@ pub trait CausalLm: Send + Sync {
 pub trait MtpDraft: Send + Sync {
     /// Runs the head over main positions `past .. past + n`, given the main model's final-normed
     /// hidden states there (`hidden: [n, H]`) and the token after each; writes the head's KV
-    /// at those positions. Returns `(logits [1, vocab], y [n, H])`: the logits of the last row
-    /// (a draft of the token after the last of `next_tokens`) and the head's output rows (the
-    /// last one is fed back as `hidden` to draft further).
+    /// at those positions. Returns the head's output rows `y: [n, H]`; [`Self::mtp_logits`] of
+    /// the last one drafts the token after the last of `next_tokens`, and the row is fed back as
+    /// `hidden` to draft further.
     fn mtp_forward(
         &self,
         hidden: &Tensor,
         next_tokens: &[u32],
         cache: &mut SequenceCache,
         past: usize,
-    ) -> Result<(Tensor, Tensor)>;
+    ) -> Result<Tensor>;
+
+    /// Logits `[rows, vocab]` of head output rows (the shared LM head).
+    fn mtp_logits(&self, y: &Tensor) -> Result<Tensor>;
 }

@@ -19,6 +19,11 @@ use crate::ops::paged_attention::{gather_kv, paged_attention, PagedKv};
 /// Largest score matrix (bytes) attention may materialise for one layer and chunk.
 pub const MATERIALISE_LIMIT: usize = 64 << 20;
 
+/// Chunks of at most this many queries always take the tiled kernel, which gives every query
+/// row the same bits as decoding it alone: speculative verify chunks (k + 1 <= 17 positions)
+/// then choose exactly the tokens plain decoding would, even at near-ties.
+pub const SMALL_CHUNK: usize = 17;
+
 fn force_tiled() -> bool {
     static TILED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TILED.get_or_init(|| std::env::var("TANDEM_ATTENTION").is_ok_and(|v| v == "tiled"))
@@ -141,17 +146,18 @@ impl PagedKvStore {
     /// Attention of `q: [n_heads, t, head_dim]` at positions `past..past + t` over positions
     /// `0..past + t` of the sequence whose blocks are `blocks`.
     ///
-    /// Chunks with several queries whose score matrix is small gather their KV and use the
-    /// materialised [`causal_attention`] (batched GEMMs, several times faster than the tiled
-    /// kernel for prefill); everything else — decode, and long chunks whose scores would need
-    /// more than [`MATERIALISE_LIMIT`] bytes — runs the tiled online-softmax kernel, so memory
-    /// never grows with the square of the length. `TANDEM_ATTENTION=tiled` forces the kernel.
+    /// Prefill chunks (more than [`SMALL_CHUNK`] queries) whose score matrix is small gather
+    /// their KV and use the materialised [`causal_attention`] (batched GEMMs, several times
+    /// faster than the tiled kernel for prefill); everything else — decode, verify chunks, and
+    /// long chunks whose scores would need more than [`MATERIALISE_LIMIT`] bytes — runs the
+    /// tiled online-softmax kernel, so memory never grows with the square of the length.
+    /// `TANDEM_ATTENTION=tiled` forces the kernel.
     pub fn attend(&self, li: usize, blocks: &[u32], past: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
         let l = self.layer(li)?;
         let kv = PagedKv { blocks, block_size: self.block_size };
         let (n_heads, t, _) = q.dims3()?;
         let len = past + t;
-        if t > 1 && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() {
+        if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() {
             let (k, v) = (gather_kv(&l.k, kv, len)?, gather_kv(&l.v, kv, len)?);
             return causal_attention(&q.contiguous()?, &k, &v, scale);
         }

@@ -323,7 +323,8 @@ mod tests {
         let fin = parse(&f.finish(FinishReason::Length, ""));
         assert_eq!(fin["choices"][0]["finish_reason"], "length");
         assert_eq!(fin["choices"][0]["delta"], serde_json::json!({}));
-        let u = parse(&f.usage(&Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0, ..Default::default() }));
+        let u =
+            parse(&f.usage(&Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0, ..Default::default() }));
         assert_eq!(u["choices"], serde_json::json!([]));
         assert_eq!(u["usage"]["total_tokens"], 2);
     }

@@ -96,7 +96,12 @@ impl Backend for Fake {
         let (tx, rx) = mpsc::channel(4);
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let usage = |n| Usage { prompt_tokens: req.prompt_ids.len(), completion_tokens: n, cached_tokens: 0, ..Default::default() };
+            let usage = |n| Usage {
+                prompt_tokens: req.prompt_ids.len(),
+                completion_tokens: n,
+                cached_tokens: 0,
+                ..Default::default()
+            };
             if prompt.contains("ERRFIRST") {
                 let _ = tx.send(GenerationEvent::Error("scripted failure".into())).await;
                 return;

@@ -243,13 +243,15 @@ impl super::MtpDraft for QwenHybrid {
         next_tokens: &[u32],
         cache: &mut SequenceCache,
         past: usize,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<Tensor> {
         let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
         // The head's KV is the layer after the main ones (see `cache_spec`).
         let kv = cache.layer_kv_at(self.cfg.num_layers(), past)?;
-        let y = head.forward_kv(self, hidden, next_tokens, kv, past)?;
-        let n = y.dim(0)?;
-        Ok((self.logits(&y.narrow(0, n - 1, 1)?)?, y))
+        head.forward_kv(self, hidden, next_tokens, kv, past)
+    }
+
+    fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
+        self.logits(y)
     }
 }
 

@@ -321,11 +321,12 @@ mod tests {
         assert_eq!(spec.len(), cfg.num_layers() + 1, "the head's KV layer comes last");
         let mut cache = SequenceCache::new(&spec, &Device::Cpu);
         let tokens: Vec<u32> = (0..9).collect();
-        let hidden = m.forward_hidden(&mut [SeqChunk { tokens: &tokens, cache: &mut cache, logits: LogitsWanted::All }]);
+        let hidden =
+            m.forward_hidden(&mut [SeqChunk { tokens: &tokens, cache: &mut cache, logits: LogitsWanted::All }]);
         let hidden = hidden.unwrap();
         let head = CausalLm::mtp(&m).expect("MTP head");
-        let (logits, y) = head.mtp_forward(&hidden, &(1..10).collect::<Vec<u32>>(), &mut cache, 0).unwrap();
-        assert_eq!(logits.dims(), [1, 512]);
+        let y = head.mtp_forward(&hidden, &(1..10).collect::<Vec<u32>>(), &mut cache, 0).unwrap();
         assert_eq!(y.dims(), [9, 64]);
+        assert_eq!(head.mtp_logits(&y.narrow(0, 8, 1).unwrap()).unwrap().dims(), [1, 512]);
     }
 }
