@@ -7,17 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn tandem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("TANDEM_HOME", root().join("target/test-tandem-home"))
-        .output()
-        .expect("run tandem")
-}
+use common::{root, tandem};
 
 fn out_dir(name: &str) -> PathBuf {
     let d = root().join("target/test-bench-suites").join(format!("{name}-{}", std::process::id()));

@@ -2,20 +2,10 @@
 //! (greedy output equals the engine's reference tokens), `--help` on every subcommand, and
 //! clean errors for bad arguments.
 
-use std::path::PathBuf;
-use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn tandem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(args)
-        .env("TANDEM_HOME", root().join("target/test-tandem-home"))
-        .output()
-        .expect("run tandem")
-}
+use common::{root, tandem};
 
 #[test]
 fn inspect_describes_a_checkpoint() {
