@@ -2,7 +2,6 @@
 //! (greedy output equals the engine's reference tokens), `--help` on every subcommand, and
 //! clean errors for bad arguments.
 
-
 mod common;
 
 use common::{root, tandem};
