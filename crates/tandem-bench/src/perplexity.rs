@@ -2,22 +2,35 @@
 //! growing cache) and every position's next-token log-probability is taken in f64.
 //! `data/perplexity.txt` is the text the sweep ships with (public domain).
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
-use tandem_model::kv::SequenceCache;
+use tandem_model::kv::{KvDtype, PagedKvStore, SequenceCache};
 
 /// The text the sweep scores: the United States Declaration of Independence (1776), public domain.
 pub const SHIPPED_TEXT: &str = include_str!("../data/perplexity.txt");
 
 /// `exp(mean negative log-likelihood)` of `ids[1..]` given their prefixes, scoring `window`
-/// tokens per forward pass; `None` for fewer than two tokens.
-pub fn perplexity(model: &dyn CausalLm, ids: &[u32], window: usize) -> anyhow::Result<Option<f64>> {
+/// tokens per forward pass with the KV cache stored as `kv` (f32: contiguous buffers; the
+/// other formats: the engine's paged store in that format); `None` for fewer than two tokens.
+pub fn perplexity(model: &dyn CausalLm, ids: &[u32], window: usize, kv: KvDtype) -> anyhow::Result<Option<f64>> {
     if ids.len() < 2 {
         return Ok(None);
     }
     let window = window.max(1);
-    let mut cache = SequenceCache::new(&model.cache_spec(), model.device());
+    let spec = model.cache_spec();
+    let mut cache = if kv == KvDtype::F32 {
+        SequenceCache::new(&spec, model.device())
+    } else {
+        const BLOCK: usize = 16;
+        let blocks = ids.len().div_ceil(BLOCK);
+        let store = PagedKvStore::new(&spec, blocks, BLOCK, kv, model.device())?;
+        let mut cache = SequenceCache::new_paged(&spec, Arc::new(store));
+        cache.set_block_table(&(0..blocks as u32).collect::<Vec<_>>());
+        cache
+    };
     let mut nll = 0.0f64;
     let mut scored = 0usize;
     let mut pos = 0usize;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use tandem_engine::{EngineConfig, EngineHandle, SamplingParams, SpecConfig, SpecMethod};
+use tandem_model::kv::KvDtype;
 
 /// Which model to load and how to run it.
 #[derive(Args, Debug, Clone)]
@@ -21,6 +22,11 @@ pub struct ModelArgs {
     /// Worker threads for the CPU kernels (0 = all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// How the KV cache stores keys and values: f32 (exact), f16, q8_0 or q4_0. The smaller
+    /// formats hold more tokens in the same --kv-memory and decode faster at long contexts;
+    /// q8_0 and q4_0 need a head dimension that is a multiple of 32.
+    #[arg(long, default_value = "f32")]
+    pub kv_cache_dtype: KvDtype,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -82,6 +88,7 @@ impl ModelArgs {
             cfg.model_id = model_id(&self.model);
         }
         cfg.speculative = self.spec.config();
+        cfg.kv_dtype = self.kv_cache_dtype;
         let device = tandem_model::device::default_device()?;
         let loaded =
             tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;

@@ -111,7 +111,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let cache_at_depth = |context: &[u32], room: usize| -> anyhow::Result<SequenceCache> {
         let spec = model.cache_spec();
         let n_blocks = (context.len() + room).div_ceil(BLOCK).max(1);
-        let store = std::sync::Arc::new(PagedKvStore::new(&spec, n_blocks, BLOCK, &device)?);
+        let store = std::sync::Arc::new(PagedKvStore::new(&spec, n_blocks, BLOCK, a.model.kv_cache_dtype, &device)?);
         let mut cache = SequenceCache::new_paged(&spec, store);
         cache.set_block_table(&(0..n_blocks as u32).collect::<Vec<_>>());
         for piece in context.chunks(depth_chunk) {

@@ -18,8 +18,9 @@ pub struct SweepArgs {
     /// tandem cannot load yet are recorded as skipped with the reason.
     #[arg(long, value_delimiter = ',', default_value = "native,f16,q8_0,q4_0,q2_k")]
     pub weights: Vec<String>,
-    /// KV-cache precisions: f32, f16, q8_0 (only f32 exists today; others are skipped).
-    #[arg(long, value_delimiter = ',', default_value = "f32,f16,q8_0")]
+    /// KV-cache precisions: f32, f16, q8_0, q4_0 (q8_0 and q4_0 need head dimensions that
+    /// are multiples of 32).
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,q8_0,q4_0")]
     pub kv: Vec<String>,
     /// Prefill chunk sizes.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]

@@ -124,6 +124,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         context_length: 0,
         kv_memory: a.kv_memory,
         block_size: a.kv_block_size,
+        kv_dtype: a.model.kv_cache_dtype,
         prefix_cache: !a.no_prefix_cache,
         checkpoint_interval: a.checkpoint_interval,
         checkpoint_memory: a.checkpoint_memory,

@@ -64,8 +64,8 @@ impl EngineCache {
         if bs == 0 {
             return Err(EngineError::Config("the KV block size must be positive".into()));
         }
-        let draft_block_bytes = draft_spec.as_ref().map_or(0, |d| PagedKvStore::bytes_per_block(d, bs));
-        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs) + draft_block_bytes;
+        let draft_block_bytes = draft_spec.as_ref().map_or(0, |d| PagedKvStore::bytes_per_block(d, bs, cfg.kv_dtype));
+        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs, cfg.kv_dtype) + draft_block_bytes;
         let budget = cfg.kv_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let num_blocks = if block_bytes == 0 {
             // No attention layers: blocks are bookkeeping only.
@@ -80,10 +80,10 @@ impl EngineCache {
         }
         let checkpoint_budget = cfg.checkpoint_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let recurrent = spec.iter().any(|s| matches!(s, LayerCacheSpec::Recurrent { .. }));
-        let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, device)?);
+        let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, cfg.kv_dtype, device)?);
         let draft = match draft_spec {
             Some(d) => {
-                let st = Arc::new(PagedKvStore::new(&d, num_blocks, bs, device)?);
+                let st = Arc::new(PagedKvStore::new(&d, num_blocks, bs, cfg.kv_dtype, device)?);
                 Some((d, st))
             }
             None => None,
@@ -91,6 +91,7 @@ impl EngineCache {
         tracing::info!(
             blocks = num_blocks,
             block_tokens = bs,
+            dtype = %cfg.kv_dtype,
             kv_mib = (num_blocks * block_bytes) >> 20,
             prefix_cache = cfg.prefix_cache,
             "paged KV cache"

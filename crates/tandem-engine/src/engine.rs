@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use tandem_cache::MemoryBudget;
 use tandem_model::chat_template::ChatTemplate;
+use tandem_model::kv::KvDtype;
 use tandem_model::loader::{LoadedModel, ModelSummary};
 use tandem_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
@@ -47,6 +48,8 @@ pub struct EngineConfig {
     pub kv_memory: MemoryBudget,
     /// Token positions per KV block.
     pub block_size: usize,
+    /// How the KV cache stores keys and values (f32, f16, q8_0, q4_0).
+    pub kv_dtype: KvDtype,
     /// Reuse the KV (and recurrent-state checkpoints) of earlier requests with the same prefix.
     pub prefix_cache: bool,
     /// Checkpoint recurrent state every this many prompt tokens (rounded up to whole blocks;
@@ -69,6 +72,7 @@ impl Default for EngineConfig {
             context_length: 0,
             kv_memory: MemoryBudget::FractionOfRam(0.2),
             block_size: tandem_cache::DEFAULT_BLOCK_SIZE,
+            kv_dtype: KvDtype::F32,
             prefix_cache: true,
             checkpoint_interval: 1024,
             checkpoint_memory: MemoryBudget::Bytes(1 << 30),

@@ -17,7 +17,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
 
+pub mod dtype;
 pub mod paged;
+pub use dtype::KvDtype;
 pub use paged::{LayerKv, PagedKvStore};
 
 /// What one layer keeps per sequence.
@@ -31,10 +33,10 @@ pub enum LayerCacheSpec {
 }
 
 impl LayerCacheSpec {
-    /// Bytes one token occupies in this layer (f32 K and V).
-    pub fn bytes_per_token(&self) -> usize {
+    /// Bytes one token occupies in this layer (K and V stored as `dtype`).
+    pub fn bytes_per_token(&self, dtype: KvDtype) -> usize {
         match self {
-            LayerCacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * head_dim * 4,
+            LayerCacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * dtype.row_bytes(*head_dim),
             LayerCacheSpec::Recurrent { .. } => 0,
         }
     }

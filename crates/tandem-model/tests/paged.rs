@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
-use tandem_model::kv::{PagedKvStore, SequenceCache};
+use tandem_model::kv::{KvDtype, PagedKvStore, SequenceCache};
 
 const BS: usize = 16;
 
@@ -65,7 +65,7 @@ fn paged_equals_contiguous_on_every_fixture() {
         let spec = m.cache_spec();
         let p = prompt(path);
         let want = run(m.as_ref(), &mut SequenceCache::new(&spec, &Device::Cpu), &p, &[p.len()]);
-        let store = Arc::new(PagedKvStore::new(&spec, 64, BS, &Device::Cpu).unwrap());
+        let store = Arc::new(PagedKvStore::new(&spec, 64, BS, KvDtype::F32, &Device::Cpu).unwrap());
         for sizes in [vec![p.len()], vec![7, 1, 20], vec![16]] {
             let mut cache = SequenceCache::new_paged(&spec, store.clone());
             cache.set_block_table(&scattered_table(p.len(), 3));
@@ -101,7 +101,7 @@ fn resuming_on_shared_blocks_continues_exactly() {
         let want = run(m.as_ref(), &mut SequenceCache::new(&spec, &Device::Cpu), &p, &[p.len()])
             .narrow(0, split, p.len() - split)
             .unwrap();
-        let store = Arc::new(PagedKvStore::new(&spec, 64, BS, &Device::Cpu).unwrap());
+        let store = Arc::new(PagedKvStore::new(&spec, 64, BS, KvDtype::F32, &Device::Cpu).unwrap());
         // A computes the prefix and snapshots its recurrent state there.
         let table_a = scattered_table(p.len(), 5);
         let mut a = SequenceCache::new_paged(&spec, store.clone());
@@ -137,7 +137,7 @@ fn timing_contiguous_vs_paged_smollm2() {
     let m = tandem_model::loader::load(&path, &Device::Cpu).expect("load").model;
     let spec = m.cache_spec();
     let prompt: Vec<u32> = (0..1024u32).map(|i| 100 + (i * 7919 + 13) % 40000).collect();
-    let store = Arc::new(PagedKvStore::new(&spec, 128, BS, &Device::Cpu).unwrap());
+    let store = Arc::new(PagedKvStore::new(&spec, 128, BS, KvDtype::F32, &Device::Cpu).unwrap());
     for paged in [false, true, false, true] {
         let mut cache = if paged {
             let mut c = SequenceCache::new_paged(&spec, store.clone());

@@ -49,13 +49,13 @@ pub fn run_cell(spec: &CellSpec) -> anyhow::Result<CellMeasurement> {
         let tok = &loaded.tokenizer;
         let mut ids = tok.encode(SHIPPED_TEXT, tok.add_bos_by_default())?;
         ids.truncate(spec.ppl_tokens.min(context));
-        (perplexity(&*loaded.model, &ids, spec.ppl_window)?, ids.len())
+        (perplexity(&*loaded.model, &ids, spec.ppl_window, spec.kv_dtype())?, ids.len())
     } else {
         (None, 0)
     };
 
     let bs = spec.kv_block_size.max(1);
-    let block_bytes = PagedKvStore::bytes_per_block(&loaded.model.cache_spec(), bs) as u64;
+    let block_bytes = PagedKvStore::bytes_per_block(&loaded.model.cache_spec(), bs, spec.kv_dtype()) as u64;
     let fit_len = spec.max_len().min(context);
     let blocks = fit_len.div_ceil(bs) as u64 + 2;
     let cfg = EngineConfig {
@@ -65,6 +65,7 @@ pub fn run_cell(spec: &CellSpec) -> anyhow::Result<CellMeasurement> {
         max_batch_tokens: spec.prefill_chunk,
         kv_memory: MemoryBudget::Bytes((blocks * block_bytes).max(1)),
         block_size: bs,
+        kv_dtype: spec.kv_dtype(),
         prefix_cache: false,
         ..Default::default()
     };

@@ -53,7 +53,8 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
     let bs = spec.kv_block_size.max(1);
     let len = spec.max_len().min(summary.context_length.max(1));
     let blocks = (len.div_ceil(bs) + 2) as u64;
-    let per_token = (2 * summary.num_layers * summary.num_kv_heads * summary.head_dim * 4) as u64;
+    let per_token =
+        (2 * summary.num_layers * summary.num_kv_heads * spec.kv_dtype().row_bytes(summary.head_dim)) as u64;
     let kv_bytes = blocks * bs as u64 * per_token;
     let f32b = 4u64;
     let chunk = spec.prefill_chunk.min(len.max(1)) as u64;

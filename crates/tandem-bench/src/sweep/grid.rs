@@ -1,11 +1,12 @@
 //! The sweep's axes and cells, and which combinations tandem can run today.
 
 use serde::{Deserialize, Serialize};
+use tandem_model::kv::KvDtype;
 
 /// Weight precisions the sweep knows: the checkpoint's own (`native`) and load-time variants.
 pub const WEIGHT_PRECISIONS: &[&str] = &["native", "f16", "bf16", "q8_0", "q4_0", "q2_k"];
 /// KV-cache precisions the sweep knows.
-pub const KV_PRECISIONS: &[&str] = &["f32", "f16", "q8_0"];
+pub const KV_PRECISIONS: &[&str] = &["f32", "f16", "q8_0", "q4_0"];
 
 /// One cell: a model, a precision pair, a prefill chunk, and what to measure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,13 +50,15 @@ impl CellSpec {
         if self.weights != "native" {
             return Err(format!("load-time conversion of weights to {} is not available in tandem yet", self.weights));
         }
-        if self.kv != "f32" {
-            return Err(format!("a {} KV cache is not available in tandem yet (f32 only)", self.kv));
-        }
         if self.prefill_chunk == 0 {
             return Err("prefill chunk must be positive".into());
         }
         Ok(())
+    }
+
+    /// The cell's KV-cache format (f32 for an unknown name; such cells are never run).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv.parse().unwrap_or_default()
     }
 
     /// Longest sequence the cell runs (prompt + generated tokens).

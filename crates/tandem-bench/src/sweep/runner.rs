@@ -55,7 +55,11 @@ pub fn run_sweep(
             pb.inc(1);
             continue;
         }
-        let rec = match spec.supported() {
+        let supported = spec.supported().and_then(|()| {
+            // The quantised KV formats need head dimensions that are multiples of 32.
+            spec.kv_dtype().check_head_dim(opts.summary.head_dim).map_err(|e| e.to_string())
+        });
+        let rec = match supported {
             Err(reason) => {
                 CellRecord { id, spec: spec.clone(), estimate: None, outcome: CellOutcome::Skipped { reason } }
             }

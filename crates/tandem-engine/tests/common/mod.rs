@@ -78,6 +78,11 @@ pub fn run(e: &EngineHandle, req: GenerateRequest) -> Outcome {
 
 /// Same tokens, and every step's top-5 log-probabilities within `1e-4`.
 pub fn assert_same(got: &Outcome, want: &Outcome, what: &str) {
+    assert_same_within(got, want, what, 1e-4)
+}
+
+/// Same tokens, and every step's top-5 log-probabilities within `tol`.
+pub fn assert_same_within(got: &Outcome, want: &Outcome, what: &str, tol: f32) {
     assert_eq!(got.ids, want.ids, "{what}: tokens differ");
     assert_eq!(got.logprobs.len(), want.logprobs.len(), "{what}");
     for (step, (a, b)) in got.logprobs.iter().zip(&want.logprobs).enumerate() {
@@ -86,14 +91,14 @@ pub fn assert_same(got: &Outcome, want: &Outcome, what: &str) {
         for (x, y) in a.top.iter().zip(&b.top) {
             if x.id == y.id {
                 assert!(
-                    (x.logprob - y.logprob).abs() < 1e-4,
+                    (x.logprob - y.logprob).abs() < tol,
                     "{what}: step {step} logprob {} vs {}",
                     x.logprob,
                     y.logprob
                 );
             }
         }
-        assert!((a.chosen.logprob - b.chosen.logprob).abs() < 1e-4, "{what}: step {step} chosen logprob");
+        assert!((a.chosen.logprob - b.chosen.logprob).abs() < tol, "{what}: step {step} chosen logprob");
     }
 }
 

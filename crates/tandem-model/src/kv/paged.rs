@@ -2,8 +2,10 @@
 //! sequence, and [`LayerKv`], the view of one layer of one sequence the attention call sites
 //! use whether its KV is paged or contiguous.
 //!
-//! Each attention layer keeps two f32 pool tensors `[num_blocks * block_size, kv_heads,
-//! head_dim]`; block `b` is rows `b * block_size ..`. Which blocks a sequence owns is decided
+//! Each attention layer keeps two pool tensors `[num_blocks * block_size, kv_heads,
+//! row_elems]` in the store's [`KvDtype`] (f32, f16, or the bytes of q8_0 / q4_0 rows); block
+//! `b` is rows `b * block_size ..`. A position's keys and values are converted to that format
+//! once, when they are written. Which blocks a sequence owns is decided
 //! outside the model (the engine's block pool and tables); the model only writes new
 //! positions into the blocks it is given and attends over them with
 //! [`crate::ops::paged_attention`]. Writes go through candle's in-place `slice_set`, so the
@@ -12,7 +14,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::kv::{KvBuffer, LayerCacheSpec};
+use crate::kv::{KvBuffer, KvDtype, LayerCacheSpec};
 use crate::ops::attention::causal_attention;
 use crate::ops::paged_attention::{gather_kv, paged_attention, PagedKv};
 
@@ -32,12 +34,14 @@ fn force_tiled() -> bool {
 struct PoolLayer {
     k: Tensor,
     v: Tensor,
+    head_dim: usize,
 }
 
 /// The KV pools of every attention layer of a model.
 pub struct PagedKvStore {
     block_size: usize,
     num_blocks: usize,
+    dtype: KvDtype,
     layers: Vec<Option<PoolLayer>>,
 }
 
@@ -46,36 +50,73 @@ impl std::fmt::Debug for PagedKvStore {
         f.debug_struct("PagedKvStore")
             .field("block_size", &self.block_size)
             .field("num_blocks", &self.num_blocks)
+            .field("dtype", &self.dtype)
             .finish()
     }
 }
 
 impl PagedKvStore {
-    /// Pools of `num_blocks` blocks of `block_size` positions for every attention layer of
-    /// `spec`. The memory is zeroed lazily by the OS, so a large pool costs only what is used.
-    pub fn new(spec: &[LayerCacheSpec], num_blocks: usize, block_size: usize, device: &Device) -> Result<Self> {
+    /// Pools of `num_blocks` blocks of `block_size` positions in format `dtype` for every
+    /// attention layer of `spec`. The memory is zeroed lazily by the OS, so a large pool costs
+    /// only what is used. The quantised formats need head dimensions that are multiples of 32
+    /// and the CPU.
+    pub fn new(
+        spec: &[LayerCacheSpec],
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+        device: &Device,
+    ) -> Result<Self> {
         if block_size == 0 {
             return Err(ModelError::Input("KV block size must be positive".into()));
+        }
+        if dtype.is_quantized() && !device.is_cpu() {
+            return Err(ModelError::Input(format!(
+                "a {dtype} KV cache runs on the CPU only for now; use --kv-cache-dtype f16 on {device:?}"
+            )));
         }
         let layers = spec
             .iter()
             .map(|s| match s {
                 LayerCacheSpec::Attention { kv_heads, head_dim } => {
-                    let shape = (num_blocks * block_size, *kv_heads, *head_dim);
+                    dtype.check_head_dim(*head_dim)?;
+                    let shape = (num_blocks * block_size, *kv_heads, dtype.row_elems(*head_dim));
                     Ok(Some(PoolLayer {
-                        k: Tensor::zeros(shape, DType::F32, device)?,
-                        v: Tensor::zeros(shape, DType::F32, device)?,
+                        k: Tensor::zeros(shape, dtype.storage_dtype(), device)?,
+                        v: Tensor::zeros(shape, dtype.storage_dtype(), device)?,
+                        head_dim: *head_dim,
                     }))
                 }
                 LayerCacheSpec::Recurrent { .. } => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { block_size, num_blocks, layers })
+        Ok(Self { block_size, num_blocks, dtype, layers })
     }
 
-    /// Bytes one block takes over all attention layers of `spec`.
-    pub fn bytes_per_block(spec: &[LayerCacheSpec], block_size: usize) -> usize {
-        spec.iter().map(LayerCacheSpec::bytes_per_token).sum::<usize>() * block_size
+    /// Bytes one block takes over all attention layers of `spec` in format `dtype`.
+    pub fn bytes_per_block(spec: &[LayerCacheSpec], block_size: usize, dtype: KvDtype) -> usize {
+        spec.iter().map(|s| s.bytes_per_token(dtype)).sum::<usize>() * block_size
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    fn paged<'a>(&self, blocks: &'a [u32]) -> PagedKv<'a> {
+        PagedKv { blocks, block_size: self.block_size, dtype: self.dtype }
+    }
+
+    /// `x: [kv_heads, t, head_dim]` as `t` pool rows `[t, kv_heads, row_elems]` in the store's
+    /// format.
+    fn encode(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.transpose(0, 1)?;
+        if !self.dtype.is_quantized() {
+            return Ok(rows.to_dtype(self.dtype.storage_dtype())?.contiguous()?);
+        }
+        let (t, kv_heads, hd) = rows.dims3()?;
+        let values = rows.to_dtype(DType::F32)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let bytes = self.dtype.quantize_rows(&values, hd)?;
+        Ok(Tensor::from_vec(bytes, (t, kv_heads, self.dtype.row_elems(hd)), x.device())?)
     }
 
     pub fn block_size(&self) -> usize {
@@ -129,7 +170,7 @@ impl PagedKvStore {
             )));
         }
         for (pool, new) in [(&l.k, k), (&l.v, v)] {
-            let rows = new.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
+            let rows = self.encode(new)?;
             let mut i = 0;
             while i < t {
                 let p = start + i;
@@ -154,21 +195,22 @@ impl PagedKvStore {
     /// `TANDEM_ATTENTION=tiled` forces the kernel.
     pub fn attend(&self, li: usize, blocks: &[u32], past: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
         let l = self.layer(li)?;
-        let kv = PagedKv { blocks, block_size: self.block_size };
+        let kv = self.paged(blocks);
         let (n_heads, t, _) = q.dims3()?;
         let len = past + t;
         if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() {
-            let (k, v) = (gather_kv(&l.k, kv, len)?, gather_kv(&l.v, kv, len)?);
+            let (k, v) = (gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?);
             return causal_attention(&q.contiguous()?, &k, &v, scale);
         }
         paged_attention(q, &l.k, &l.v, kv, past, scale)
     }
 
-    /// Positions `0..len` of layer `li` as contiguous `[kv_heads, len, head_dim]` K and V.
+    /// Positions `0..len` of layer `li` as contiguous f32 `[kv_heads, len, head_dim]` K and V
+    /// (decoded from the store's format).
     pub fn read(&self, li: usize, blocks: &[u32], len: usize) -> Result<(Tensor, Tensor)> {
         let l = self.layer(li)?;
-        let kv = PagedKv { blocks, block_size: self.block_size };
-        Ok((gather_kv(&l.k, kv, len)?, gather_kv(&l.v, kv, len)?))
+        let kv = self.paged(blocks);
+        Ok((gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?))
     }
 }
 
@@ -215,8 +257,9 @@ mod tests {
             LayerCacheSpec::Attention { kv_heads: 2, head_dim: 8 },
             LayerCacheSpec::Recurrent { conv_channels: 4, conv_kernel: 4, state_heads: 1, key_dim: 2, value_dim: 2 },
         ];
-        assert_eq!(PagedKvStore::bytes_per_block(&spec, 4), 2 * 2 * 8 * 4 * 4);
-        let store = PagedKvStore::new(&spec, 8, 4, &Device::Cpu)?;
+        assert_eq!(PagedKvStore::bytes_per_block(&spec, 4, KvDtype::F32), 2 * 2 * 8 * 4 * 4);
+        assert_eq!(PagedKvStore::bytes_per_block(&spec, 4, KvDtype::F16), 2 * 2 * 8 * 2 * 4);
+        let store = PagedKvStore::new(&spec, 8, 4, KvDtype::F32, &Device::Cpu)?;
         let blocks = [5u32, 2, 7];
         let mut buf = KvBuffer::new(2, 8);
         let mut past = 0;

@@ -11,6 +11,10 @@
 //! depends only on its own query, the keys it sees and their block order, never on the tile
 //! or chunk it arrives in, so chunked prefill and decode give bit-identical rows.
 //!
+//! Pools hold f32, f16, q8_0 or q4_0 rows ([`KvDtype`]); the kernel decodes the rows of a
+//! work item to f32 once and shares them across the item's query rows (`format`), so the
+//! format changes the values attention sees, never its arithmetic.
+//!
 //! Other devices gather the sequence's KV into contiguous tensors and run the plain
 //! [`causal_attention`], which is also the reference the tests compare the kernel against.
 
@@ -18,6 +22,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::kv::KvDtype;
 use crate::ops::attention::causal_attention;
 
 /// Where a sequence's KV lives in a pool.
@@ -27,6 +32,8 @@ pub struct PagedKv<'a> {
     /// block_size + p % block_size`.
     pub blocks: &'a [u32],
     pub block_size: usize,
+    /// The format of the pool rows.
+    pub dtype: KvDtype,
 }
 
 impl PagedKv<'_> {
@@ -44,16 +51,29 @@ impl PagedKv<'_> {
     }
 }
 
-/// Gathers positions `0..len` of a pool `[rows, n_kv, hd]` into `[n_kv, len, hd]`.
-pub fn gather_kv(pool: &Tensor, kv: PagedKv<'_>, len: usize) -> Result<Tensor> {
+/// Gathers positions `0..len` of a pool `[rows, n_kv, row_elems]` into f32 `[n_kv, len,
+/// hd]`, decoding the rows of the quantised formats (`hd` is the model's head dimension).
+pub fn gather_kv(pool: &Tensor, kv: PagedKv<'_>, len: usize, hd: usize) -> Result<Tensor> {
     let slots = kv.slots(len)?;
     let idx = Tensor::from_vec(slots, len, pool.device())?;
-    Ok(pool.index_select(&idx, 0)?.transpose(0, 1)?.contiguous()?)
+    let rows = pool.index_select(&idx, 0)?;
+    let rows = if kv.dtype.is_quantized() {
+        let (_, n_kv, elems) = rows.dims3()?;
+        let bytes = rows.flatten_all()?.to_vec1::<u8>()?;
+        let mut out = vec![0f32; len * n_kv * hd];
+        for (src, dst) in bytes.chunks_exact(elems).zip(out.chunks_exact_mut(hd)) {
+            kv.dtype.dequantize_row(src, dst);
+        }
+        Tensor::from_vec(out, (len, n_kv, hd), pool.device())?
+    } else {
+        rows.to_dtype(DType::F32)?
+    };
+    Ok(rows.transpose(0, 1)?.contiguous()?)
 }
 
 /// Attention of `q: [n_heads, t, hd]` (the last `t` of `past + t` positions) over the
-/// sequence's keys and values in `k_pool`, `v_pool: [rows, n_kv, hd]` (f32). Query `i` sees
-/// positions `0..=past + i`. Returns `[n_heads, t, hd]`.
+/// sequence's keys and values in `k_pool`, `v_pool: [rows, n_kv, row_elems]` (rows in format
+/// `kv.dtype`). Query `i` sees positions `0..=past + i`. Returns `[n_heads, t, hd]` (f32).
 pub fn paged_attention(
     q: &Tensor,
     k_pool: &Tensor,
@@ -63,13 +83,22 @@ pub fn paged_attention(
     scale: f64,
 ) -> Result<Tensor> {
     let (n_heads, t, hd) = q.dims3()?;
-    let (rows, n_kv, khd) = k_pool.dims3()?;
-    if khd != hd || v_pool.dims3()? != (rows, n_kv, hd) || n_kv == 0 || n_heads % n_kv != 0 {
+    let (rows, n_kv, elems) = k_pool.dims3()?;
+    if elems != kv.dtype.row_elems(hd)
+        || v_pool.dims3()? != (rows, n_kv, elems)
+        || n_kv == 0
+        || n_heads % n_kv != 0
+        || k_pool.dtype() != kv.dtype.storage_dtype()
+        || v_pool.dtype() != kv.dtype.storage_dtype()
+    {
         return Err(ModelError::Input(format!(
-            "paged attention: q {:?}, k pool {:?}, v pool {:?} do not fit",
+            "paged attention: q {:?}, k pool {:?} {:?}, v pool {:?} {:?} do not fit a {} cache",
             q.dims(),
             k_pool.dims(),
-            v_pool.dims()
+            k_pool.dtype(),
+            v_pool.dims(),
+            v_pool.dtype(),
+            kv.dtype
         )));
     }
     let len = past + t;
@@ -83,11 +112,17 @@ pub fn paged_attention(
         )));
     }
     if !q.device().is_cpu() {
-        let k = gather_kv(k_pool, kv, len)?;
-        let v = gather_kv(v_pool, kv, len)?;
+        let k = gather_kv(k_pool, kv, len, hd)?;
+        let v = gather_kv(v_pool, kv, len, hd)?;
         return causal_attention(&q.contiguous()?, &k, &v, scale);
     }
-    let op = PagedAttentionOp { blocks: kv.blocks.to_vec(), block_size: kv.block_size, past, scale: scale as f32 };
+    let op = PagedAttentionOp {
+        blocks: kv.blocks.to_vec(),
+        block_size: kv.block_size,
+        dtype: kv.dtype,
+        past,
+        scale: scale as f32,
+    };
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     Ok(q.apply_op3_no_bwd(k_pool, v_pool, &op)?)
 }
@@ -95,14 +130,12 @@ pub fn paged_attention(
 struct PagedAttentionOp {
     blocks: Vec<u32>,
     block_size: usize,
+    dtype: KvDtype,
     past: usize,
     scale: f32,
 }
 
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(data) = s else {
-        candle_core::bail!("paged attention: {what} must be f32, got {:?}", s.dtype());
-    };
+fn contiguous<'a, T>(data: &'a [T], l: &Layout, what: &str) -> candle_core::Result<&'a [T]> {
     let Some((start, end)) = l.contiguous_offsets() else {
         candle_core::bail!("paged attention: {what} must be contiguous");
     };
@@ -123,17 +156,40 @@ impl CustomOp3 for PagedAttentionOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (f32_slice(s1, l1, "q")?, f32_slice(s2, l2, "k pool")?, f32_slice(s3, l3, "v pool")?);
+        let CpuStorage::F32(q) = s1 else {
+            candle_core::bail!("paged attention: q must be f32, got {:?}", s1.dtype());
+        };
+        let q = contiguous(q, l1, "q")?;
         let (n_heads, t, hd) = l1.shape().dims3()?;
         let (_, n_kv, _) = l2.shape().dims3()?;
-        let dims = Dims { n_heads, n_kv, t, hd, past: self.past, block_size: self.block_size };
-        let out = paged_attention_cpu(q, k, v, &self.blocks, dims, self.scale);
+        let d = Dims { n_heads, n_kv, t, hd, past: self.past, block_size: self.block_size };
+        let (blocks, scale, simd) = (&self.blocks[..], self.scale, kernel::has_avx2_fma());
+        let out = match (self.dtype, s2, s3) {
+            (KvDtype::F32, CpuStorage::F32(k), CpuStorage::F32(v)) => {
+                let (k, v) = (contiguous(k, l2, "k pool")?, contiguous(v, l3, "v pool")?);
+                kernel::run::<format::F32Rows>(q, k, v, blocks, d, scale, simd)
+            }
+            (KvDtype::F16, CpuStorage::F16(k), CpuStorage::F16(v)) => {
+                let (k, v) = (contiguous(k, l2, "k pool")?, contiguous(v, l3, "v pool")?);
+                kernel::run::<format::F16Rows>(q, k, v, blocks, d, scale, simd)
+            }
+            (KvDtype::Q8_0, CpuStorage::U8(k), CpuStorage::U8(v)) => {
+                let (k, v) = (contiguous(k, l2, "k pool")?, contiguous(v, l3, "v pool")?);
+                kernel::run::<format::Q8Rows>(q, k, v, blocks, d, scale, simd)
+            }
+            (KvDtype::Q4_0, CpuStorage::U8(k), CpuStorage::U8(v)) => {
+                let (k, v) = (contiguous(k, l2, "k pool")?, contiguous(v, l3, "v pool")?);
+                kernel::run::<format::Q4Rows>(q, k, v, blocks, d, scale, simd)
+            }
+            (dt, k, _) => candle_core::bail!("paged attention: a {dt} cache cannot hold {:?} pools", k.dtype()),
+        };
         Ok((CpuStorage::F32(out), Shape::from((n_heads, t, hd))))
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod format;
 mod kernel;
 #[cfg(test)]
 mod reference;
@@ -143,5 +199,7 @@ pub use kernel::{paged_attention_cpu, Dims};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_format;
 #[cfg(test)]
 mod tests_kernel;

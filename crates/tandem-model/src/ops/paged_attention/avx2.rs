@@ -2,7 +2,7 @@
 //! with a horizontal-add transpose (no per-key horizontal sum), and the weighted sum of value
 //! rows with the accumulator held in registers across keys (up to 64 floats at a time).
 //!
-//! [`Fma`] must only be used inside a function compiled with `avx2,fma` that runs after
+//! [`Fma`] must only be used inside a function compiled with `avx2,fma,f16c` that runs after
 //! [`super::kernel`] checked the CPU at run time; the kernel's `segment_avx2` is that function.
 
 use std::arch::x86_64::*;
@@ -26,6 +26,31 @@ impl VecOps for Fma {
         // SAFETY: `accumulate` reads `rows[j][..acc.len()]` and `p[j]` for `j < rows.len()`,
         // all in bounds (checked above); the CPU has AVX2 and FMA (module doc).
         unsafe { accumulate(acc, p, rows) }
+    }
+
+    #[inline(always)]
+    fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "f16 row and f32 buffer differ in length");
+        // SAFETY: both slices hold `dst.len()` elements (checked above); the CPU has F16C
+        // (the kernel checks it with AVX2 and FMA before using `Fma`).
+        unsafe { f16_to_f32(src, dst) }
+    }
+}
+
+/// SAFETY (caller): F16C present; `src.len() == dst.len()`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+    let n = dst.len();
+    let (s, d) = (src.as_ptr() as *const u16, dst.as_mut_ptr());
+    let mut c = 0;
+    while c + 8 <= n {
+        let h = _mm_loadu_si128(s.add(c) as *const __m128i);
+        _mm256_storeu_ps(d.add(c), _mm256_cvtph_ps(h));
+        c += 8;
+    }
+    for i in c..n {
+        *d.add(i) = src[i].to_f32();
     }
 }
 

@@ -6,7 +6,7 @@
 //! ([`super::segment`]); the partial states of a tile are merged in segment order. candle's
 //! barrier pool spreads the items over threads.
 //!
-//! On x86-64 CPUs with AVX2 and FMA the items run a build with eight-key dot products and
+//! On x86-64 CPUs with AVX2, FMA and F16C the items run a build with eight-key dot products and
 //! register-blocked value sums ([`super::avx2`]); elsewhere the plain build
 //! ([`super::vec_ops::Plain`]). A row's arithmetic never depends on its tile or on the other
 //! rows, and segment boundaries are absolute positions, so results are bit-identical whatever
@@ -14,6 +14,7 @@
 
 use std::sync::OnceLock;
 
+use super::format::{F32Rows, KvRows};
 use super::segment::{segment, Item, Partial};
 use super::vec_ops::Plain;
 
@@ -35,15 +36,24 @@ pub struct Dims {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn segment_avx2(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, it: Item) -> Partial {
-    segment::<super::avx2::Fma>(q, k, v, blocks, d, scale, it)
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn segment_avx2<R: KvRows>(
+    q: &[f32],
+    k: &[R::Elem],
+    v: &[R::Elem],
+    blocks: &[u32],
+    d: Dims,
+    scale: f32,
+    it: Item,
+) -> Partial {
+    segment::<R, super::avx2::Fma>(q, k, v, blocks, d, scale, it)
 }
 
+/// Whether this CPU runs the AVX2 build (AVX2, FMA and F16C).
 pub(super) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -51,10 +61,11 @@ pub(super) fn has_avx2_fma() -> bool {
     }
 }
 
-/// `q: [n_heads, t, hd]`, pools `[rows, n_kv, hd]`; returns `[n_heads, t, hd]`. The block
-/// table must cover `past + t` positions inside the pool (checked by `paged_attention`).
+/// `q: [n_heads, t, hd]`, f32 pools `[rows, n_kv, hd]`; returns `[n_heads, t, hd]`. The
+/// block table must cover `past + t` positions inside the pool (checked by
+/// `paged_attention`).
 pub fn paged_attention_cpu(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32) -> Vec<f32> {
-    run(q, k, v, blocks, d, scale, has_avx2_fma())
+    run::<F32Rows>(q, k, v, blocks, d, scale, has_avx2_fma())
 }
 
 /// KV heads per work item: all of them (pool rows read front to back) when there are enough
@@ -86,19 +97,27 @@ fn items(d: Dims, heads_per_item: usize) -> Vec<Item> {
 }
 
 /// The kernel with the instruction set chosen by `simd` (AVX2 + FMA when true; the caller
-/// checked the CPU).
-pub(super) fn run(q: &[f32], k: &[f32], v: &[f32], blocks: &[u32], d: Dims, scale: f32, simd: bool) -> Vec<f32> {
+/// checked the CPU). Pools hold rows in format `R`: `[rows, n_kv, R::DTYPE.row_elems(hd)]`.
+pub(super) fn run<R: KvRows>(
+    q: &[f32],
+    k: &[R::Elem],
+    v: &[R::Elem],
+    blocks: &[u32],
+    d: Dims,
+    scale: f32,
+    simd: bool,
+) -> Vec<f32> {
     let threads = candle_core::utils::barrier_pool().n_workers() + 1;
-    run_grouped(q, k, v, blocks, d, scale, simd, heads_per_item(d, threads))
+    run_grouped::<R>(q, k, v, blocks, d, scale, simd, heads_per_item(d, threads))
 }
 
 /// [`run`] with `heads_per_item` KV heads per work item (1 ..= n_kv; results do not depend
 /// on it).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run_grouped(
+pub(super) fn run_grouped<R: KvRows>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[R::Elem],
+    v: &[R::Elem],
     blocks: &[u32],
     d: Dims,
     scale: f32,
@@ -113,10 +132,10 @@ pub(super) fn run_grouped(
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: `simd` is only true when the CPU reports AVX2 and FMA.
-            return unsafe { segment_avx2(q, k, v, blocks, d, scale, it) };
+            return unsafe { segment_avx2::<R>(q, k, v, blocks, d, scale, it) };
         }
         let _ = simd;
-        segment::<Plain>(q, k, v, blocks, d, scale, it)
+        segment::<R, Plain>(q, k, v, blocks, d, scale, it)
     };
     // Items run on candle's barrier pool, the workers every other CPU op of a step uses (a
     // second pool would fight it for the same cores).

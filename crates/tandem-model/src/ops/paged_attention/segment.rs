@@ -15,6 +15,7 @@
 //! query, the keys it sees and the segment boundaries (absolute positions), never on the other
 //! rows of the item, so any chunking of the queries gives bit-identical rows.
 
+use super::format::{rows as kv_rows, KvRows};
 use super::kernel::Dims;
 use super::vec_ops::{exp_sub, max, sum8, VecOps};
 
@@ -43,10 +44,10 @@ pub(super) struct Item {
 
 /// The partial state of one item (rows ordered `[kh_end - kh, group, i1 - i0]`).
 #[inline(always)]
-pub(super) fn segment<M: VecOps>(
+pub(super) fn segment<R: KvRows, M: VecOps>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[R::Elem],
+    v: &[R::Elem],
     blocks: &[u32],
     d: Dims,
     scale: f32,
@@ -54,7 +55,9 @@ pub(super) fn segment<M: VecOps>(
 ) -> Partial {
     let Dims { n_heads, n_kv, t, hd, past, block_size: bs } = d;
     let group = n_heads / n_kv;
-    let row_stride = n_kv * hd;
+    // Pool elements per head row and per position.
+    let row_elems = R::DTYPE.row_elems(hd);
+    let row_stride = n_kv * row_elems;
     let tq = it.i1 - it.i0;
     let per_head = group * tq;
     let n_rows = (it.kh_end - it.kh) * per_head;
@@ -76,13 +79,19 @@ pub(super) fn segment<M: VecOps>(
         .collect();
     // Query heads are numbered kh * group + g, so row r's head is it.kh * group + r / tq.
     let qrow = |r: usize| &q[((it.kh * group + r / tq) * t + it.i0 + r % tq) * hd..][..hd];
-    let heads = || (0..it.kh_end - it.kh).map(|h| ((it.kh + h) * hd, h * per_head..(h + 1) * per_head));
+    let heads = || (0..it.kh_end - it.kh).map(|h| ((it.kh + h) * row_elems, h * per_head..(h + 1) * per_head));
+    // Decoded rows of the formats that are not read in place (empty for f32).
+    let mut buf = vec![0f32; if R::direct(k).is_some() { 0 } else { VALUE_STEP.max(8) * hd }];
+    let mut hoff = [0usize; VALUE_STEP];
 
     // 1. Scores, [rows, cap].
     let mut s = vec![0f32; n_rows * cap];
     for j0 in (0..n).step_by(8) {
         for (head, rows) in heads() {
-            let keys: [&[f32]; 8] = std::array::from_fn(|i| &k[off[j0 + i] + head..][..hd]);
+            for (h, &o) in hoff.iter_mut().zip(&off[j0..j0 + 8]) {
+                *h = o + head;
+            }
+            let keys: [&[f32]; 8] = kv_rows::<R, M, 8>(k, &hoff, 8, hd, &mut buf);
             for r in rows {
                 if j0 < seen[r] {
                     let dots = M::dot8(qrow(r), &keys);
@@ -106,14 +115,14 @@ pub(super) fn segment<M: VecOps>(
         part.l[r] = sum8(sr);
     }
     // 3. Weighted values.
-    let mut vrows: [&[f32]; VALUE_STEP] = [&[]; VALUE_STEP];
     for j0 in (0..n).step_by(VALUE_STEP) {
         let jn = (n - j0).min(VALUE_STEP);
-        for (head, rows) in heads() {
-            for (i, row) in vrows[..jn].iter_mut().enumerate() {
-                *row = &v[off[j0 + i] + head..][..hd];
+        for (head, item_rows) in heads() {
+            for (h, &o) in hoff.iter_mut().zip(&off[j0..j0 + jn]) {
+                *h = o + head;
             }
-            for r in rows {
+            let vrows: [&[f32]; VALUE_STEP] = kv_rows::<R, M, VALUE_STEP>(v, &hoff, jn, hd, &mut buf);
+            for r in item_rows {
                 let take = seen[r].saturating_sub(j0).min(jn);
                 if take > 0 {
                     M::accumulate(&mut part.acc[r * hd..(r + 1) * hd], &s[r * cap + j0..][..take], &vrows[..take]);

@@ -4,29 +4,30 @@
 //! merge (decode and multi-query tiles straddling segment boundaries); plus the exponential,
 //! and a timing of decode at depth (ignored).
 
+use super::format::F32Rows;
 use super::kernel::{has_avx2_fma, run, run_grouped, Dims, SEGMENT_KEYS};
 use super::reference::paged_attention_reference;
 use super::vec_ops::exp_neg;
 
-struct Rng(u64);
+pub(super) struct Rng(pub u64);
 
 impl Rng {
-    fn uniform(&mut self) -> f32 {
+    pub fn uniform(&mut self) -> f32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
+    pub fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform() * amp).collect()
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub fn below(&mut self, n: usize) -> usize {
         ((self.uniform() * 0.5 + 0.5) * n as f32) as usize % n
     }
 }
 
 /// The instruction sets to test on this CPU.
-fn builds() -> Vec<bool> {
+pub(super) fn builds() -> Vec<bool> {
     if has_avx2_fma() {
         vec![false, true]
     } else {
@@ -35,13 +36,13 @@ fn builds() -> Vec<bool> {
 }
 
 /// Max over elements of `|got - want| / (1 + |want|)`.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+pub(super) fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     got.iter().zip(want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0f32, f32::max)
 }
 
 /// A shuffled block table for `len` positions out of a pool of `n_blocks` blocks.
-fn table(rng: &mut Rng, n_blocks: usize, len: usize, bs: usize) -> Vec<u32> {
+pub(super) fn table(rng: &mut Rng, n_blocks: usize, len: usize, bs: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
     for i in (1..ids.len()).rev() {
         ids.swap(i, rng.below(i + 1));
@@ -62,12 +63,12 @@ fn check(rng: &mut Rng, d: Dims, label: &str) {
     let scale = 1.0 / (d.hd as f32).sqrt();
     let want = paged_attention_reference(&q, &k, &v, &blocks, d, scale);
     for simd in builds() {
-        let got = run(&q, &k, &v, &blocks, d, scale, simd);
+        let got = run::<F32Rows>(&q, &k, &v, &blocks, d, scale, simd);
         let e = rel_err(&got, &want);
         assert!(e < 1e-5, "{label} {d:?} simd={simd}: relative error {e}");
         // One KV head per work item or all of them: the same bits.
         for heads in [1, d.n_kv] {
-            let other = run_grouped(&q, &k, &v, &blocks, d, scale, simd, heads);
+            let other = run_grouped::<F32Rows>(&q, &k, &v, &blocks, d, scale, simd, heads);
             assert!(other == got, "{label} {d:?} simd={simd}: {heads} KV heads per item changed the result");
         }
     }
@@ -132,7 +133,7 @@ fn sequences_sharing_a_pool_match_reference() {
         let q = rng.vec(n_heads * hd, 1.0);
         let want = paged_attention_reference(&q, &k, &v, blocks, d, 0.125);
         for simd in builds() {
-            let e = rel_err(&run(&q, &k, &v, blocks, d, 0.125, simd), &want);
+            let e = rel_err(&run::<F32Rows>(&q, &k, &v, blocks, d, 0.125, simd), &want);
             assert!(e < 1e-5, "len {len} simd={simd}: {e}");
         }
     }
@@ -150,11 +151,11 @@ fn decode_rows_equal_chunk_rows_bit_for_bit() {
     let (t, past) = (60, len - 60);
     let q = rng.vec(n_heads * t * hd, 1.0);
     for simd in builds() {
-        let whole = run(&q, &k, &v, &blocks, Dims { n_heads, n_kv, t, hd, past, block_size: bs }, 0.2, simd);
+        let whole = run::<F32Rows>(&q, &k, &v, &blocks, Dims { n_heads, n_kv, t, hd, past, block_size: bs }, 0.2, simd);
         for i in 0..t {
             let qi: Vec<f32> = (0..n_heads).flat_map(|h| q[(h * t + i) * hd..][..hd].to_vec()).collect();
             let d = Dims { n_heads, n_kv, t: 1, hd, past: past + i, block_size: bs };
-            let one = run(&qi, &k, &v, &blocks, d, 0.2, simd);
+            let one = run::<F32Rows>(&qi, &k, &v, &blocks, d, 0.2, simd);
             for h in 0..n_heads {
                 assert_eq!(&one[h * hd..][..hd], &whole[(h * t + i) * hd..][..hd], "row {i} head {h} simd={simd}");
             }
@@ -170,47 +171,8 @@ fn exp_neg_is_accurate() {
     }
 }
 
-/// Timing, not a check: one layer's attention at SmolLM2-135M's shape (9 query heads, 3 KV
-/// heads of 64, blocks of 16) at several depths, plain and AVX2 builds: the best wall time and
-/// the calling thread's time on CPU per call (the whole cost when `CANDLE_NUM_THREADS=1`, and
-/// robust to other load), with the KV bytes read (`cargo test --release -p tandem-model --lib
-/// timing_at_depth -- --ignored --nocapture`; `PA_LENS=512,3200` and `PA_T=512` pick contexts
-/// and query chunk).
-#[test]
-#[ignore]
-fn timing_at_depth() {
-    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
-    let lens: Vec<usize> = env("PA_LENS", "512,3200,6000").split(',').map(|x| x.parse().unwrap()).collect();
-    let t: usize = env("PA_T", "1").parse().unwrap();
-    let mut rng = Rng(3);
-    let (n_heads, n_kv, hd, bs) = (9, 3, 64, 16);
-    for len in lens {
-        let n_blocks = len.div_ceil(bs);
-        let (k, v) = (rng.vec(n_blocks * bs * n_kv * hd, 1.0), rng.vec(n_blocks * bs * n_kv * hd, 1.0));
-        let blocks: Vec<u32> = (0..n_blocks as u32).collect();
-        let q = rng.vec(n_heads * t * hd, 1.0);
-        let d = Dims { n_heads, n_kv, t, hd, past: len - t, block_size: bs };
-        let reps = (400_000 / (len * t)).max(2);
-        for simd in builds() {
-            let (mut wall, mut cpu) = (f64::MAX, f64::MAX);
-            for _ in 0..5 {
-                let (s, c0) = (std::time::Instant::now(), on_cpu_ns());
-                for _ in 0..reps {
-                    std::hint::black_box(run(&q, &k, &v, &blocks, d, 0.125, simd));
-                }
-                cpu = cpu.min((on_cpu_ns() - c0) as f64 / 1e3 / reps as f64);
-                wall = wall.min(s.elapsed().as_secs_f64() * 1e6 / reps as f64);
-            }
-            let gbs = (2 * len * n_kv * hd * 4) as f64 / wall / 1e3;
-            eprintln!(
-                "t={t} len={len:>5} simd={simd:<5}: wall {wall:>8.1} µs ({gbs:>5.1} GB/s of KV), on CPU {cpu:>8.1} µs"
-            );
-        }
-    }
-}
-
 /// Time the calling thread spent on a CPU so far (ns), from the scheduler's statistics.
-fn on_cpu_ns() -> u64 {
+pub(super) fn on_cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())

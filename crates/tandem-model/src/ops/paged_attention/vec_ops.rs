@@ -9,6 +9,8 @@ pub(super) trait VecOps {
     /// `acc[c] += sum_j p[j] * rows[j][c]`, the keys added in the order `j = 0, 1, ..`;
     /// `rows.len() <= p.len()`, every row at least `acc.len()` long.
     fn accumulate(acc: &mut [f32], p: &[f32], rows: &[&[f32]]);
+    /// `dst[i] = src[i]` as f32, `src.len() == dst.len()`.
+    fn f16_to_f32(src: &[half::f16], dst: &mut [f32]);
 }
 
 /// Plain loops, for any CPU (and the reference order of the SIMD builds' arithmetic).
@@ -26,6 +28,13 @@ impl VecOps for Plain {
             for (a, &x) in acc.iter_mut().zip(*row) {
                 *a += pj * x;
             }
+        }
+    }
+
+    #[inline(always)]
+    fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
         }
     }
 }
