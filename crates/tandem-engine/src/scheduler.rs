@@ -310,6 +310,7 @@ impl Scheduler {
         let mut want = self.plan_tokens();
         let preempted = self.reserve(&mut want);
         let drafted = self.propose(&want, &preempted);
+        let proposed = started.elapsed();
         let mut plan = Vec::new();
         for (i, &n) in want.iter().enumerate() {
             let s = &mut self.running[i];
@@ -328,9 +329,18 @@ impl Scheduler {
         }
         if !plan.is_empty() {
             let prefill = plan.iter().any(|e| !e.verify && e.n > 1);
-            self.forward(&plan);
+            let forward_ms = self.forward(&plan);
+            let t = started.elapsed().as_secs_f64();
+            tracing::debug!(
+                target: "tandem::step",
+                tokens = plan.iter().map(|e| e.n).sum::<usize>(),
+                drafted,
+                propose_ms = proposed.as_secs_f64() * 1e3,
+                forward_ms,
+                rest_ms = t * 1e3 - forward_ms - proposed.as_secs_f64() * 1e3,
+                "step"
+            );
             if !prefill {
-                let t = started.elapsed().as_secs_f64();
                 if drafted == 0 {
                     self.spec_cost.observe_plain(t);
                 } else {
@@ -349,7 +359,9 @@ impl Scheduler {
         }
     }
 
-    fn forward(&mut self, plan: &[PlanEntry]) {
+    /// Runs the target forward of `plan` and everything after it; returns the milliseconds
+    /// the forward itself took.
+    fn forward(&mut self, plan: &[PlanEntry]) -> f64 {
         let started = Instant::now();
         let before: Vec<usize> = plan.iter().map(|e| self.running[e.seq].cache.position()).collect();
         let hidden_wanted = self.proposers.needs_hidden(plan.iter().map(|e| &self.running[e.seq]));
@@ -377,8 +389,14 @@ impl Scheduler {
         let elapsed = started.elapsed().as_secs_f64();
         let (logits, hidden) = match result {
             Ok(Ok(l)) => l,
-            Ok(Err(e)) => return self.fail(plan, &format!("forward pass failed: {e}")),
-            Err(_) => return self.fail(plan, "forward pass panicked"),
+            Ok(Err(e)) => {
+                self.fail(plan, &format!("forward pass failed: {e}"));
+                return elapsed * 1e3;
+            }
+            Err(_) => {
+                self.fail(plan, "forward pass panicked");
+                return elapsed * 1e3;
+            }
         };
         for (e, l) in plan.iter().zip(logits) {
             let s = &mut self.running[e.seq];
@@ -413,6 +431,7 @@ impl Scheduler {
         for e in plan {
             self.cache.commit(&mut self.running[e.seq]);
         }
+        elapsed * 1e3
     }
 
     fn fail(&mut self, plan: &[PlanEntry], msg: &str) {
