@@ -5,15 +5,20 @@
 //! then yields `E(k) = 1 + a_1 + a_1 a_2 + ...` tokens, and costs `1 + c k` plain decode steps,
 //! where `c` (drafting plus verifying one more token, relative to a plain step) is measured by
 //! the engine as it runs. The chosen `k` maximises `E(k) / (1 + c k)`; when no `k > 0` pays,
-//! the sequence stops speculating and probes with one draft every [`PROBE_EVERY`] steps so it
-//! notices when the text becomes predictable again.
+//! the sequence stops speculating and probes with one draft after [`PROBE_EVERY`] idle steps
+//! so it notices when the text becomes predictable again. Each probe after which drafting
+//! still does not pay doubles the wait, up to [`MAX_PROBE_EVERY`] steps: a probe costs more
+//! than a plain step (a draft model first catches up on every token since its last draft), so
+//! on text that stays unpredictable the probes' share of the time shrinks towards nothing.
 
 /// Acceptance assumed before anything is observed.
 const PRIOR: f64 = 0.6;
 /// Weight of one observation in the moving averages.
 const ALPHA: f64 = 0.25;
-/// Steps between single-draft probes while speculation does not pay.
+/// Idle steps before the first single-draft probe while speculation does not pay.
 pub const PROBE_EVERY: usize = 8;
+/// Longest wait between probes.
+pub const MAX_PROBE_EVERY: usize = 256;
 
 /// Per-sequence acceptance statistics and the draft length chosen from them.
 #[derive(Debug, Clone)]
@@ -22,11 +27,15 @@ pub struct AdaptiveK {
     /// Conditional acceptance per draft position.
     accept: Vec<f64>,
     idle_steps: usize,
+    /// Idle steps before the next probe.
+    probe_every: usize,
+    /// Whether the last choice was a probe.
+    probed: bool,
 }
 
 impl AdaptiveK {
     pub fn new(max_k: usize) -> Self {
-        Self { max_k, accept: vec![PRIOR; max_k], idle_steps: 0 }
+        Self { max_k, accept: vec![PRIOR; max_k], idle_steps: 0, probe_every: PROBE_EVERY, probed: false }
     }
 
     /// Expected tokens per verification with `k` drafts.
@@ -51,14 +60,21 @@ impl AdaptiveK {
                 best_k = k;
             }
         }
+        let after_probe = std::mem::take(&mut self.probed);
         if best_k == 0 && self.max_k > 0 {
+            if after_probe {
+                // The probe did not make drafting pay: wait longer before the next one.
+                self.probe_every = (self.probe_every * 2).min(MAX_PROBE_EVERY);
+            }
             self.idle_steps += 1;
-            if self.idle_steps >= PROBE_EVERY {
+            if self.idle_steps >= self.probe_every {
                 self.idle_steps = 0;
+                self.probed = true;
                 return 1;
             }
         } else {
             self.idle_steps = 0;
+            self.probe_every = PROBE_EVERY;
         }
         best_k
     }
@@ -157,6 +173,42 @@ mod tests {
         let ks: Vec<usize> = (0..PROBE_EVERY).map(|_| b.choose(0.5)).collect();
         assert_eq!(ks.iter().filter(|&&k| k == 1).count(), 1);
         assert_eq!(ks.iter().filter(|&&k| k == 0).count(), PROBE_EVERY - 1);
+    }
+
+    /// Failed probes double the wait (8, 16, 32, ... up to the maximum); a probe that makes
+    /// drafting pay again resets it.
+    #[test]
+    fn failed_probes_back_off_and_success_resets() {
+        let mut b = AdaptiveK::new(4);
+        for _ in 0..30 {
+            b.observe(1, 0);
+        }
+        let probe_steps =
+            |b: &mut AdaptiveK, n: usize| -> Vec<usize> { (1..=n).filter(|_| b.choose(0.5) == 1).collect::<Vec<_>>() };
+        let mut at = Vec::new();
+        let mut step = 0;
+        for _ in 0..2000 {
+            step += 1;
+            if b.choose(0.5) == 1 {
+                at.push(step);
+                b.observe(1, 0);
+            }
+        }
+        let gaps: Vec<usize> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(at[0], PROBE_EVERY);
+        assert_eq!(&gaps[..5], &[16, 32, 64, 128, 256], "{at:?}");
+        assert!(gaps[5..].iter().all(|&g| g == MAX_PROBE_EVERY), "{gaps:?}");
+        // Text turns predictable: the next probes are accepted and drafting resumes.
+        let before = probe_steps(&mut b, MAX_PROBE_EVERY).len();
+        assert_eq!(before, 1);
+        for _ in 0..10 {
+            b.observe(4, 4);
+        }
+        assert!(b.choose(0.1) > 0);
+        for _ in 0..30 {
+            b.observe(1, 0);
+        }
+        assert_eq!(probe_steps(&mut b, PROBE_EVERY).len(), 1, "the wait starts again at {PROBE_EVERY}");
     }
 
     #[test]
