@@ -13,6 +13,8 @@
 # sequence per concurrent session, prompt caching on in both (tandem's prefix cache; llama.cpp's
 # slot cache, on by default), prefill chunks of 512 (tandem --prefill-chunk, llama.cpp -ub),
 # greedy decoding with EOS ignored so both generate MAX_TOKENS every turn.
+# TANDEM_ARGS / LLAMA_ARGS add flags to either server, e.g. a quantised KV cache in both:
+#   TANDEM_ARGS="--kv-cache-dtype q8_0" LLAMA_ARGS="-ctk q8_0 -ctv q8_0 -fa on" scripts/bench-peers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +32,8 @@ OUT=${OUT:-bench-results/peers}
 TANDEM_PORT=${TANDEM_PORT:-8090}
 LLAMA_PORT=${LLAMA_PORT:-8091}
 EXTRA_AGENT_ARGS=${EXTRA_AGENT_ARGS:-}
+TANDEM_ARGS=${TANDEM_ARGS:-}
+LLAMA_ARGS=${LLAMA_ARGS:-}
 
 [ -f "$MODEL" ] || { echo "no model at $MODEL (run \`make models\`)" >&2; exit 1; }
 
@@ -67,10 +71,10 @@ wait_healthy() { # url name
 }
 
 mkdir -p "$OUT"
-"$TANDEM" serve -m "$MODEL" --port "$TANDEM_PORT" -t "$THREADS" --ctx-size "$CTX" \
+"$TANDEM" serve -m "$MODEL" --port "$TANDEM_PORT" -t "$THREADS" --ctx-size "$CTX" $TANDEM_ARGS \
   --max-running "$SESSIONS" --prefill-chunk 512 >"$OUT/tandem-serve.log" 2>&1 &
 PIDS+=($!)
-"$LLAMA_SERVER" -m "$MODEL" --port "$LLAMA_PORT" -t "$THREADS" -c $((CTX * SESSIONS)) -np "$SESSIONS" \
+"$LLAMA_SERVER" -m "$MODEL" --port "$LLAMA_PORT" -t "$THREADS" -c $((CTX * SESSIONS)) -np "$SESSIONS" $LLAMA_ARGS \
   -b 2048 -ub 512 --no-webui >"$OUT/llama-server.log" 2>&1 &
 PIDS+=($!)
 wait_healthy "http://127.0.0.1:$TANDEM_PORT" tandem
