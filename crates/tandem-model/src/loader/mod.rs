@@ -30,7 +30,8 @@ impl LinearWeight {
     /// `x · Wᵀ` for `x` `[..., k]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
-            LinearWeight::Candle(w) => candle_core::Module::forward(w, x)?,
+            // Each row gets the same bits whatever the number of rows (decode = verify).
+            LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward(w, x)?,
             LinearWeight::Ggml(w) => w.forward(x)?,
         })
     }

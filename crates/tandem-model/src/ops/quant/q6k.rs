@@ -1,0 +1,333 @@
+//! Q6K × Q8K matmul for several activation rows whose every (row, column) result is, bit for
+//! bit, candle's x86 `vec_dot_q6k_q8k` (`candle-core/src/quantized/avx.rs`, ggml's AVX2
+//! `ggml_vec_dot_q6_K_q8_K`): the value candle's own decode path (`m == 1`) gives that row.
+//!
+//! candle sends calls of more than one row to repacked VNNI tiles that sum in another order
+//! ([`super::row_stable`]), so a verify chunk would not reproduce decode's logits. Here every
+//! weight superblock is decoded once per tile of up to 4 (AVX2) or 8 (AVX-512) rows, and each
+//! row then goes through the instructions of candle's kernel: the same eight i32 lanes of
+//! `Σ scale · (q - 32) · q8` per superblock (integers, exact), the same `cvt` + `fma` with
+//! `d = d_a · d_w`, the same final horizontal sum. Activations are quantised by candle's own
+//! `BlockQ8K::from_float`, so a row's result does not depend on the tile, the number of rows or
+//! the thread split.
+//!
+//! The kernel is compiled twice, for AVX2 + FMA and with AVX-512 VL/BW enabled as well: the
+//! same 256-bit instructions, but 32 vector registers instead of 16, enough for 8-row tiles.
+
+use std::arch::x86_64::*;
+
+use candle_core::quantized::k_quants::{BlockQ6K, BlockQ8K, GgmlType, QK_K};
+
+/// candle's `BlockQ6K` layout (its fields are crate-private).
+#[repr(C)]
+struct Q6 {
+    ql: [u8; QK_K / 2],
+    qh: [u8; QK_K / 4],
+    scales: [i8; QK_K / 16],
+    d: u16,
+}
+
+/// candle's `BlockQ8K` layout.
+#[repr(C)]
+struct Q8 {
+    d: f32,
+    qs: [i8; QK_K],
+    #[allow(dead_code)]
+    bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(std::mem::size_of::<Q6>() == std::mem::size_of::<BlockQ6K>());
+const _: () = assert!(std::mem::align_of::<Q6>() == std::mem::align_of::<BlockQ6K>());
+const _: () = assert!(std::mem::size_of::<Q8>() == std::mem::size_of::<BlockQ8K>());
+const _: () = assert!(std::mem::align_of::<Q8>() == std::mem::align_of::<BlockQ8K>());
+
+/// Whether this CPU runs candle's AVX2 Q6K dot product (and so [`matmul`]).
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// candle's `get_scale_shuffle(i)`: bytes `2i` and `2i + 1` of the scales, 8 times each.
+const SHUFFLE: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[i][j] = (2 * i + j / 8) as u8;
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// Activation bytes per block of rows: kept in L2 while every column of a task passes over it.
+const ROW_BLOCK_BYTES: usize = 256 * 1024;
+
+/// The kernels for one set of target features.
+macro_rules! kernels {
+    ($feat:literal, $max_rows:literal) => {
+        use super::*;
+
+        /// candle's `hsum_float_8`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn hsum(x: __m256) -> f32 {
+            let res = _mm256_extractf128_ps(x, 1);
+            let res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+            let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+            let res = _mm_add_ss(res, _mm_movehdup_ps(res));
+            _mm_cvtss_f32(res)
+        }
+
+        /// `y[r]` for one weight column `w` (`nb` superblocks) and `R` activation rows starting
+        /// at `a`, rows `nb` blocks apart: each row as candle's `vec_dot_q6k_q8k` (its
+        /// instructions per row), each weight superblock decoded once for the `R` rows.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn tile<const R: usize>(w: *const Q6, a: *const Q8, nb: usize) -> [f32; R] {
+            let m4 = _mm256_set1_epi8(0xF);
+            let m2 = _mm256_set1_epi8(3);
+            let m32s = _mm256_set1_epi8(32);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                let x = &*w.add(b);
+                let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..QK_K / 128 {
+                    let q4 = x.ql.as_ptr().add(64 * j);
+                    let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+                    let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+                    let q4bits_h = _mm256_loadu_si256(x.qh.as_ptr().add(32 * j) as *const __m256i);
+                    macro_rules! group {
+                        ($i:literal, $bits:expr, $lo_shift:literal, $hi_shift:literal) => {{
+                            let shuffle = _mm_loadu_si128(SHUFFLE[4 * j + $i].as_ptr() as *const __m128i);
+                            let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle));
+                            let qh_part =
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(q4bits_h, $hi_shift), m2), 4);
+                            // 32 weights q (0..63, i.e. the signed weight + 32).
+                            let q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16($bits, $lo_shift), m4), qh_part);
+                            for r in 0..R {
+                                let q8 = (*a.add(r * nb + b)).qs.as_ptr().add(128 * j + 32 * $i);
+                                let q8i = _mm256_loadu_si256(q8 as *const __m256i);
+                                let q8s = _mm256_maddubs_epi16(m32s, q8i);
+                                let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, q8i), q8s);
+                                // Integer sums: exact, so their grouping does not matter.
+                                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(sc, p16));
+                            }
+                        }};
+                    }
+                    group!(0, q4bits1, 0, 0);
+                    group!(1, q4bits2, 0, 2);
+                    group!(2, q4bits1, 4, 4);
+                    group!(3, q4bits2, 4, 6);
+                }
+                let xd = half::f16::from_bits(x.d).to_f32();
+                for r in 0..R {
+                    let d = (*a.add(r * nb + b)).d * xd;
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                }
+            }
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = hsum(acc[r]);
+            }
+            out
+        }
+
+        /// `y[r, c]` for `r < m`, `c` in `cols` (`y` row-major `[m, n]`): rows in blocks that
+        /// stay in L2, and within a block each column (a few KB, in L1) against even groups of at most
+        /// `$max_rows` rows.
+        ///
+        /// # Safety
+        /// The CPU has the module's features; `w` has at least `cols.end * nb` blocks, `a`
+        /// `m * nb`; `y` valid for exclusive writes at `r * n + c` for those `r`, `c`.
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn matmul_cols(
+            w: &[Q6],
+            nb: usize,
+            a: &[Q8],
+            m: usize,
+            cols: std::ops::Range<usize>,
+            y: *mut f32,
+            n: usize,
+        ) {
+            let block_rows = (ROW_BLOCK_BYTES / (nb * std::mem::size_of::<Q8>())).max($max_rows);
+            let mut b0 = 0;
+            while b0 < m {
+                let b1 = (b0 + block_rows).min(m);
+                for c in cols.clone() {
+                    let wp = w.as_ptr().add(c * nb);
+                    let mut r0 = b0;
+                    while r0 < b1 {
+                        // Even groups of at most $max_rows rows (5 = 3 + 2 rather than 4 + 1).
+                        let left = b1 - r0;
+                        let rows = left.div_ceil(left.div_ceil($max_rows));
+                        let ap = a.as_ptr().add(r0 * nb);
+                        macro_rules! run {
+                            ($r:literal) => {
+                                for (i, v) in tile::<$r>(wp, ap, nb).into_iter().enumerate() {
+                                    *y.add((r0 + i) * n + c) = v;
+                                }
+                            };
+                        }
+                        match rows {
+                            1 => run!(1),
+                            2 => run!(2),
+                            3 => run!(3),
+                            4 => run!(4),
+                            5 => run!(5),
+                            6 => run!(6),
+                            7 => run!(7),
+                            _ => run!(8),
+                        }
+                        r0 += rows;
+                    }
+                }
+                b0 = b1;
+            }
+        }
+    };
+}
+
+/// AVX2 + FMA.
+mod plain {
+    kernels!("avx2,fma", 4);
+}
+
+/// The same instructions with AVX-512 VL/BW on: 32 vector registers, 8-row tiles.
+mod wide {
+    kernels!("avx2,fma,avx512f,avx512vl,avx512bw", 8);
+}
+
+fn wide_available() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+    })
+}
+
+/// # Safety
+/// As the modules' `matmul_cols`, with AVX2 + FMA present (and AVX-512 VL/BW for `wide`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_cols(
+    wide: bool,
+    w: &[Q6],
+    nb: usize,
+    a: &[Q8],
+    m: usize,
+    cols: std::ops::Range<usize>,
+    y: *mut f32,
+    n: usize,
+) {
+    if wide {
+        wide::matmul_cols(w, nb, a, m, cols, y, n)
+    } else {
+        plain::matmul_cols(w, nb, a, m, cols, y, n)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements while the owning slice is mutably borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `y[m, n] = x[m, k] · Wᵀ` for Q6K blocks `w` (`n` rows of `k / 256`), every element equal to
+/// candle's `vec_dot_q6k_q8k` of that row and column. Panics unless [`available`].
+pub fn matmul(w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
+    matmul_impl(wide_available(), w, n, k, x, m, y)
+}
+
+fn matmul_impl(wide: bool, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
+    assert!(available() && (!wide || wide_available()), "Q6K matmul needs AVX2 + FMA");
+    assert!(k.is_multiple_of(QK_K), "Q6K matmul: k = {k}");
+    let nb = k / QK_K;
+    assert_eq!(w.len(), n * nb, "Q6K matmul: {} blocks for [{n}, {k}]", w.len());
+    assert_eq!(x.len(), m * k, "Q6K matmul: x has {} values, want {m} × {k}", x.len());
+    assert_eq!(y.len(), m * n, "Q6K matmul: y has {} values, want {m} × {n}", y.len());
+    if m == 0 || n == 0 {
+        return;
+    }
+    let mut acts = vec![BlockQ8K::zeros(); m * nb];
+    for (row, a) in x.chunks_exact(k).zip(acts.chunks_exact_mut(nb)) {
+        BlockQ8K::from_float(row, a);
+    }
+    // SAFETY: same size and alignment (asserted above), plain data.
+    let a = unsafe { std::slice::from_raw_parts(acts.as_ptr() as *const Q8, acts.len()) };
+    let w = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const Q6, w.len()) };
+    let out = OutPtr(y.as_mut_ptr());
+    let pool = candle_core::utils::barrier_pool();
+    let threads = pool.n_workers() + 1;
+    if threads <= 1 {
+        // SAFETY: available() asserted; sizes asserted; y borrowed mutably for the call.
+        unsafe { matmul_cols(wide, w, nb, a, m, 0..n, out.get(), n) };
+        return;
+    }
+    let chunk = n.div_ceil(threads * 4).max(8);
+    pool.execute_chunked(n.div_ceil(chunk), |tasks| {
+        for t in tasks {
+            let cols = t * chunk..((t + 1) * chunk).min(n);
+            // SAFETY: tasks write disjoint column ranges of y, which outlives the call.
+            unsafe { matmul_cols(wide, w, nb, a, m, cols, out.get(), n) };
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    use super::*;
+
+    /// Every row of every row count equals candle's own single-row result, bit for bit, over
+    /// row counts with 1..=3 leftover rows and odd column counts, for both compilations.
+    #[test]
+    fn rows_equal_candles_decode_bits() {
+        if !available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        for (n, k) in [(37, 256), (64, 768), (19, 2048)] {
+            let w = Tensor::randn(0f32, 0.05, (n, k), &dev).unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
+            let q = std::sync::Arc::new(q);
+            let data = q.data().unwrap();
+            // SAFETY: a CPU QTensor's storage is a Vec<BlockQ6K>.
+            let blocks = unsafe {
+                std::slice::from_raw_parts(
+                    data.as_ptr() as *const BlockQ6K,
+                    data.len() / std::mem::size_of::<BlockQ6K>(),
+                )
+            };
+            let qm = QMatMul::QTensor(q.clone());
+            for m in [1, 2, 3, 4, 5, 7, 11] {
+                let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+                let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for wide in [false, true].into_iter().filter(|&w| !w || wide_available()) {
+                    let mut y = vec![0f32; m * n];
+                    matmul_impl(wide, blocks, n, k, &xs, m, &mut y);
+                    for r in 0..m {
+                        let want = qm.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
+                        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                        for c in 0..n {
+                            assert_eq!(
+                                y[r * n + c].to_bits(),
+                                want[c].to_bits(),
+                                "[{n}, {k}] m={m} row {r} col {c} wide={wide}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

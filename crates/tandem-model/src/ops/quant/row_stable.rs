@@ -1,0 +1,132 @@
+//! candle's CPU `QMatMul` with every output row independent of how many rows the call has.
+//!
+//! Speculative decoding is lossless only if a verify chunk (k + 1 rows, or any rows of a ragged
+//! batch) gives each row the bits a decode step (one row) gives it. candle 0.11 (our patched
+//! copy) picks its x86_64 kernel per call from the number of rows `m`, and the kernels sum in
+//! different orders:
+//!
+//! * **Q6K**: `m == 1` runs ggml's dot products on the compact blocks (`k_quants::matmul`),
+//!   `m > 1` the repacked VNNI tiles (`repack_x86::matmul_tiles`, per-sub-block f32 scales):
+//!   a few ulps apart, enough to flip a near-tie of two logits;
+//! * **Q4K**: `m >= 32` runs AMX tiles where the CPU has AMX, smaller calls the repacked VNNI
+//!   tiles (which are row-invariant among themselves).
+//!
+//! [`forward`] keeps candle's decode path untouched and routes the other calls so that every
+//! row gets the decode path's arithmetic: Q6K calls of several rows go to [`super::q6k`] (a
+//! row-tiled copy of candle's AVX2 dot product: same bits, each weight superblock decoded once
+//! per tile of rows), or where candle would not use that kernel, to candle's `k_quants::matmul`
+//! on the compact blocks (each (row, column) there is the same `vec_dot_4` / `vec_dot_2` /
+//! `vec_dot` of the same column group whatever `m` and the thread split are); on AMX CPUs Q4K
+//! calls are cut into pieces of fewer than 32 rows (not testable on a CPU without AMX). Every
+//! other quantised type already gives each row the same bits for any `m`
+//! (`tests/row_invariance.rs` checks them all). Dense weights (`QMatMul::Tensor`) are passed
+//! through: candle's f32 matmul differs between `m == 1` and `m > 1` (a known, open issue).
+//!
+//! The price: multi-row Q6K calls (prefill, verify chunks) lose candle's repacked VNNI tiles,
+//! about 2-2.5× slower on those matrices (about 15% of a Q4_K_M model's prefill); decode is
+//! unchanged.
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Result, Storage, Tensor};
+
+/// `x · Wᵀ` for `x` `[..., k]`, row-invariant (see the module docs).
+pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
+    if let QMatMul::QTensor(q) = w {
+        if q.device().is_cpu() && x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 2 {
+            let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
+            match q.dtype() {
+                GgmlDType::Q6K if cfg!(target_arch = "x86_64") && rows > 1 => return compact_matmul(q, x),
+                GgmlDType::Q4K if rows >= AMX_MIN_ROWS && amx_possible() => return in_pieces(w, x, AMX_PIECE),
+                _ => {}
+            }
+        }
+    }
+    w.forward(x)
+}
+
+/// candle sends Q4K calls of at least this many rows to AMX.
+const AMX_MIN_ROWS: usize = 32;
+/// Rows per call on AMX CPUs: below [`AMX_MIN_ROWS`], a multiple of the VNNI kernel's 4-row
+/// tile.
+const AMX_PIECE: usize = 28;
+
+/// Whether candle might use AMX here (its own test: CPUID leaf 7 AMX-TILE and AMX-INT8 on an
+/// AVX-512 VNNI CPU; it also needs the kernel's permission, which we do not ask for, so this
+/// may say yes where candle ends up not using AMX: that costs a little prefill speed only).
+fn amx_possible() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AMX.get_or_init(|| {
+            if !(std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vnni")) {
+                return false;
+            }
+            // CPUID leaf 7 exists on every CPU with AVX-512.
+            let info = core::arch::x86_64::__cpuid_count(7, 0);
+            info.edx & (1 << 25) != 0 && info.edx & (1 << 24) != 0
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The rows of `x` in calls of at most `piece` rows, concatenated.
+fn in_pieces(w: &QMatMul, x: &Tensor, piece: usize) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let k = dims[dims.len() - 1];
+    let x2 = x.reshape(((), k))?;
+    let rows = x2.dim(0)?;
+    let parts = (0..rows)
+        .step_by(piece)
+        .map(|r| w.forward(&x2.narrow(0, r, piece.min(rows - r))?))
+        .collect::<Result<Vec<_>>>()?;
+    let y = Tensor::cat(&parts, 0)?;
+    let mut out = dims;
+    *out.last_mut().unwrap_or_else(|| unreachable!()) = y.dim(1)?;
+    y.reshape(out)
+}
+
+/// The product candle's `m == 1` Q6K path (its generic CPU quantised matmul on the compact
+/// blocks) gives each row, for any number of rows: our row-tiled copy of its AVX2 kernel
+/// ([`super::q6k`]) where that is what candle runs, else candle's generic matmul itself.
+fn compact_matmul(q: &QTensor, x: &Tensor) -> Result<Tensor> {
+    use candle_core::quantized::k_quants::{self, BlockQ6K};
+
+    let (n, k) = q.shape().dims2()?;
+    let dims = x.dims().to_vec();
+    if dims[dims.len() - 1] != k {
+        candle_core::bail!("Q6K matmul: input {dims:?} does not end in k = {k}");
+    }
+    let x = x.contiguous()?;
+    let m = x.elem_count() / k;
+    let data = q.data()?;
+    let size = std::mem::size_of::<BlockQ6K>();
+    if data.len() != n * k / k_quants::QK_K * size
+        || !(data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<BlockQ6K>())
+    {
+        candle_core::bail!("Q6K matmul: {} bytes of blocks for [{n}, {k}]", data.len());
+    }
+    // SAFETY: CPU QTensor storage is a `Vec<BlockQ6K>` (`repr(C)`, any bit pattern valid); the
+    // size and alignment are checked above, and `data` borrows it for the whole call.
+    let blocks = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const BlockQ6K, data.len() / size) };
+    let mut dst = vec![0f32; m * n];
+    {
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("Q6K matmul: input is not on the CPU") };
+        let start = layout.start_offset();
+        let lhs = &cpu.as_slice::<f32>()?[start..start + m * k];
+        #[cfg(target_arch = "x86_64")]
+        if super::q6k::available() {
+            super::q6k::matmul(blocks, n, k, lhs, m, &mut dst);
+        } else {
+            k_quants::matmul::<BlockQ6K>((m, k, n), lhs, blocks, &mut dst)?;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        k_quants::matmul::<BlockQ6K>((m, k, n), lhs, blocks, &mut dst)?;
+    }
+    let mut out = dims;
+    *out.last_mut().unwrap_or_else(|| unreachable!()) = n;
+    Tensor::from_vec(dst, out, &Device::Cpu)
+}
