@@ -28,7 +28,6 @@ use crate::engine::{EngineConfig, EngineError, EngineStats};
 use crate::request::{GenerateRequest, GenerationEvent};
 use crate::sampler::Sampler;
 use crate::sequence::Sequence;
-use crate::spec::adaptive::CostModel;
 use crate::spec::SeqSpec;
 use speculate::Proposers;
 
@@ -53,7 +52,9 @@ pub(crate) struct Scheduler {
     /// Admitted sequences, oldest first.
     running: Vec<Sequence>,
     proposers: Proposers,
-    spec_cost: CostModel,
+    /// What drafts cost, per proposer (a draft model's drafts cost far more than prompt
+    /// lookup's, and requests may choose their method).
+    spec_costs: speculate::CostModels,
 }
 
 /// One sequence's part of a step: its index in `running`, tokens fed, logits wanted, and
@@ -78,7 +79,6 @@ impl Scheduler {
         let draft_spec = draft_model.as_ref().map(|d| d.cache_spec());
         let cache = EngineCache::new(model.cache_spec(), draft_spec, &cfg, context_length, model.device())?;
         let proposers = Proposers::new(&cfg.speculative, draft_model, model.mtp().is_some());
-        let cfg_method = cfg.speculative.method;
         let s = Self {
             model,
             tokenizer,
@@ -89,7 +89,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             proposers,
-            spec_cost: CostModel::new(speculate::cost_prior(cfg_method)),
+            spec_costs: speculate::CostModels::new(),
         };
         s.publish_stats();
         Ok(s)
@@ -240,12 +240,12 @@ impl Scheduler {
     fn plan_tokens(&mut self) -> Vec<usize> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut want = vec![0; self.running.len()];
-        let cost = self.spec_cost.cost();
-        // Now and then a step without drafts keeps the cost model's plain-step time current.
-        let calibrate = self.spec_cost.wants_plain_step();
+        // Now and then a step without drafts keeps the cost models' plain-step time current.
+        let calibrate = self.spec_costs.wants_plain_step();
         for (i, s) in self.running.iter_mut().enumerate() {
             if s.pending() == 1 && budget > 0 {
                 let adaptive = s.spec.adaptive.is_some();
+                let cost = self.spec_costs.get(s.spec.method).cost();
                 let k = if calibrate && adaptive { 0 } else { speculate::draft_length(s, cost, self.context_length) };
                 let k = k.min(budget - 1);
                 want[i] = 1 + k;
@@ -311,6 +311,12 @@ impl Scheduler {
         let preempted = self.reserve(&mut want);
         let drafted = self.propose(&want, &preempted);
         let proposed = started.elapsed();
+        let idle_catch_up_s = self.proposers.take_idle_catch_up_s();
+        let drafting = self.running.iter().filter(|s| !s.spec.drafts.is_empty()).count();
+        // The method of this step's drafts when they all share one (mixed steps measure nothing).
+        let mut methods = self.running.iter().filter(|s| !s.spec.drafts.is_empty()).map(|s| s.spec.method);
+        let first_method = methods.next();
+        let step_method = first_method.filter(|&m| methods.all(|x| x == m));
         let mut plan = Vec::new();
         for (i, &n) in want.iter().enumerate() {
             let s = &mut self.running[i];
@@ -337,14 +343,19 @@ impl Scheduler {
                 drafted,
                 propose_ms = proposed.as_secs_f64() * 1e3,
                 forward_ms,
+                idle_catch_up_ms = idle_catch_up_s * 1e3,
                 rest_ms = t * 1e3 - forward_ms - proposed.as_secs_f64() * 1e3,
                 "step"
             );
             if !prefill {
                 if drafted == 0 {
-                    self.spec_cost.observe_plain(t);
+                    self.spec_costs.observe_plain(t);
                 } else {
-                    self.spec_cost.observe_speculative(t, drafted);
+                    // Catching up on idle positions is the price of not drafting, not of
+                    // drafting: it stays out of the per-draft cost.
+                    if let Some(m) = step_method {
+                        self.spec_costs.get(m).observe_speculative(t - idle_catch_up_s, drafted, drafting);
+                    }
                 }
             }
         }

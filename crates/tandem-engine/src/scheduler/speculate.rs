@@ -10,6 +10,7 @@ use tandem_model::arch::CausalLm;
 use super::{PlanEntry, Scheduler};
 use crate::engine::EngineStats;
 use crate::sequence::Sequence;
+use crate::spec::adaptive::{CostModel, DraftCost};
 use crate::spec::draft::DraftProposer;
 use crate::spec::mtp::MtpProposer;
 use crate::spec::ngram::NgramProposer;
@@ -29,7 +30,7 @@ impl Proposers {
     pub fn new(cfg: &SpecConfig, draft_model: Option<Box<dyn CausalLm>>, has_mtp: bool) -> Self {
         Self {
             ngram: Box::new(NgramProposer { min_n: cfg.ngram_min, max_n: cfg.ngram_max }),
-            draft: draft_model.map(|model| DraftProposer { model }),
+            draft: draft_model.map(|model| DraftProposer { model, idle_catch_up_s: 0.0, steady_round0_s: None }),
             mtp: has_mtp.then_some(MtpProposer),
         }
     }
@@ -41,6 +42,17 @@ impl Proposers {
             SpecMethod::Mtp => self.mtp.as_mut().map(|p| p as &mut dyn Proposer),
             SpecMethod::Off => None,
         }
+    }
+
+    /// Seconds the proposers spent since the last call catching up on idle positions.
+    pub fn take_idle_catch_up_s(&mut self) -> f64 {
+        let mut s = 0.0;
+        for m in METHODS {
+            if let Some(p) = self.get(m) {
+                s += p.take_idle_catch_up_s();
+            }
+        }
+        s
     }
 
     /// Whether the target forward must return hidden states for these sequences.
@@ -60,9 +72,38 @@ pub(super) fn cost_prior(method: SpecMethod) -> f64 {
     }
 }
 
+/// One cost model per proposer.
+pub(crate) struct CostModels {
+    models: Vec<(SpecMethod, CostModel)>,
+}
+
+impl CostModels {
+    pub fn new() -> Self {
+        Self { models: METHODS.iter().map(|&m| (m, CostModel::new(cost_prior(m)))).collect() }
+    }
+
+    /// The model of `method` (the n-gram one for `off`, which never drafts).
+    pub fn get(&mut self, method: SpecMethod) -> &mut CostModel {
+        let i = self.models.iter().position(|(m, _)| *m == method).unwrap_or(0);
+        &mut self.models[i].1
+    }
+
+    /// Whether any model wants a plain step measured.
+    pub fn wants_plain_step(&self) -> bool {
+        self.models.iter().any(|(_, c)| c.wants_plain_step())
+    }
+
+    /// A plain decode step's time, for every model.
+    pub fn observe_plain(&mut self, seconds: f64) {
+        for (_, c) in &mut self.models {
+            c.observe_plain(seconds);
+        }
+    }
+}
+
 /// Drafts a decoding sequence asks for this step: the adaptive choice (or its maximum), never
 /// more than the tokens it may still generate minus the one the target adds.
-pub(super) fn draft_length(s: &mut Sequence, cost: f64, context_length: usize) -> usize {
+pub(super) fn draft_length(s: &mut Sequence, cost: DraftCost, context_length: usize) -> usize {
     if !s.spec.is_on() || s.finished {
         return 0;
     }

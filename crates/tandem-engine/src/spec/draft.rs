@@ -15,7 +15,15 @@ use crate::sequence::Sequence;
 
 pub struct DraftProposer {
     pub model: Box<dyn CausalLm>,
+    /// Seconds of catch-up on idle positions since [`Proposer::take_idle_catch_up_s`].
+    pub idle_catch_up_s: f64,
+    /// Running mean of round 0's time per sequence when nobody catches up on idle positions.
+    pub steady_round0_s: Option<f64>,
 }
+
+/// Tokens a sequence that drafts every step feeds in round 0: its last draft and the target's
+/// own next token.
+const STEADY_ROUND0_TOKENS: usize = 2;
 
 fn rows(logits: Option<Tensor>) -> Result<Vec<f32>, String> {
     let t = logits.ok_or("the draft model returned no logits")?;
@@ -51,7 +59,22 @@ impl Proposer for DraftProposer {
             if chunks.is_empty() {
                 return Ok(());
             }
+            // Round 0's tokens beyond a steady drafter's are catch-up on idle positions.
+            let fed: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+            let idle: usize = chunks.iter().map(|c| c.tokens.len().saturating_sub(STEADY_ROUND0_TOKENS)).sum();
+            let started = std::time::Instant::now();
             let logits = self.model.forward(&mut chunks).map_err(|e| format!("draft model: {e}"))?;
+            if round == 0 {
+                let t0 = started.elapsed().as_secs_f64();
+                let seqs = who.len() as f64;
+                match (idle, self.steady_round0_s) {
+                    (0, Some(m)) => self.steady_round0_s = Some(m + 0.25 * (t0 / seqs - m)),
+                    (0, None) => self.steady_round0_s = Some(t0 / seqs),
+                    // What a steady round 0 would have cost is drafting; the rest is catch-up.
+                    (_, Some(m)) => self.idle_catch_up_s += (t0 - m * seqs).max(0.0),
+                    (_, None) => self.idle_catch_up_s += t0 * idle as f64 / fed as f64,
+                }
+            }
             drop(chunks);
             for (i, l) in who.into_iter().zip(logits) {
                 let row = rows(l)?;
@@ -59,6 +82,10 @@ impl Proposer for DraftProposer {
             }
             round += 1;
         }
+    }
+
+    fn take_idle_catch_up_s(&mut self) -> f64 {
+        std::mem::take(&mut self.idle_catch_up_s)
     }
 
     fn catch_up(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {

@@ -141,6 +141,14 @@ pub(crate) trait Proposer: Send {
     fn needs_hidden(&self) -> bool {
         false
     }
+
+    /// Seconds of the `propose` calls since the last call that went into catching up on
+    /// positions decoded while the sequences were not drafting (a draft model re-reading the
+    /// tokens of its idle steps), not into drafting itself. The cost model leaves them out, so
+    /// a probe after a long idle stretch does not make drafting look dearer than it is.
+    fn take_idle_catch_up_s(&mut self) -> f64 {
+        0.0
+    }
 }
 
 /// Index of the most likely token of a logits row (lowest id on ties, NaN never wins).
