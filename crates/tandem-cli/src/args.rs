@@ -22,10 +22,11 @@ pub struct ModelArgs {
     /// Worker threads for the CPU kernels (0 = all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
-    /// How the KV cache stores keys and values: f32 (exact), f16, q8_0 or q4_0. The smaller
-    /// formats hold more tokens in the same --kv-memory and decode faster at long contexts;
-    /// q8_0 and q4_0 need a head dimension that is a multiple of 32.
-    #[arg(long, default_value = "f32")]
+    /// How the KV cache stores keys and values: f16 (the default, like llama.cpp's), f32
+    /// (exact), q8_0 or q4_0. The smaller formats hold more tokens in the same --kv-memory and
+    /// decode faster at long contexts; q8_0 and q4_0 need a head dimension that is a multiple
+    /// of 32.
+    #[arg(long, default_value = "f16")]
     pub kv_cache_dtype: KvDtype,
     #[command(flatten)]
     pub spec: SpecArgs,
