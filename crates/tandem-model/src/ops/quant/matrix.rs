@@ -183,13 +183,13 @@ impl GgmlMatrix {
 
 /// The output pointer, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: only used for disjoint writes while the owning slice is mutably borrowed.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     /// A method (not field access) so closures capture the whole `Sync` wrapper.
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }

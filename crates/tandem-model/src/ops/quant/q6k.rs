@@ -16,6 +16,8 @@
 
 use std::arch::x86_64::*;
 
+use super::matrix::OutPtr;
+
 use candle_core::quantized::k_quants::{BlockQ6K, BlockQ8K, GgmlType, QK_K};
 
 /// candle's `BlockQ6K` layout (its fields are crate-private).
@@ -226,17 +228,6 @@ unsafe fn matmul_cols(
         wide::matmul_cols(w, nb, a, m, cols, y, n)
     } else {
         plain::matmul_cols(w, nb, a, m, cols, y, n)
-    }
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements while the owning slice is mutably borrowed.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 
