@@ -87,7 +87,7 @@ impl KvDtype {
 
     /// Whether heads of `head_dim` values can be stored in this format.
     pub fn check_head_dim(self, head_dim: usize) -> Result<()> {
-        if self.is_quantized() && (head_dim == 0 || head_dim % KV_QBLOCK != 0) {
+        if self.is_quantized() && (head_dim == 0 || !head_dim.is_multiple_of(KV_QBLOCK)) {
             return Err(ModelError::Input(format!(
                 "a {self} KV cache needs a head dimension that is a multiple of {KV_QBLOCK}, this model's is \
                  {head_dim}; use --kv-cache-dtype f16 or f32"
@@ -101,7 +101,7 @@ impl KvDtype {
     /// them); they return an error.
     pub fn quantize_rows(self, src: &[f32], head_dim: usize) -> Result<Vec<u8>> {
         self.check_head_dim(head_dim)?;
-        if !self.is_quantized() || src.len() % head_dim != 0 {
+        if !self.is_quantized() || !src.len().is_multiple_of(head_dim) {
             return Err(ModelError::Input(format!("cannot byte-encode {} values as {self} rows", src.len())));
         }
         let mut out = Vec::with_capacity(src.len() / KV_QBLOCK * self.block_bytes());

@@ -49,8 +49,8 @@ unsafe fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
         _mm256_storeu_ps(d.add(c), _mm256_cvtph_ps(h));
         c += 8;
     }
-    for i in c..n {
-        *d.add(i) = src[i].to_f32();
+    for (i, h) in src.iter().enumerate().skip(c) {
+        *d.add(i) = h.to_f32();
     }
 }
 
