@@ -11,11 +11,17 @@ Greedy decoding; reports decode tok/s (client-side, from first to last streamed 
 acceptance and mean accepted length (from usage.speculative), and the speedup over off.
 Output is also checked: greedy speculation must give the same text as off.
 
-Usage: python3 scripts/spec_bench.py --base-url http://127.0.0.1:8080/v1 --methods off,ngram,draft
+With --repeat N the methods run interleaved N times (off, ngram, draft, off, ngram, ...), so a
+machine whose speed drifts affects every method alike; the summary gives each method's median
+tok/s, the speedup of medians, and the range of the per-repetition speedups (each method
+against the `off` run of the same repetition).
+
+Usage: python3 scripts/spec_bench.py --base-url http://127.0.0.1:8080/v1 --methods off,ngram,draft [--repeat 5]
 Needs `requests`-free stdlib only.
 """
 import argparse
 import json
+import statistics
 import time
 import urllib.request
 
@@ -79,34 +85,47 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--workloads", default="code-edit,chat")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
+    methods = a.methods.split(",")
+    if methods[0] != "off":
+        methods = ["off"] + [m for m in methods if m != "off"]
     rows = []
     for w in a.workloads.split(","):
-        base = None
-        for m in a.methods.split(","):
-            body = {"messages": [{"role": "user", "content": WORKLOADS[w]}], "max_tokens": a.max_tokens,
-                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-                    "speculative": {"method": m}}
-            # Warm the prefix cache (and a draft model's KV of the prompt, which it mirrors as the
-            # prompt is prefilled) so every variant measures decoding on the same footing.
-            stream(a.base_url, dict(body, max_tokens=2))
-            r = stream(a.base_url, body)
-            base = base or r
-            sp = r["speculative"] or {}
-            row = {"workload": w, "method": m, "tokens": r["tokens"], "ttft_s": round(r["ttft_s"], 2),
-                   "decode_tok_s": round(r["decode_tok_s"], 2),
-                   "speedup": round(r["decode_tok_s"] / base["decode_tok_s"], 2) if base["decode_tok_s"] else None,
-                   "acceptance": sp.get("acceptance_rate"), "mean_accepted_length": sp.get("mean_accepted_length"),
-                   "same_text_as_off": r["text"] == base["text"]}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    print("\n| workload | method | tokens | decode tok/s | speedup | acceptance | tokens/step | same output |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-        mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
-        print(f"| {r['workload']} | {r['method']} | {r['tokens']} | {r['decode_tok_s']} | {r['speedup']}x | {acc} | {mal} "
-              f"| {'yes' if r['same_text_as_off'] else 'NO'} |")
+        for rep in range(a.repeat):
+            base = None
+            for m in methods:
+                body = {"messages": [{"role": "user", "content": WORKLOADS[w]}], "max_tokens": a.max_tokens,
+                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                        "speculative": {"method": m}}
+                # Warm the prefix cache (and a draft model's KV of the prompt, which it mirrors as
+                # the prompt is prefilled) so every variant measures decoding on the same footing.
+                stream(a.base_url, dict(body, max_tokens=1))
+                r = stream(a.base_url, body)
+                base = base or r
+                sp = r["speculative"] or {}
+                row = {"workload": w, "rep": rep, "method": m, "tokens": r["tokens"], "ttft_s": round(r["ttft_s"], 3),
+                       "decode_tok_s": round(r["decode_tok_s"], 2),
+                       "speedup": round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base["decode_tok_s"] else None,
+                       "acceptance": sp.get("acceptance_rate"), "mean_accepted_length": sp.get("mean_accepted_length"),
+                       "drafted": sp.get("drafted_tokens"), "same_text_as_off": r["text"] == base["text"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("\n| workload | method | tokens | median decode tok/s | speedup (medians) | per-repetition speedups "
+          "| acceptance | tokens/step | same output |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in a.workloads.split(","):
+        off = statistics.median(r["decode_tok_s"] for r in rows if r["workload"] == w and r["method"] == "off")
+        for m in methods:
+            rs = [r for r in rows if r["workload"] == w and r["method"] == m]
+            med = statistics.median(r["decode_tok_s"] for r in rs)
+            sp = [r["speedup"] for r in rs if r["speedup"] is not None]
+            acc = [r["acceptance"] for r in rs if r["acceptance"] is not None]
+            mal = [r["mean_accepted_length"] for r in rs if r["mean_accepted_length"] is not None]
+            span = lambda v, f: (f"{min(v):{f}}-{max(v):{f}}" if min(v) != max(v) else f"{v[0]:{f}}") if v else "-"
+            same = all(r["same_text_as_off"] for r in rs)
+            print(f"| {w} | {m} | {rs[0]['tokens']} | {med:.2f} | {med / off:.2f}x | {span(sp, '.2f')} | {span(acc, '.2f')} "
+                  f"| {span(mal, '.2f')} | {'yes' if same else 'NO'} |")
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

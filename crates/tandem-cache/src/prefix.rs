@@ -159,6 +159,28 @@ impl<C> PrefixTree<C> {
         m
     }
 
+    /// The block a node holds, if the node is still cached.
+    pub fn node_block(&self, r: NodeRef) -> Option<BlockId> {
+        self.resolve(r).and_then(|i| self.live(i)).map(|n| n.block)
+    }
+
+    /// Lets a cached node hold `block` instead of its own (the same tokens, with more in it:
+    /// a proposer's KV its own block lacks). Takes a reference to `block`, gives back the old
+    /// one; sequences that share the old block keep it.
+    pub fn replace_block(&mut self, pool: &mut BlockPool, r: NodeRef, block: BlockId) -> Result<()> {
+        let i = self.resolve(r).ok_or(CacheError::StaleNode)?;
+        let old = self.live(i).map(|n| n.block).ok_or(CacheError::StaleNode)?;
+        if old == block {
+            return Ok(());
+        }
+        pool.retain(block)?;
+        if let Some(n) = self.live_mut(i) {
+            n.block = block;
+        }
+        pool.release(old)?;
+        Ok(())
+    }
+
     /// Caches `block` as holding `tokens` (exactly one block of them) after `parent` (`None`:
     /// at the root). Takes a reference to the block. If the node exists already it is only
     /// marked used and keeps its own block. Returns the node, or `None` when a hash collision

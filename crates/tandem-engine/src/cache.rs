@@ -16,6 +16,10 @@ use tandem_model::kv::{LayerCacheSpec, PagedKvStore, RecurrentSnapshot, Sequence
 
 use crate::engine::{EngineConfig, EngineError};
 use crate::sequence::Sequence;
+use crate::spec::SpecMethod;
+
+mod proposer_kv;
+use proposer_kv::{ProposerKv, DRAFT, MTP};
 
 /// Occupancy numbers for stats.
 #[derive(Debug, Clone, Copy, Default)]
@@ -35,10 +39,11 @@ pub(crate) struct EngineCache {
     store: Arc<PagedKvStore>,
     /// A draft model's KV, in blocks with the same ids as `store`'s (one block table serves both).
     draft: Option<(Vec<LayerCacheSpec>, Arc<PagedKvStore>)>,
-    /// Per block id: whether the draft model's KV in it is written (a block filled by a
-    /// sequence that did not run the draft model holds none, so a hit on it resumes the draft
-    /// model earlier and it recomputes).
-    draft_written: Vec<bool>,
+    /// Per block id: which proposers' KV it holds (a block filled by a sequence that did not
+    /// run the draft model or the MTP head holds none of theirs).
+    proposer_kv: ProposerKv,
+    /// Whether the target has an MTP head whose KV lives in its blocks.
+    mtp: bool,
     pool: BlockPool,
     tree: Option<PrefixTree<RecurrentSnapshot>>,
     slots: StateSlots,
@@ -56,6 +61,7 @@ impl EngineCache {
     pub fn new(
         spec: Vec<LayerCacheSpec>,
         draft_spec: Option<Vec<LayerCacheSpec>>,
+        mtp: bool,
         cfg: &EngineConfig,
         context_length: usize,
         device: &Device,
@@ -99,7 +105,8 @@ impl EngineCache {
         Ok(Self {
             spec,
             store,
-            draft_written: if draft.is_some() { vec![false; num_blocks] } else { Vec::new() },
+            proposer_kv: ProposerKv::new(num_blocks, draft.is_some() || mtp),
+            mtp,
             draft,
             pool: BlockPool::new(num_blocks, bs).map_err(|e| EngineError::Config(e.to_string()))?,
             tree: cfg.prefix_cache.then(|| PrefixTree::new(bs, checkpoint_budget as usize)),
@@ -122,10 +129,6 @@ impl EngineCache {
     /// A fresh cache for the draft model, when there is one.
     pub fn new_draft_cache(&self) -> Option<SequenceCache> {
         self.draft.as_ref().map(|(spec, store)| SequenceCache::new_paged(spec, store.clone()))
-    }
-
-    fn draft_block_written(&self, b: u32) -> bool {
-        self.draft_written.get(b as usize).copied().unwrap_or(false)
     }
 
     /// Hands the block table to the sequence's caches (target and draft model).
@@ -171,17 +174,21 @@ impl EngineCache {
 
     /// Takes a state slot and starts the sequence at its longest usable cached prefix: the
     /// whole match for attention-only models, the deepest checkpoint on it for models with
-    /// recurrent layers; at least one token is always left to compute. Returns the cached
-    /// tokens, or `None` when no slot is free.
+    /// recurrent layers; at least one token is always left to compute, and an MTP request
+    /// starts no later than the MTP head's KV goes (the head cannot rebuild it without the
+    /// target's hidden states). Returns the cached tokens, or `None` when no slot is free.
     pub fn start(&mut self, seq: &mut Sequence) -> Result<Option<usize>, EngineError> {
         let Some(slot) = self.slots.acquire() else { return Ok(None) };
         seq.slot = Some(slot);
         seq.cache = self.new_cache();
         let bs = self.block_size();
-        let limit = seq.tokens().len().saturating_sub(1);
+        let mut limit = seq.tokens().len().saturating_sub(1);
         let (mut usable, mut snapshot, mut nodes) = (0, None, Vec::new());
         if let Some(tree) = &mut self.tree {
             let m = tree.lookup(seq.tokens());
+            if self.mtp && seq.spec.method == SpecMethod::Mtp {
+                limit = limit.min(self.proposer_kv.leading(&m.blocks, MTP) * bs);
+            }
             if self.recurrent {
                 if let Some((pos, snap)) = tree.deepest_checkpoint(&m, limit) {
                     usable = pos;
@@ -196,7 +203,7 @@ impl EngineCache {
         }
         seq.cache.resume(usable, snapshot.as_ref())?;
         let draft_cache = self.new_draft_cache();
-        let draft_blocks = seq.table.blocks().iter().take_while(|&&b| self.draft_block_written(b)).count();
+        let draft_blocks = self.proposer_kv.leading(seq.table.blocks(), DRAFT);
         seq.spec.reset(usable, draft_cache, (draft_blocks * bs).min(usable));
         Self::sync_tables(seq);
         seq.tree_blocks = usable / bs;
@@ -227,16 +234,12 @@ impl EngineCache {
     pub fn reserve(&mut self, seq: &mut Sequence, n: usize) -> Result<(), CacheError> {
         let pos = seq.cache.position();
         let copies = seq.table.prepare_write(&mut self.pool, pos, pos + n)?;
-        if !self.draft_written.is_empty() {
-            // These blocks are about to be written; the draft model's part is unknown until
-            // `commit` sees the draft model's position.
-            let bs = self.pool.block_size();
-            for &b in seq.table.blocks().iter().skip(pos / bs).take((pos + n).div_ceil(bs) - pos / bs) {
-                if let Some(w) = self.draft_written.get_mut(b as usize) {
-                    *w = false;
-                }
-            }
-        }
+        // These blocks are about to be written; the proposers' part is unknown until `commit`
+        // sees how far their KV goes.
+        let bs = self.pool.block_size();
+        let first = pos / bs;
+        let end = (pos + n).div_ceil(bs).min(seq.table.blocks().len());
+        self.proposer_kv.clear(&seq.table.blocks()[first.min(end)..end]);
         for c in copies {
             let draft = self.draft.as_ref().map(|(_, st)| st.copy_block(c.src, c.dst));
             if let Err(e) = self.store.copy_block(c.src, c.dst).and(draft.unwrap_or(Ok(()))) {
@@ -258,12 +261,12 @@ impl EngineCache {
             return; // a failed step left the cache ahead of the tokens: nothing to publish
         }
         if let Some(dc) = &seq.spec.draft_cache {
-            let full = dc.position().min(pos) / bs;
-            for &b in seq.table.blocks().iter().take(full) {
-                if let Some(w) = self.draft_written.get_mut(b as usize) {
-                    *w = true;
-                }
-            }
+            let full = (dc.position().min(pos) / bs).min(seq.table.blocks().len());
+            self.proposer_kv.mark(&seq.table.blocks()[..full], DRAFT);
+        }
+        if self.mtp && seq.spec.method == SpecMethod::Mtp {
+            let full = (seq.spec.mtp_pos.min(pos) / bs).min(seq.table.blocks().len());
+            self.proposer_kv.mark(&seq.table.blocks()[..full], MTP);
         }
         // Blocks are published once every model's KV in them is written.
         let written = seq.spec.written_up_to(pos);
@@ -273,6 +276,13 @@ impl EngineCache {
             let Some(&block) = seq.table.blocks().get(i) else { break };
             match tree.insert(&mut self.pool, seq.tree_node, tokens, block) {
                 Ok(Some(node)) => {
+                    // The same tokens were cached by a sequence that did not run this one's
+                    // proposer: the node takes this block, which holds that proposer's KV too.
+                    if tree.node_block(node).is_some_and(|old| self.proposer_kv.richer(block, old)) {
+                        if let Err(e) = tree.replace_block(&mut self.pool, node, block) {
+                            tracing::warn!("prefix cache block swap failed: {e}");
+                        }
+                    }
                     seq.tree_node = Some(node);
                     seq.tree_blocks += 1;
                 }

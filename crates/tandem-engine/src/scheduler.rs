@@ -77,7 +77,14 @@ impl Scheduler {
         stats: Arc<EngineStats>,
     ) -> Result<Self, EngineError> {
         let draft_spec = draft_model.as_ref().map(|d| d.cache_spec());
-        let cache = EngineCache::new(model.cache_spec(), draft_spec, &cfg, context_length, model.device())?;
+        let cache = EngineCache::new(
+            model.cache_spec(),
+            draft_spec,
+            model.mtp().is_some(),
+            &cfg,
+            context_length,
+            model.device(),
+        )?;
         let proposers = Proposers::new(&cfg.speculative, draft_model, model.mtp().is_some());
         let s = Self {
             model,
@@ -311,7 +318,11 @@ impl Scheduler {
         let preempted = self.reserve(&mut want);
         let drafted = self.propose(&want, &preempted);
         let proposed = started.elapsed();
-        let idle_catch_up_s = self.proposers.take_idle_catch_up_s();
+        let idle_catch_up = self.proposers.take_idle_catch_up();
+        let idle_catch_up_s: f64 = idle_catch_up.iter().map(|c| c.1).sum();
+        for &(m, seconds, positions) in &idle_catch_up {
+            self.spec_costs.get(m).observe_idle_catch_up(seconds, positions);
+        }
         let drafting = self.running.iter().filter(|s| !s.spec.drafts.is_empty()).count();
         // The method of this step's drafts when they all share one (mixed steps measure nothing).
         let mut methods = self.running.iter().filter(|s| !s.spec.drafts.is_empty()).map(|s| s.spec.method);

@@ -214,3 +214,31 @@ fn adaptive_draft_length_backs_off_when_drafts_fail() {
     let fixed = 8 * (n - 1) * 4;
     assert!(drafted > 0 && drafted * 5 < fixed, "drafted {drafted} of at most {fixed}");
 }
+
+/// The MTP head's KV is part of what a prefix hit must restore. Blocks filled by a request
+/// that did not run the head hold none of it, so an MTP request does not resume on them: it
+/// recomputes them, and drafts exactly as on a miss. Blocks it filled itself serve the next
+/// MTP request.
+#[test]
+fn mtp_requests_resume_only_where_the_head_kv_is_written() {
+    let path = "hybrid/qwen3_5";
+    let p = prompt(path);
+    let n = 16;
+    let want = run(&spec_engine(path, SpecMethod::Mtp, None, 2), greedy(p.clone(), n));
+    assert!(want.usage.speculative.drafted_tokens > 0);
+    let e = spec_engine(path, SpecMethod::Mtp, None, 2);
+    let off = || GenerateRequest {
+        speculative: Some(SpecRequest { method: Some(SpecMethod::Off), num_draft_tokens: None }),
+        ..greedy(p.clone(), n)
+    };
+    run(&e, off());
+    assert!(run(&e, off()).usage.cached_tokens > 0, "the target's own KV is reusable");
+    let after_off = run(&e, greedy(p.clone(), n));
+    assert_eq!(after_off.usage.cached_tokens, 0, "those blocks hold no MTP head KV");
+    assert_same(&after_off, &want, "MTP after an off request");
+    assert_eq!(after_off.usage.speculative, want.usage.speculative, "drafts as on a miss");
+    let hit = run(&e, greedy(p.clone(), n));
+    assert!(hit.usage.cached_tokens > 0, "blocks with head KV serve the next MTP request");
+    assert_same(&hit, &want, "MTP hit");
+    assert_no_leaks(&e);
+}

@@ -49,6 +49,30 @@ fn lookup_finds_the_longest_full_block_prefix() {
     assert_eq!(pool.free_count(), 16);
 }
 
+/// A node can take another block with the same tokens (one that holds more: a proposer's KV);
+/// the tree's reference moves from the old block to the new one.
+#[test]
+fn a_node_can_take_a_richer_block() {
+    let mut pool = BlockPool::new(16, BS).unwrap();
+    let mut tree = PrefixTree::<u32>::new(BS, 0);
+    let (mut ta, path) = cached(&mut tree, &mut pool, &toks(0, 8));
+    let mut tb = BlockTable::new();
+    tb.prepare_write(&mut pool, 0, 8).unwrap();
+    let (old, new) = (ta.blocks()[1], tb.blocks()[1]);
+    assert_eq!(tree.node_block(path[1]), Some(old));
+    tree.replace_block(&mut pool, path[1], new).unwrap();
+    assert_eq!(tree.node_block(path[1]), Some(new));
+    assert_eq!(tree.lookup(&toks(0, 8)).blocks, vec![ta.blocks()[0], new]);
+    assert_eq!((pool.refcount(old), pool.refcount(new)), (1, 2));
+    tree.check_invariants(&pool).unwrap();
+    ta.release(&mut pool).unwrap();
+    tb.release(&mut pool).unwrap();
+    tree.check_invariants(&pool).unwrap();
+    assert_eq!(pool.used_count(), 2);
+    tree.clear(&mut pool);
+    assert_eq!(pool.free_count(), 16);
+}
+
 #[test]
 fn eviction_is_lru_over_unreferenced_leaves() {
     let mut pool = BlockPool::new(16, BS).unwrap();

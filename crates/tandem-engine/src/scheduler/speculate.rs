@@ -10,7 +10,7 @@ use tandem_model::arch::CausalLm;
 use super::{PlanEntry, Scheduler};
 use crate::engine::EngineStats;
 use crate::sequence::Sequence;
-use crate::spec::adaptive::{CostModel, DraftCost};
+use crate::spec::cost::{CostModel, DraftCost};
 use crate::spec::draft::DraftProposer;
 use crate::spec::mtp::MtpProposer;
 use crate::spec::ngram::NgramProposer;
@@ -30,7 +30,7 @@ impl Proposers {
     pub fn new(cfg: &SpecConfig, draft_model: Option<Box<dyn CausalLm>>, has_mtp: bool) -> Self {
         Self {
             ngram: Box::new(NgramProposer { min_n: cfg.ngram_min, max_n: cfg.ngram_max }),
-            draft: draft_model.map(|model| DraftProposer { model, idle_catch_up_s: 0.0, steady_round0_s: None }),
+            draft: draft_model.map(|model| DraftProposer { model, idle_catch_up: (0.0, 0), steady_round0_s: None }),
             mtp: has_mtp.then_some(MtpProposer),
         }
     }
@@ -44,15 +44,16 @@ impl Proposers {
         }
     }
 
-    /// Seconds the proposers spent since the last call catching up on idle positions.
-    pub fn take_idle_catch_up_s(&mut self) -> f64 {
-        let mut s = 0.0;
-        for m in METHODS {
-            if let Some(p) = self.get(m) {
-                s += p.take_idle_catch_up_s();
-            }
-        }
-        s
+    /// Per method, seconds and positions the proposers spent catching up on idle positions
+    /// since the last call.
+    pub fn take_idle_catch_up(&mut self) -> Vec<(SpecMethod, f64, usize)> {
+        METHODS
+            .into_iter()
+            .filter_map(|m| {
+                let (s, n) = self.get(m)?.take_idle_catch_up();
+                (n > 0 || s > 0.0).then_some((m, s, n))
+            })
+            .collect()
     }
 
     /// Whether the target forward must return hidden states for these sequences.
@@ -72,6 +73,15 @@ pub(super) fn cost_prior(method: SpecMethod) -> f64 {
     }
 }
 
+/// Relative cost of catching up on one idle position assumed until measured: only a draft
+/// model catches up lazily (prompt lookup has no state; the MTP head keeps up every step).
+pub(super) fn idle_cost_prior(method: SpecMethod) -> f64 {
+    match method {
+        SpecMethod::Draft => 0.15,
+        _ => 0.0,
+    }
+}
+
 /// One cost model per proposer.
 pub(crate) struct CostModels {
     models: Vec<(SpecMethod, CostModel)>,
@@ -79,7 +89,7 @@ pub(crate) struct CostModels {
 
 impl CostModels {
     pub fn new() -> Self {
-        Self { models: METHODS.iter().map(|&m| (m, CostModel::new(cost_prior(m)))).collect() }
+        Self { models: METHODS.iter().map(|&m| (m, CostModel::new(cost_prior(m), idle_cost_prior(m)))).collect() }
     }
 
     /// The model of `method` (the n-gram one for `off`, which never drafts).
@@ -189,7 +199,10 @@ impl Scheduler {
                 .enumerate()
                 .filter_map(|(i, s)| {
                     let j = in_plan[i]?;
-                    (s.spec.is_on() && s.spec.method == m && !s.finished).then(|| (s, rows[j].take()))
+                    // A draft model mirrors the prompt even for a request that finished at its
+                    // first token, so the prompt blocks it publishes hold draft KV too.
+                    let wanted = !s.finished || m == SpecMethod::Draft;
+                    (s.spec.is_on() && s.spec.method == m && wanted).then(|| (s, rows[j].take()))
                 })
                 .collect();
             if batch.is_empty() {

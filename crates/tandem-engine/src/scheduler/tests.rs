@@ -134,3 +134,41 @@ fn mtp_drafts_after_prefill_match_the_reference() {
         assert_eq!(s.running[0].spec.drafts, want, "{name}: MTP drafts");
     }
 }
+
+/// A draft-model request that ends at its first token still mirrors its prompt in the draft
+/// model, so the next request on that prompt resumes the draft model from the prefix cache
+/// instead of re-reading the whole prompt with it.
+#[test]
+fn a_one_token_draft_request_leaves_draft_kv_in_the_prefix_cache() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
+    let target = tandem_model::loader::load(&dir, &candle_core::Device::Cpu).unwrap();
+    let draft = tandem_model::loader::load(&dir, &candle_core::Device::Cpu).unwrap();
+    let cfg = EngineConfig {
+        speculative: SpecConfig {
+            method: SpecMethod::Draft,
+            num_draft_tokens: 2,
+            adaptive: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let stats = Arc::new(EngineStats::default());
+    let mut s = Scheduler::new(target.model, Some(draft.model), Arc::new(target.tokenizer), cfg, 512, stats).unwrap();
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 7 + 3) % 300).collect();
+    assert_eq!(generate(&mut s, &prompt, 1).len(), 1);
+    // The same prompt again: admitted on a prefix-cache hit.
+    let req = GenerateRequest {
+        prompt_ids: prompt.clone(),
+        stop: StopParams { max_tokens: 4, ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    };
+    let (tx, _rx) = mpsc::channel(8);
+    let sampler = Sampler::new(req.sampling.clone()).unwrap();
+    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    s.admit();
+    let seq = &s.running[0];
+    let cached = seq.cache.position();
+    assert!(cached >= 32, "expected a prefix-cache hit, resumed at {cached}");
+    let draft_pos = seq.spec.draft_cache.as_ref().map(|c| c.position());
+    assert_eq!(draft_pos, Some(cached), "the draft model resumes where the target does");
+}

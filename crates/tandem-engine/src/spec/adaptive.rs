@@ -1,4 +1,5 @@
-//! How many tokens to draft: a per-sequence acceptance model and an engine-wide cost model.
+//! How many tokens to draft: a per-sequence acceptance model, the engine's cost model
+//! ([`super::cost`]) and a per-sequence exploration budget.
 //!
 //! Each sequence keeps, per draft position `i`, an exponential moving average of the chance
 //! that draft `i` is accepted given that drafts `0..i` were. With `k` drafts a verification
@@ -6,12 +7,24 @@
 //! decode steps, where `c_1` (the first draft of a step: for a draft model also feeding it the
 //! tokens of the last verification) and `c_e` (each further draft and its verify row), both
 //! relative to a plain step, are measured by the engine as it runs ([`DraftCost`]). The chosen
-//! `k` maximises `E(k) / cost(k)`; when no `k > 0` pays,
-//! the sequence stops speculating and probes with one draft after [`PROBE_EVERY`] idle steps
-//! so it notices when the text becomes predictable again. Each probe after which drafting
-//! still does not pay doubles the wait, up to [`MAX_PROBE_EVERY`] steps: a probe costs more
-//! than a plain step (a draft model first catches up on every token since its last draft), so
-//! on text that stays unpredictable the probes' share of the time shrinks towards nothing.
+//! `k` maximises `E(k) / cost(k)`; when no `k > 0` pays, the sequence stops speculating and
+//! probes with one draft after [`PROBE_EVERY`] idle steps so it notices when the text becomes
+//! predictable again. Each probe after which drafting still does not pay doubles the wait, up
+//! to [`MAX_PROBE_EVERY`] steps.
+//!
+//! A draft model that sat idle must first catch up on every position decoded meanwhile, so on
+//! text it cannot predict, keeping it ready to probe costs about as much as running it on every
+//! token (a 0.5B draft next to a 1.5B target: ~12% of the time), whatever the probes' spacing.
+//! Exploration therefore runs on a budget: each sequence keeps a ledger, in plain-step units,
+//! of the time it has spent and of what speculation has gained or lost so far (accepted tokens
+//! minus what the drafts and catch-up cost). A probe, or a return to drafting that first needs
+//! a catch-up, happens only while the gains so far plus [`EXPLORATION_BUDGET`] of the time spent
+//! cover its cost; a sequence on which speculation does not pay thus ends at most a few percent
+//! (plus [`EXPLORATION_CREDIT`], a first probe) slower than plain decoding, while one that has
+//! gained keeps exploring on its gains. A sequence for which no draft length pays at the start
+//! probes at once, while its proposer has nothing to catch up on.
+
+use super::cost::DraftCost;
 
 /// Acceptance assumed before anything is observed.
 const PRIOR: f64 = 0.6;
@@ -21,6 +34,12 @@ const ALPHA: f64 = 0.25;
 pub const PROBE_EVERY: usize = 8;
 /// Longest wait between probes.
 pub const MAX_PROBE_EVERY: usize = 256;
+/// Share of a sequence's time that exploring (probes that do not pay) may cost it beyond what
+/// speculation has gained it.
+pub const EXPLORATION_BUDGET: f64 = 0.03;
+/// Plain steps every sequence may spend exploring before anything is known: enough for a
+/// first single-draft probe.
+pub const EXPLORATION_CREDIT: f64 = 1.0;
 
 /// Per-sequence acceptance statistics and the draft length chosen from them.
 #[derive(Debug, Clone)]
@@ -37,6 +56,16 @@ pub struct AdaptiveK {
     probe_every: usize,
     /// Whether the last choice was a probe.
     probed: bool,
+    /// Steps since the sequence last verified drafts: positions a lazy proposer must catch up
+    /// on before its next draft.
+    since_draft: usize,
+    /// Plain-step units this sequence has spent decoding (plain steps plus what its drafts and
+    /// catch-ups cost).
+    spent: f64,
+    /// Tokens speculation gained minus what drafting cost, in plain-step units.
+    net: f64,
+    /// The cost model and idle positions the current step's draft length was chosen with.
+    pending: Option<(DraftCost, usize)>,
 }
 
 impl AdaptiveK {
@@ -45,10 +74,25 @@ impl AdaptiveK {
             max_k,
             accept: vec![PRIOR; max_k],
             seen: vec![false; max_k],
-            idle_steps: 0,
+            // A sequence for which no length pays yet probes at once (nothing to catch up on).
+            idle_steps: PROBE_EVERY,
             probe_every: PROBE_EVERY,
             probed: false,
+            since_draft: 0,
+            spent: 0.0,
+            net: 0.0,
+            pending: None,
         }
+    }
+
+    /// Whether exploring at `cost` (plain-step units) stays within the budget.
+    fn affordable(&self, cost: f64) -> bool {
+        EXPLORATION_CREDIT + self.net + EXPLORATION_BUDGET * self.spent >= cost
+    }
+
+    /// Speculation's gain so far, in plain steps (negative: it has cost more than it saved).
+    pub fn net_gain(&self) -> f64 {
+        self.net
     }
 
     /// Expected tokens per verification with `k` drafts.
@@ -68,36 +112,53 @@ impl AdaptiveK {
 
     /// The draft length for the next step, given what drafts cost.
     pub fn choose(&mut self, cost: DraftCost) -> usize {
-        let (first, extra) = (cost.first.max(0.0), cost.extra.max(0.0));
         let (mut best_k, mut best) = (0, 1.0);
         for k in 1..=self.max_k {
-            let gain = self.expected_tokens(k) / (1.0 + first + extra * (k - 1) as f64);
+            let gain = self.expected_tokens(k) / (1.0 + cost.step(k, 0));
             if gain > best * 1.02 {
                 best = gain;
                 best_k = k;
             }
         }
+        self.spent += 1.0;
+        self.pending = None;
         let after_probe = std::mem::take(&mut self.probed);
+        if best_k > 0 && self.since_draft > 0 && !self.affordable(cost.idle.max(0.0) * self.since_draft as f64) {
+            // Drafting would pay, but not the catch-up it needs first (not within the budget).
+            best_k = 0;
+        }
         if best_k == 0 && self.max_k > 0 {
             if after_probe {
                 // The probe did not make drafting pay: wait longer before the next one.
                 self.probe_every = (self.probe_every * 2).min(MAX_PROBE_EVERY);
             }
             self.idle_steps += 1;
-            if self.idle_steps >= self.probe_every {
+            self.since_draft += 1;
+            if self.idle_steps >= self.probe_every && self.affordable(cost.step(1, self.since_draft)) {
                 self.idle_steps = 0;
                 self.probed = true;
+                self.pending = Some((cost, self.since_draft));
                 return 1;
             }
-        } else {
-            self.idle_steps = 0;
-            self.probe_every = PROBE_EVERY;
+            return 0;
         }
+        self.idle_steps = 0;
+        self.probe_every = PROBE_EVERY;
+        self.pending = Some((cost, self.since_draft));
         best_k
     }
 
     /// Records a verification: `accepted` of `drafted` drafts were accepted.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if let Some((cost, idle)) = self.pending.take() {
+            let charge = cost.step(drafted, idle);
+            self.spent += charge;
+            self.net += accepted as f64 - charge;
+        }
+        self.since_draft = 0;
         let mut last_seen = PRIOR;
         let reached = drafted.min(accepted + 1);
         for (i, (a, seen)) in self.accept.iter_mut().zip(&mut self.seen).enumerate().take(reached) {
@@ -111,100 +172,6 @@ impl AdaptiveK {
             last_seen = *a;
         }
     }
-}
-
-/// What drafting costs, relative to a plain decode step: the first draft of a sequence in a
-/// step, and each further one.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DraftCost {
-    pub first: f64,
-    pub extra: f64,
-}
-
-impl DraftCost {
-    /// The same cost for every draft.
-    pub fn flat(c: f64) -> Self {
-        Self { first: c, extra: c }
-    }
-}
-
-/// The engine's running estimate of what drafts cost, relative to a plain decode step:
-/// measured from step times of plain decode steps and of speculative steps. Steps where every
-/// drafting sequence drafted one token measure the first draft's cost; steps with more drafts
-/// measure the further ones' (the prior ratio between the two until then).
-#[derive(Debug, Clone)]
-pub struct CostModel {
-    plain_step_s: Option<f64>,
-    first_draft_s: Option<f64>,
-    extra_draft_s: Option<f64>,
-    prior: f64,
-    /// Speculative steps since the last plain one.
-    since_plain: usize,
-}
-
-/// Cost of a further draft relative to the first, until measured (a draft model's first draft
-/// also re-feeds the last verified tokens; further ones are one token each).
-pub const EXTRA_PRIOR: f64 = 0.75;
-
-/// Speculative steps after which one plain step re-measures the plain-step time.
-pub const CALIBRATE_EVERY: usize = 32;
-
-impl CostModel {
-    pub fn new(prior: f64) -> Self {
-        Self { plain_step_s: None, first_draft_s: None, extra_draft_s: None, prior, since_plain: 0 }
-    }
-
-    /// A step that decoded one token per sequence with no drafts and no prefill.
-    pub fn observe_plain(&mut self, seconds: f64) {
-        ema(&mut self.plain_step_s, seconds);
-        self.since_plain = 0;
-    }
-
-    /// A step without prefill in which `seqs` sequences drafted and verified `drafted` tokens
-    /// in all.
-    pub fn observe_speculative(&mut self, seconds: f64, drafted: usize, seqs: usize) {
-        self.since_plain += 1;
-        let Some(plain) = self.plain_step_s else { return };
-        if drafted == 0 || seqs == 0 {
-            return;
-        }
-        let over = (seconds - plain).max(0.0);
-        if drafted <= seqs {
-            ema(&mut self.first_draft_s, over / drafted as f64);
-        } else {
-            let first = self.first_draft_s.unwrap_or(over / drafted as f64);
-            ema(&mut self.extra_draft_s, ((over - first * seqs as f64) / (drafted - seqs) as f64).max(0.0));
-        }
-    }
-
-    /// Whether the next decode step should run without drafts to measure a plain step (none
-    /// measured yet after a speculative one, or none for [`CALIBRATE_EVERY`] steps).
-    pub fn wants_plain_step(&self) -> bool {
-        self.since_plain >= CALIBRATE_EVERY || (self.plain_step_s.is_none() && self.since_plain > 0)
-    }
-
-    /// Relative cost of the first and of further drafts (the prior until measured; further
-    /// drafts are assumed to cost [`EXTRA_PRIOR`] of the first until a step measures them).
-    pub fn cost(&self) -> DraftCost {
-        let Some(p) = self.plain_step_s.filter(|&p| p > 0.0) else { return DraftCost::flat(self.prior) };
-        let (first, extra) = match (self.first_draft_s, self.extra_draft_s) {
-            (Some(f), Some(e)) => (f, e),
-            (Some(f), None) => (f, f * EXTRA_PRIOR),
-            (None, Some(e)) => (e, e),
-            (None, None) => return DraftCost::flat(self.prior),
-        };
-        DraftCost { first: first / p, extra: extra / p }
-    }
-}
-
-fn ema(slot: &mut Option<f64>, x: f64) {
-    if !x.is_finite() {
-        return;
-    }
-    *slot = Some(match *slot {
-        Some(v) => v + ALPHA * (x - v),
-        None => x,
-    });
 }
 
 #[cfg(test)]
@@ -222,12 +189,15 @@ mod tests {
         for _ in 0..30 {
             b.observe(1, 0);
         }
+        assert_eq!(b.choose(DraftCost::flat(0.3)), 1, "a first probe");
+        b.observe(1, 0);
         assert_eq!(b.choose(DraftCost::flat(0.3)), 0);
     }
 
     #[test]
     fn probes_while_idle() {
         let mut b = AdaptiveK::new(4);
+        b.net = 1e3; // gains so far cover any probe
         for _ in 0..30 {
             b.observe(1, 0);
         }
@@ -241,6 +211,7 @@ mod tests {
     #[test]
     fn failed_probes_back_off_and_success_resets() {
         let mut b = AdaptiveK::new(4);
+        b.net = 1e3; // gains so far cover any probe
         for _ in 0..30 {
             b.observe(1, 0);
         }
@@ -257,7 +228,7 @@ mod tests {
             }
         }
         let gaps: Vec<usize> = at.windows(2).map(|w| w[1] - w[0]).collect();
-        assert_eq!(at[0], PROBE_EVERY);
+        assert_eq!(at[0], 1, "a sequence probes at once at the start");
         assert_eq!(&gaps[..5], &[16, 32, 64, 128, 256], "{at:?}");
         assert!(gaps[5..].iter().all(|&g| g == MAX_PROBE_EVERY), "{gaps:?}");
         // Text turns predictable: the next probes are accepted and drafting resumes.
@@ -286,38 +257,6 @@ mod tests {
         assert_eq!(a.accept, vec![0.375, 0.5, 0.0]);
     }
 
-    #[test]
-    fn plain_steps_are_measured_now_and_then() {
-        let mut c = CostModel::new(0.3);
-        assert!(!c.wants_plain_step());
-        c.observe_speculative(0.2, 4, 1);
-        assert!(c.wants_plain_step(), "no plain step measured yet");
-        c.observe_plain(0.1);
-        for _ in 0..CALIBRATE_EVERY - 1 {
-            c.observe_speculative(0.2, 4, 1);
-        }
-        assert!(!c.wants_plain_step());
-        c.observe_speculative(0.2, 4, 1);
-        assert!(c.wants_plain_step());
-    }
-
-    #[test]
-    fn cost_is_measured_relative_to_plain_steps() {
-        let mut c = CostModel::new(0.3);
-        assert_eq!(c.cost(), DraftCost::flat(0.3));
-        c.observe_speculative(0.2, 4, 1); // no plain step yet: ignored
-        assert_eq!(c.cost(), DraftCost::flat(0.3));
-        c.observe_plain(0.1);
-        // Two sequences drafting one token each: 0.08 s over plain, 0.04 s per first draft.
-        c.observe_speculative(0.18, 2, 2);
-        let k1 = c.cost();
-        assert!((k1.first - 0.4).abs() < 1e-9 && (k1.extra - 0.4 * EXTRA_PRIOR).abs() < 1e-9, "{k1:?}");
-        // One sequence drafting four: 0.04 s first + 3 x 0.01 s further.
-        c.observe_speculative(0.17, 4, 1);
-        let k4 = c.cost();
-        assert!((k4.first - 0.4).abs() < 1e-9 && (k4.extra - 0.1).abs() < 1e-9, "{k4:?}");
-    }
-
     /// Positions never reached take the deepest reached one's acceptance: one-draft steps that
     /// are always accepted make two drafts look as good, so the length can grow.
     #[test]
@@ -327,7 +266,7 @@ mod tests {
             a.observe(1, 1);
         }
         assert!(a.expected_tokens(2) > 2.9, "{}", a.expected_tokens(2));
-        assert!(a.choose(DraftCost { first: 0.87, extra: 0.65 }) >= 2);
+        assert!(a.choose(DraftCost { first: 0.87, extra: 0.65, idle: 0.0 }) >= 2);
     }
 
     /// A first draft that costs much (a draft model re-feeding tokens) but cheap further ones:
@@ -338,7 +277,65 @@ mod tests {
         for _ in 0..30 {
             a.observe(4, 4);
         }
-        assert_eq!(a.choose(DraftCost { first: 0.87, extra: 0.6 }), 4);
+        assert_eq!(a.choose(DraftCost { first: 0.87, extra: 0.6, idle: 0.0 }), 4);
         assert!(a.choose(DraftCost::flat(0.87)) < 4);
+    }
+
+    /// Steps of a sequence whose drafts are never accepted; returns the steps that drafted.
+    fn run_unpredictable(a: &mut AdaptiveK, cost: DraftCost, steps: usize) -> Vec<usize> {
+        let mut drafted_at = Vec::new();
+        for step in 0..steps {
+            let k = a.choose(cost);
+            if k > 0 {
+                a.observe(k, 0);
+                drafted_at.push(step);
+            }
+        }
+        drafted_at
+    }
+
+    /// A draft model whose every draft is rejected and which must catch up on each idle
+    /// position before it drafts: exploration stops once it would cost more than the budget,
+    /// so the sequence loses at most [`EXPLORATION_BUDGET`] of its time to speculation.
+    #[test]
+    fn costly_exploration_stays_within_the_budget() {
+        let cost = DraftCost { first: 0.7, extra: 0.5, idle: 0.12 };
+        let mut a = AdaptiveK::new(4);
+        let drafted = run_unpredictable(&mut a, cost, 2000);
+        assert!(!drafted.is_empty(), "it tries at first (prior acceptance)");
+        assert!(-a.net <= EXPLORATION_CREDIT + EXPLORATION_BUDGET * a.spent + 1e-9, "net {} spent {}", a.net, a.spent);
+        assert!(a.spent < 2000.0 * (1.0 + EXPLORATION_BUDGET) + 1e-9);
+        // Probes that need a catch-up of the whole idle stretch stop for good.
+        assert!(drafted.last().unwrap() < &200, "{drafted:?}");
+    }
+
+    /// Prompt lookup has no catch-up: its cheap probes go on over a long unpredictable
+    /// stretch, at the backoff's pace, still within the budget.
+    #[test]
+    fn cheap_probes_go_on_within_the_budget() {
+        let cost = DraftCost { first: 0.15, extra: 0.1, idle: 0.0 };
+        let mut a = AdaptiveK::new(4);
+        let drafted = run_unpredictable(&mut a, cost, 4000);
+        assert!(-a.net <= EXPLORATION_CREDIT + EXPLORATION_BUDGET * a.spent + 1e-9);
+        assert!(drafted.iter().filter(|&&s| s > 2000).count() >= 4, "{drafted:?}");
+    }
+
+    /// Gains pay for exploration: after drafting has paid off, probes resume even when each
+    /// needs a costly catch-up, and stop again once the gains are spent.
+    #[test]
+    fn gains_fund_exploration() {
+        let cost = DraftCost { first: 0.55, extra: 0.35, idle: 0.12 };
+        let mut a = AdaptiveK::new(4);
+        for _ in 0..100 {
+            let k = a.choose(cost);
+            assert!(k > 0);
+            a.observe(k, k);
+        }
+        let gained = a.net;
+        assert!(gained > 50.0, "{gained}");
+        // The text turns unpredictable: probes continue at the backoff's pace on the gains.
+        let drafted = run_unpredictable(&mut a, cost, 3000);
+        assert!(drafted.iter().filter(|&&s| s > 500).count() >= 2, "{drafted:?}");
+        assert!(a.net >= -EXPLORATION_CREDIT - EXPLORATION_BUDGET * a.spent - 1e-9);
     }
 }

@@ -15,8 +15,9 @@ use crate::sequence::Sequence;
 
 pub struct DraftProposer {
     pub model: Box<dyn CausalLm>,
-    /// Seconds of catch-up on idle positions since [`Proposer::take_idle_catch_up_s`].
-    pub idle_catch_up_s: f64,
+    /// Seconds and positions of catch-up on idle positions since
+    /// [`Proposer::take_idle_catch_up`].
+    pub idle_catch_up: (f64, usize),
     /// Running mean of round 0's time per sequence when nobody catches up on idle positions.
     pub steady_round0_s: Option<f64>,
 }
@@ -71,9 +72,10 @@ impl Proposer for DraftProposer {
                     (0, Some(m)) => self.steady_round0_s = Some(m + 0.25 * (t0 / seqs - m)),
                     (0, None) => self.steady_round0_s = Some(t0 / seqs),
                     // What a steady round 0 would have cost is drafting; the rest is catch-up.
-                    (_, Some(m)) => self.idle_catch_up_s += (t0 - m * seqs).max(0.0),
-                    (_, None) => self.idle_catch_up_s += t0 * idle as f64 / fed as f64,
+                    (_, Some(m)) => self.idle_catch_up.0 += (t0 - m * seqs).max(0.0),
+                    (_, None) => self.idle_catch_up.0 += t0 * idle as f64 / fed as f64,
                 }
+                self.idle_catch_up.1 += idle;
             }
             drop(chunks);
             for (i, l) in who.into_iter().zip(logits) {
@@ -84,8 +86,8 @@ impl Proposer for DraftProposer {
         }
     }
 
-    fn take_idle_catch_up_s(&mut self) -> f64 {
-        std::mem::take(&mut self.idle_catch_up_s)
+    fn take_idle_catch_up(&mut self) -> (f64, usize) {
+        std::mem::take(&mut self.idle_catch_up)
     }
 
     fn catch_up(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {

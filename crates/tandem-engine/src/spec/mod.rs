@@ -15,6 +15,7 @@
 //! observed acceptance and the measured cost of drafting.
 
 pub mod adaptive;
+pub mod cost;
 pub mod draft;
 pub mod mtp;
 pub mod ngram;
@@ -144,10 +145,12 @@ pub(crate) trait Proposer: Send {
 
     /// Seconds of the `propose` calls since the last call that went into catching up on
     /// positions decoded while the sequences were not drafting (a draft model re-reading the
-    /// tokens of its idle steps), not into drafting itself. The cost model leaves them out, so
-    /// a probe after a long idle stretch does not make drafting look dearer than it is.
-    fn take_idle_catch_up_s(&mut self) -> f64 {
-        0.0
+    /// tokens of its idle steps), not into drafting itself, and how many positions that was.
+    /// The cost model prices them apart, so a probe after a long idle stretch does not make
+    /// drafting itself look dearer than it is, while the catch-up still counts against the
+    /// sequence's exploration budget.
+    fn take_idle_catch_up(&mut self) -> (f64, usize) {
+        (0.0, 0)
     }
 }
 
