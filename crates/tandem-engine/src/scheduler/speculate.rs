@@ -31,7 +31,7 @@ impl Proposers {
         Self {
             ngram: Box::new(NgramProposer { min_n: cfg.ngram_min, max_n: cfg.ngram_max }),
             draft: draft_model.map(|model| DraftProposer { model, idle_catch_up: (0.0, 0), steady_round0_s: None }),
-            mtp: has_mtp.then_some(MtpProposer),
+            mtp: has_mtp.then(MtpProposer::default),
         }
     }
 

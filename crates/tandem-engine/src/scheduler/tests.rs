@@ -172,3 +172,61 @@ fn a_one_token_draft_request_leaves_draft_kv_in_the_prefix_cache() {
     let draft_pos = seq.spec.draft_cache.as_ref().map(|c| c.position());
     assert_eq!(draft_pos, Some(cached), "the draft model resumes where the target does");
 }
+
+/// While a sequence does not draft, the MTP head gathers the target's hidden rows and reads
+/// them in chunks; when it drafts again, its drafts are those of a head that read every
+/// position (here: a fresh sequence prefilling the same tokens).
+#[test]
+fn lazy_mtp_catch_up_drafts_like_an_eager_head() {
+    let name = "qwen3_5";
+    let r =
+        candle_core::safetensors::load(fixture(name).join("reference.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let prompt: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
+    let mut s = scheduler(name, SpecMethod::Mtp, 2);
+    s.cfg.speculative.adaptive = true;
+    let req = GenerateRequest {
+        prompt_ids: prompt.clone(),
+        stop: StopParams { max_tokens: 200, ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    };
+    let (tx, _rx) = mpsc::channel(256);
+    let sampler = Sampler::new(req.sampling.clone()).unwrap();
+    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    s.admit();
+    // Decode until the head has gathered rows it has not read (the sequence idles: random
+    // weights rarely agree), well past the prompt.
+    let mut lazy_seen = false;
+    for _ in 0..150 {
+        s.step();
+        let seq = &s.running[0];
+        lazy_seen |= seq.spec.mtp_rows.is_some();
+        if lazy_seen && seq.spec.mtp_rows.is_some() && seq.tokens().len() > prompt.len() + 40 {
+            break;
+        }
+    }
+    let seq = &s.running[0];
+    assert!(seq.spec.mtp_rows.is_some(), "the head never caught up lazily");
+    assert!(seq.spec.mtp_pos < seq.cache.position());
+    let tokens = seq.tokens().to_vec();
+    let drafted = s.propose(&[3], &[false]);
+    assert_eq!(drafted, 2);
+    let lazy = s.running[0].spec.drafts.clone();
+    assert_eq!(s.running[0].spec.mtp_pos, s.running[0].cache.position(), "the head is level again");
+    // A fresh sequence prefilling everything but the pending token.
+    let mut f = scheduler(name, SpecMethod::Mtp, 2);
+    let req = GenerateRequest {
+        prompt_ids: tokens[..tokens.len() - 1].to_vec(),
+        stop: StopParams { max_tokens: 8, ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    };
+    let (tx, _rx2) = mpsc::channel(16);
+    let sampler = Sampler::new(req.sampling.clone()).unwrap();
+    f.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    f.admit();
+    while f.running[0].tokens().len() < tokens.len() {
+        f.step();
+    }
+    assert_eq!(f.running[0].tokens(), &tokens[..], "same greedy continuation");
+    assert_eq!(f.propose(&[3], &[false]), 2);
+    assert_eq!(lazy, f.running[0].spec.drafts, "drafts after lazy catch-up");
+}

@@ -90,6 +90,11 @@ impl AdaptiveK {
         EXPLORATION_CREDIT + self.net + EXPLORATION_BUDGET * self.spent >= cost
     }
 
+    /// Steps since the sequence last verified drafts.
+    pub fn since_draft(&self) -> usize {
+        self.since_draft
+    }
+
     /// Speculation's gain so far, in plain steps (negative: it has cost more than it saved).
     pub fn net_gain(&self) -> f64 {
         self.net

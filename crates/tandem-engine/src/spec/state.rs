@@ -23,6 +23,9 @@ pub struct SeqSpec {
     /// draft of the next step comes from its logits).
     pub mtp_pos: usize,
     pub mtp_last: Option<Tensor>,
+    /// MTP: the target's hidden rows of the committed positions from `mtp_pos` on that the
+    /// head has not consumed yet (it catches up lazily while the sequence does not draft).
+    pub mtp_rows: Option<Tensor>,
     pub usage: SpecUsage,
     /// Accepted drafts per draft position (index `i`: draft `i` accepted), for metrics.
     pub accepted_at: Vec<usize>,
@@ -41,6 +44,7 @@ impl SeqSpec {
             draft_cache: None,
             mtp_pos: 0,
             mtp_last: None,
+            mtp_rows: None,
             usage: SpecUsage::default(),
             accepted_at: vec![0; max_k],
             drafted_at: vec![0; max_k],
@@ -58,6 +62,7 @@ impl SeqSpec {
         self.drafts.clear();
         self.draft_cache = None;
         self.mtp_last = None;
+        self.mtp_rows = None;
     }
 
     /// The sequence (re)starts at `position` with a fresh draft cache (if any): after
@@ -68,6 +73,7 @@ impl SeqSpec {
         self.verify_input.clear();
         self.mtp_pos = position;
         self.mtp_last = None;
+        self.mtp_rows = None;
         self.draft_cache = if self.method == SpecMethod::Draft { draft_cache } else { None };
         if let Some(c) = &mut self.draft_cache {
             if c.resume(draft_position.min(position), None).is_err() {
@@ -84,6 +90,12 @@ impl SeqSpec {
             SpecMethod::Mtp => self.mtp_pos.min(main_pos),
             _ => main_pos,
         }
+    }
+
+    /// Whether the sequence drafted in its last step (or drafts every step: no controller), so
+    /// its proposer should keep up now rather than lazily.
+    pub fn drafting(&self) -> bool {
+        self.adaptive.as_ref().is_none_or(|a| a.since_draft() == 0)
     }
 
     /// Records one verification of `drafted` drafts with `accepted` accepted.
