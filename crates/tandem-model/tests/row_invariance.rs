@@ -101,16 +101,14 @@ fn legacy_quant_rows_equal_decode_rows() {
     check_all(&[GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q8_0]);
 }
 
-/// Dense f32 weights (safetensors models, `QMatMul::Tensor`) through candle's matmul. Known
-/// to fail: candle's f32 matmul takes another kernel for a single row (every `m > 1` call gives
-/// a row the bits of a 2-row call, but `m == 1` differs), so speculative decoding of a dense
-/// model can still flip a near-tie. Computing decode rows as 2-row calls would fix it but costs
-/// 20-100% on the dense decode matmuls, so it is left open.
+/// Dense f32 weights (safetensors models, random hybrids, dense embeddings used as LM heads:
+/// `QMatMul::Tensor`), which `row_stable` sends to our dense kernel (candle's own f32 matmul
+/// takes another kernel for a single row). Shapes with `k` not a multiple of 8 or 32 and `n`
+/// not a multiple of the column tile included.
 #[test]
-#[ignore = "known issue: candle's dense f32 matmul is not row-invariant between m == 1 and m > 1"]
 fn dense_rows_equal_decode_rows() {
     let mut failures = Vec::new();
-    for (n, k) in [(144, 512), (147, 512), (896, 896)] {
+    for (n, k) in [(144, 512), (147, 512), (896, 896), (37, 100), (13, 1003), (5, 7), (61, 263)] {
         let w = Tensor::from_vec(values(n as u64 * 31 + k as u64, n * k), (n, k), &Device::Cpu).unwrap();
         let lin = Linear { weight: LinearWeight::Candle(QMatMul::Tensor(w)), bias: None };
         failures.extend(check_linear(&format!("F32 [{n}, {k}]"), &lin, n, k));

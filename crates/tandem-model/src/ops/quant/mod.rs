@@ -10,7 +10,8 @@
 //! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`);
 //! * [`row_stable`]: candle's `QMatMul` routed so every row's result is independent of the
 //!   number of rows in the call (decode step = row of a speculative verify chunk), with
-//!   `q6k`: a row-tiled Q6K kernel giving candle's decode bits for any number of rows.
+//!   `q6k`: a row-tiled Q6K kernel giving candle's decode bits for any number of rows, and
+//!   [`dense`]: a row-invariant f32 matmul for dense weights.
 //!
 //! The SIMD kernels do per (row, column) exactly what ggml's x86 `ggml_vec_dot_q4_1_q8_1`,
 //! `q5_0_q8_0` and `q5_1_q8_1` do (same activation quantisation, same exact integer block
@@ -21,6 +22,7 @@ pub mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod blocks;
+pub mod dense;
 pub mod matrix;
 mod op;
 #[cfg(target_arch = "x86_64")]

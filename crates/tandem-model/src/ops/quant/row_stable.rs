@@ -19,18 +19,38 @@
 //! `vec_dot` of the same column group whatever `m` and the thread split are); on AMX CPUs Q4K
 //! calls are cut into pieces of fewer than 32 rows (not testable on a CPU without AMX). Every
 //! other quantised type already gives each row the same bits for any `m`
-//! (`tests/row_invariance.rs` checks them all). Dense weights (`QMatMul::Tensor`) are passed
-//! through: candle's f32 matmul differs between `m == 1` and `m > 1` (a known, open issue).
+//! (`tests/row_invariance.rs` checks them all).
+//!
+//! Dense f32 weights (`QMatMul::Tensor`: safetensors models, GGUF F32/F16/BF16 tensors, which
+//! candle dequantises to f32, and dense embeddings used as LM heads) with CPU f32 inputs go,
+//! for every `m` including decode's 1, to [`super::dense`], whose every element is one dot
+//! product in a fixed order: candle's f32 matmul (`gemm`) sums a single row differently from
+//! several. `TANDEM_DENSE_KERNEL=candle` sends them back to candle (for speed comparisons; not
+//! row-invariant). Other devices and dtypes, and `QMatMul::TensorF16` (only made when
+//! `CANDLE_DEQUANTIZE_ALL_F16` is set), stay on candle's path, not row-invariant.
 //!
 //! The price: multi-row Q6K calls (prefill, verify chunks) lose candle's repacked VNNI tiles,
 //! about 2-2.5× slower on those matrices (about 15% of a Q4_K_M model's prefill); decode is
-//! unchanged.
+//! unchanged. The dense kernel is as fast as candle's for prefill and faster for decode
+//! (candle's single-row f32 path is slow).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Storage, Tensor};
 
 /// `x · Wᵀ` for `x` `[..., k]`, row-invariant (see the module docs).
 pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
+    if let QMatMul::Tensor(t) = w {
+        if t.device().is_cpu()
+            && x.device().is_cpu()
+            && t.dtype() == DType::F32
+            && x.dtype() == DType::F32
+            && t.rank() == 2
+            && x.rank() >= 2
+            && dense_enabled()
+        {
+            return super::dense::forward(t, x);
+        }
+    }
     if let QMatMul::QTensor(q) = w {
         if q.device().is_cpu() && x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 2 {
             let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
@@ -42,6 +62,13 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
         }
     }
     w.forward(x)
+}
+
+/// Whether dense f32 weights go to [`super::dense`]: yes unless `TANDEM_DENSE_KERNEL=candle`
+/// (candle's own matmul, not row-invariant; for speed comparisons).
+fn dense_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| !std::env::var("TANDEM_DENSE_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
 }
 
 /// candle sends Q4K calls of at least this many rows to AMX.
