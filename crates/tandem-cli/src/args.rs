@@ -53,6 +53,11 @@ pub struct SpecArgs {
     /// Always draft --num-draft-tokens (no adaptation to acceptance).
     #[arg(long)]
     pub fixed_draft_length: bool,
+    /// The draft model drafts from the first N token ids only, skipping most of its LM head
+    /// (BPE vocabularies list frequent tokens first); 0 = the whole vocabulary. Output is
+    /// unchanged either way.
+    #[arg(long, default_value_t = tandem_engine::spec::DEFAULT_DRAFT_VOCAB)]
+    pub draft_vocab: usize,
 }
 
 fn parse_method(s: &str) -> Result<SpecMethod, String> {
@@ -67,6 +72,7 @@ impl SpecArgs {
             ngram_min: self.ngram_min,
             ngram_max: self.ngram_max,
             adaptive: !self.fixed_draft_length,
+            draft_vocab: self.draft_vocab,
         }
     }
 }

@@ -228,7 +228,12 @@ impl EngineHandle {
                 {
                     return Err(EngineError::Config("a draft model with recurrent layers is not supported".into()));
                 }
-                Some(d.model)
+                let mut m = d.model;
+                let n = cfg.speculative.draft_vocab;
+                if n > 0 && m.limit_logits(n)? {
+                    tracing::info!(draft_vocab = n, "the draft model drafts from the first {n} token ids");
+                }
+                Some(m)
             }
             None => None,
         };

@@ -82,7 +82,8 @@ fn speculation_is_lossless_with_a_quantised_cache() {
             ("hybrid/qwen3_5", SpecMethod::Mtp),
         ] {
             let plain = engine(path, cfg(kv));
-            let speculative = SpecConfig { method, num_draft_tokens: 3, ngram_min: 1, ngram_max: 3, adaptive: false };
+            let speculative =
+                SpecConfig { method, num_draft_tokens: 3, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
             let spec = engine(path, EngineConfig { speculative, ..cfg(kv) });
             for p in prompts(path).into_iter().take(3) {
                 let want = run(&plain, greedy(p.clone(), n));

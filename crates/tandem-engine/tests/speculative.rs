@@ -14,7 +14,14 @@ use tandem_engine::*;
 
 fn spec_cfg(method: SpecMethod, k: usize) -> EngineConfig {
     EngineConfig {
-        speculative: SpecConfig { method, num_draft_tokens: k, ngram_min: 1, ngram_max: 3, adaptive: false },
+        speculative: SpecConfig {
+            method,
+            num_draft_tokens: k,
+            ngram_min: 1,
+            ngram_max: 3,
+            adaptive: false,
+            draft_vocab: 0,
+        },
         ..Default::default()
     }
 }
@@ -240,5 +247,31 @@ fn mtp_requests_resume_only_where_the_head_kv_is_written() {
     let hit = run(&e, greedy(p.clone(), n));
     assert!(hit.usage.cached_tokens > 0, "blocks with head KV serve the next MTP request");
     assert_same(&hit, &want, "MTP hit");
+    assert_no_leaks(&e);
+}
+
+/// A draft model limited to the first token ids (`draft_vocab`) drafts only those, and output
+/// is still that of plain decoding; a draft identical to the target then misses exactly where
+/// the target's token lies past the limit.
+#[test]
+fn a_draft_model_limited_to_the_first_ids_is_still_lossless() {
+    let path = "tiny/llama";
+    let dev = candle_core::Device::Cpu;
+    let target = tandem_model::loader::load(&fixture(path), &dev).unwrap();
+    let draft = tandem_model::loader::load(&fixture(path), &dev).unwrap();
+    let mut cfg = spec_cfg(SpecMethod::Draft, 4);
+    cfg.speculative.draft_vocab = 200;
+    let e = EngineHandle::start_with_draft(target, Some(draft), cfg).unwrap();
+    let plain = engine(path, cache_off());
+    let mut past_limit = 0;
+    for p in prompts(path).into_iter().take(4) {
+        let want = run(&plain, greedy(p.clone(), 24));
+        past_limit += want.ids.iter().filter(|&&t| t >= 200).count();
+        assert_same(&run(&e, greedy(p, 24)), &want, "draft limited to 200 ids");
+    }
+    let st = e.stats();
+    let (drafted, accepted) = (st.spec_drafted.load(Ordering::Relaxed), st.spec_accepted.load(Ordering::Relaxed));
+    assert!(drafted > 0);
+    assert!(past_limit == 0 || accepted < drafted, "{past_limit} target tokens past the limit, all drafts accepted");
     assert_no_leaks(&e);
 }

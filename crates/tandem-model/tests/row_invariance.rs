@@ -115,3 +115,47 @@ fn dense_rows_equal_decode_rows() {
     }
     assert!(failures.is_empty(), "{} row-variant results:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// A layer cut to its first `n` outputs (`Linear::first_rows`: a draft model's LM head limited
+/// to frequent token ids) is the layer built from the first `n` rows of the same weights, bit
+/// for bit, in every format (a kernel may still sum differently for another column count, so
+/// the whole layer's first columns are only close).
+#[test]
+fn first_rows_are_the_layer_of_the_first_rows() {
+    let (n_all, k) = (147, 512);
+    let x = Tensor::from_vec(values(99, 3 * k), (3, k), &Device::Cpu).unwrap();
+    let w = Tensor::from_vec(values(5, n_all * k), (n_all, k), &Device::Cpu).unwrap();
+    let bias = Tensor::from_vec(values(7, n_all), n_all, &Device::Cpu).unwrap();
+    let build = |dtype: Option<GgmlDType>, n: usize| -> Linear {
+        let w = w.narrow(0, 0, n).unwrap().contiguous().unwrap();
+        let weight = match dtype {
+            None => LinearWeight::Candle(QMatMul::Tensor(w)),
+            Some(d) => {
+                let q = QTensor::quantize(&w, d).unwrap();
+                match GgmlMatrix::from_qtensor(&q).unwrap() {
+                    Some(g) => LinearWeight::Ggml(std::sync::Arc::new(g)),
+                    None => LinearWeight::Candle(QMatMul::from_qtensor(q).unwrap()),
+                }
+            }
+        };
+        Linear { weight, bias: Some(bias.narrow(0, 0, n).unwrap()) }
+    };
+    let types = [None, Some(GgmlDType::Q4K), Some(GgmlDType::Q6K), Some(GgmlDType::Q5_0), Some(GgmlDType::Q8_0)];
+    for dtype in types {
+        let whole = build(dtype, n_all);
+        let whole_out = whole.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+        for n in [1, 16, 100, 146, 147] {
+            let part = whole.first_rows(n).unwrap().forward(&x).unwrap();
+            let want = build(dtype, n).forward(&x).unwrap();
+            assert_eq!(bits(&part), bits(&want), "{dtype:?}: first {n} rows");
+            // Close to the whole layer's first columns (activation rounding of another kernel).
+            for (pr, wr) in part.to_vec2::<f32>().unwrap().iter().zip(&whole_out) {
+                let scale = wr.iter().fold(1f32, |m, v| m.max(v.abs()));
+                for (a, b) in pr.iter().zip(wr) {
+                    assert!((a - b).abs() <= 2e-2 * scale, "{dtype:?}: first {n} rows: {a} vs {b}");
+                }
+            }
+        }
+        assert!(whole.first_rows(n_all + 1).is_err(), "{dtype:?}: more rows than the layer has");
+    }
+}

@@ -22,7 +22,9 @@
 //! cover its cost; a sequence on which speculation does not pay thus ends at most a few percent
 //! (plus [`EXPLORATION_CREDIT`], a first probe) slower than plain decoding, while one that has
 //! gained keeps exploring on its gains. A sequence for which no draft length pays at the start
-//! probes at once, while its proposer has nothing to catch up on.
+//! probes at once, while its proposer has nothing to catch up on, and a probe whose draft is
+//! accepted is followed by another (the proposer is level, so it costs no catch-up and pays
+//! for itself when accepted) until one is rejected or the estimates make drafting pay.
 
 use super::cost::DraftCost;
 
@@ -37,9 +39,9 @@ pub const MAX_PROBE_EVERY: usize = 256;
 /// Share of a sequence's time that exploring (probes that do not pay) may cost it beyond what
 /// speculation has gained it.
 pub const EXPLORATION_BUDGET: f64 = 0.03;
-/// Plain steps every sequence may spend exploring before anything is known: enough for a
-/// first single-draft probe.
-pub const EXPLORATION_CREDIT: f64 = 1.0;
+/// Plain steps every sequence may spend exploring before anything is known: a first
+/// single-draft probe even where drafts look dear.
+pub const EXPLORATION_CREDIT: f64 = 2.0;
 
 /// Per-sequence acceptance statistics and the draft length chosen from them.
 #[derive(Debug, Clone)]
@@ -66,6 +68,8 @@ pub struct AdaptiveK {
     net: f64,
     /// The cost model and idle positions the current step's draft length was chosen with.
     pending: Option<(DraftCost, usize)>,
+    /// Whether the last verification accepted every draft.
+    all_accepted: bool,
 }
 
 impl AdaptiveK {
@@ -82,6 +86,7 @@ impl AdaptiveK {
             spent: 0.0,
             net: 0.0,
             pending: None,
+            all_accepted: false,
         }
     }
 
@@ -128,28 +133,34 @@ impl AdaptiveK {
         self.spent += 1.0;
         self.pending = None;
         let after_probe = std::mem::take(&mut self.probed);
-        if best_k > 0 && self.since_draft > 0 && !self.affordable(cost.idle.max(0.0) * self.since_draft as f64) {
+        let streak = std::mem::take(&mut self.all_accepted);
+        // Positions the proposer must catch up on before it can draft now.
+        let idle = self.since_draft;
+        if best_k > 0 && idle > 0 && !self.affordable(cost.idle.max(0.0) * idle as f64) {
             // Drafting would pay, but not the catch-up it needs first (not within the budget).
             best_k = 0;
         }
         if best_k == 0 && self.max_k > 0 {
-            if after_probe {
+            // Every draft of the last step was accepted: probe again while the proposer is
+            // level (the estimates may not have caught up with predictable text yet).
+            let follow_up = streak && idle == 0;
+            if after_probe && !follow_up {
                 // The probe did not make drafting pay: wait longer before the next one.
                 self.probe_every = (self.probe_every * 2).min(MAX_PROBE_EVERY);
             }
             self.idle_steps += 1;
-            self.since_draft += 1;
-            if self.idle_steps >= self.probe_every && self.affordable(cost.step(1, self.since_draft)) {
+            if (follow_up || self.idle_steps >= self.probe_every) && self.affordable(cost.step(1, idle)) {
                 self.idle_steps = 0;
                 self.probed = true;
-                self.pending = Some((cost, self.since_draft));
+                self.pending = Some((cost, idle));
                 return 1;
             }
+            self.since_draft += 1;
             return 0;
         }
         self.idle_steps = 0;
         self.probe_every = PROBE_EVERY;
-        self.pending = Some((cost, self.since_draft));
+        self.pending = Some((cost, idle));
         best_k
     }
 
@@ -164,6 +175,7 @@ impl AdaptiveK {
             self.net += accepted as f64 - charge;
         }
         self.since_draft = 0;
+        self.all_accepted = accepted == drafted;
         let mut last_seen = PRIOR;
         let reached = drafted.min(accepted + 1);
         for (i, (a, seen)) in self.accept.iter_mut().zip(&mut self.seen).enumerate().take(reached) {
@@ -342,5 +354,38 @@ mod tests {
         let drafted = run_unpredictable(&mut a, cost, 3000);
         assert!(drafted.iter().filter(|&&s| s > 500).count() >= 2, "{drafted:?}");
         assert!(a.net >= -EXPLORATION_CREDIT - EXPLORATION_BUDGET * a.spent - 1e-9);
+    }
+
+    /// Accepted probes are followed by more, so a sequence whose drafts look too dear at the
+    /// prior acceptance finds out that they are accepted and drafts for good; the first
+    /// rejection ends the run of probes.
+    #[test]
+    fn accepted_probes_lead_to_drafting() {
+        let cost = DraftCost { first: 0.7, extra: 0.4, idle: 0.12 };
+        let mut a = AdaptiveK::new(4);
+        let ks: Vec<usize> = (0..12)
+            .map(|_| {
+                let k = a.choose(cost);
+                a.observe(k, k);
+                k
+            })
+            .collect();
+        assert!(ks.iter().all(|&k| k > 0), "{ks:?}");
+        assert!(ks[11] >= 2, "{ks:?}");
+        let mut b = AdaptiveK::new(4);
+        assert_eq!(b.choose(cost), 1);
+        b.observe(1, 1);
+        let k = b.choose(cost);
+        assert!(k >= 1, "drafting goes on");
+        b.observe(k, 0);
+        assert_eq!(b.choose(cost), 0, "a rejection ends the run");
+        // Drafts too dear for one accepted probe to make them pay: another probe follows.
+        let dear = DraftCost { first: 0.9, extra: 0.6, idle: 0.12 };
+        let mut c = AdaptiveK::new(4);
+        assert_eq!(c.choose(dear), 1);
+        c.observe(1, 1);
+        assert_eq!(c.choose(dear), 1, "a follow-up probe");
+        c.observe(1, 0);
+        assert_eq!(c.choose(dear), 0);
     }
 }

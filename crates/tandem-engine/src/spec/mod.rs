@@ -77,13 +77,28 @@ pub struct SpecConfig {
     pub ngram_max: usize,
     /// Adapt `k` to the observed acceptance (off: always draft `num_draft_tokens`).
     pub adaptive: bool,
+    /// A draft model computes logits for the first this many token ids only (0: all): BPE
+    /// vocabularies put frequent tokens first, so most drafts survive while most of the draft
+    /// model's LM head is skipped. Drafts are verified either way; output never changes.
+    pub draft_vocab: usize,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        Self { method: SpecMethod::Off, num_draft_tokens: 4, ngram_min: 2, ngram_max: 4, adaptive: true }
+        Self {
+            method: SpecMethod::Off,
+            num_draft_tokens: 4,
+            ngram_min: 2,
+            ngram_max: 4,
+            adaptive: true,
+            draft_vocab: DEFAULT_DRAFT_VOCAB,
+        }
     }
 }
+
+/// Token ids a draft model drafts from unless configured otherwise (see
+/// [`SpecConfig::draft_vocab`]).
+pub const DEFAULT_DRAFT_VOCAB: usize = 65536;
 
 /// Upper bound on `k` (keeps per-position metrics and verify chunks bounded).
 pub const MAX_DRAFT_TOKENS: usize = 16;

@@ -109,6 +109,14 @@ impl CausalLm for Llama {
         &self.device
     }
 
+    fn limit_logits(&mut self, n: usize) -> Result<bool> {
+        if n == 0 || n >= self.cfg.vocab_size {
+            return Ok(false);
+        }
+        self.lm_head = self.lm_head.first_rows(n)?;
+        Ok(true)
+    }
+
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);

@@ -28,6 +28,13 @@ pub trait CausalLm: Send + Sync {
         Ok((self.forward(chunks)?, None))
     }
 
+    /// From now on, computes logits for the first `n` token ids only (rows `[.., n]`): a draft
+    /// model whose drafts never need rarer tokens skips most of its LM head. Returns whether
+    /// the model supports it (otherwise nothing changes).
+    fn limit_logits(&mut self, _n: usize) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The model's built-in multi-token-prediction head, if it has one.
     fn mtp(&self) -> Option<&dyn MtpDraft> {
         None

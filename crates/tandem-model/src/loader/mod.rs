@@ -37,6 +37,50 @@ impl LinearWeight {
     }
 }
 
+impl LinearWeight {
+    /// The first `n` output rows of W (`n` at most its row count): a copy in the same format.
+    pub fn first_rows(&self, n: usize) -> Result<LinearWeight> {
+        let too_many = |rows: usize| ModelError::Input(format!("cannot take {n} rows of a {rows}-row weight"));
+        Ok(match self {
+            LinearWeight::Candle(QMatMul::QTensor(q)) => {
+                let (rows, k) = q.shape().dims2()?;
+                if n > rows {
+                    return Err(too_many(rows));
+                }
+                let dtype = q.dtype();
+                let row_bytes = k / dtype.block_size() * dtype.type_size();
+                let data = q.data()?;
+                let storage = candle_core::quantized::QStorage::from_data(
+                    std::borrow::Cow::Owned(data[..n * row_bytes].to_vec()),
+                    &q.device(),
+                    dtype,
+                )?;
+                LinearWeight::Candle(QMatMul::from_qtensor(QTensor::new(storage, (n, k))?)?)
+            }
+            LinearWeight::Candle(QMatMul::Tensor(t)) => {
+                if n > t.dim(0)? {
+                    return Err(too_many(t.dim(0)?));
+                }
+                LinearWeight::Candle(QMatMul::Tensor(t.narrow(0, 0, n)?.contiguous()?))
+            }
+            LinearWeight::Candle(QMatMul::TensorF16(t)) => {
+                if n > t.dim(0)? {
+                    return Err(too_many(t.dim(0)?));
+                }
+                LinearWeight::Candle(QMatMul::TensorF16(t.narrow(0, 0, n)?.contiguous()?))
+            }
+            LinearWeight::Ggml(w) => {
+                if n > w.n() {
+                    return Err(too_many(w.n()));
+                }
+                let bytes = w.to_bytes();
+                let row_bytes = bytes.len() / w.n().max(1);
+                LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(w.quant_type(), n, w.k(), &bytes[..n * row_bytes])?))
+            }
+        })
+    }
+}
+
 /// A linear layer `y = x Wᵀ (+ b)`, with W quantised or dense.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -52,6 +96,17 @@ impl Linear {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
+    }
+}
+
+impl Linear {
+    /// The layer restricted to its first `n` outputs.
+    pub fn first_rows(&self, n: usize) -> Result<Linear> {
+        let bias = match &self.bias {
+            Some(b) => Some(b.narrow(0, 0, n)?),
+            None => None,
+        };
+        Ok(Linear { weight: self.weight.first_rows(n)?, bias })
     }
 }
 
