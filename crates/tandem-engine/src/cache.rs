@@ -158,7 +158,7 @@ impl EngineCache {
         let bs = self.block_size();
         let down = |p: usize| p / bs * bs;
         let mut at = vec![down(prompt_len)];
-        if prompt_len % bs == 0 {
+        if prompt_len.is_multiple_of(bs) {
             // The same prompt again must recompute its last token: keep a checkpoint before it.
             at.push(prompt_len.saturating_sub(bs));
         }
@@ -308,7 +308,7 @@ impl EngineCache {
         while seq.checkpoints.first().is_some_and(|&p| p < pos) {
             seq.checkpoints.remove(0);
         }
-        let aligned = pos % bs == 0 && !seq.tree_stuck && seq.tree_blocks == pos / bs;
+        let aligned = pos.is_multiple_of(bs) && !seq.tree_stuck && seq.tree_blocks == pos / bs;
         if self.recurrent && aligned && pos > seq.prompt_len() {
             if let Some(node) = seq.tree_node {
                 seq.decode_checkpoint = Some((node, seq.cache.snapshot()));

@@ -30,7 +30,7 @@ fn expected_hit(path: &str, prompt: &[u32], fed: &[u32], checkpoints: &[usize]) 
 /// Checkpoints a prompt of `len` tokens leaves (no boundaries, default interval).
 fn prompt_end_checkpoints(len: usize) -> Vec<usize> {
     let mut c = vec![len / BS * BS];
-    if len % BS == 0 {
+    if len.is_multiple_of(BS) {
         c.push(len - BS);
     }
     c

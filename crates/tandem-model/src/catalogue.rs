@@ -167,7 +167,7 @@ pub fn model_path(entry: &CatalogueEntry) -> PathBuf {
 
 /// The user's home directory from `$HOME` (or `%USERPROFILE%`).
 pub(crate) fn home_dir() -> Option<PathBuf> {
-    ["HOME", "USERPROFILE"].iter().filter_map(|k| std::env::var_os(k)).find(|v| !v.is_empty()).map(PathBuf::from)
+    ["HOME", "USERPROFILE"].iter().filter_map(std::env::var_os).find(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ fn penalties_combined_and_window() {
 #[test]
 fn penalty_changes_greedy_choice() {
     let mut s = sampler(SamplingParams { repetition_penalty: 1.5, ..params(0.0, 0) });
-    assert_eq!(s.sample(&mut vec![3.0, 2.5], &[0]), 1);
+    assert_eq!(s.sample(&mut [3.0, 2.5], &[0]), 1);
 }
 
 #[test]
