@@ -49,16 +49,22 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid").join(name)
 }
 
-/// Runs one greedy request to completion on a scheduler; the generated ids.
-fn generate(s: &mut Scheduler, prompt: &[u32], n: usize) -> Vec<u32> {
+/// Queues one greedy request (EOS ignored) on a scheduler; its event stream.
+fn submit(s: &mut Scheduler, prompt: &[u32], max_tokens: usize) -> mpsc::Receiver<GenerationEvent> {
     let req = GenerateRequest {
         prompt_ids: prompt.to_vec(),
-        stop: StopParams { max_tokens: n, ignore_eos: true, ..Default::default() },
+        stop: StopParams { max_tokens, ignore_eos: true, ..Default::default() },
         ..Default::default()
     };
-    let (tx, mut rx) = mpsc::channel(n + 2);
+    let (tx, rx) = mpsc::channel(max_tokens + 2);
     let sampler = Sampler::new(req.sampling.clone()).unwrap();
     s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    rx
+}
+
+/// Runs one greedy request to completion on a scheduler; the generated ids.
+fn generate(s: &mut Scheduler, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut rx = submit(s, prompt, n);
     while !(s.running.is_empty() && s.waiting.is_empty()) {
         s.admit();
         s.step();
@@ -116,14 +122,7 @@ fn mtp_drafts_after_prefill_match_the_reference() {
         let ids = |k: &str| r[k].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect::<Vec<_>>();
         let (prompt, greedy, want) = (ids("prompt_ids"), ids("greedy_ids"), ids("mtp_draft_ids"));
         let mut s = scheduler(name, SpecMethod::Mtp, 2);
-        let req = GenerateRequest {
-            prompt_ids: prompt.clone(),
-            stop: StopParams { max_tokens: 8, ignore_eos: true, ..Default::default() },
-            ..Default::default()
-        };
-        let (tx, _rx) = mpsc::channel(16);
-        let sampler = Sampler::new(req.sampling.clone()).unwrap();
-        s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+        let _rx = submit(&mut s, &prompt, 8);
         s.admit();
         while s.running[0].tokens().len() == prompt.len() {
             s.step();
@@ -157,14 +156,7 @@ fn a_one_token_draft_request_leaves_draft_kv_in_the_prefix_cache() {
     let prompt: Vec<u32> = (0..70).map(|i| (i * 7 + 3) % 300).collect();
     assert_eq!(generate(&mut s, &prompt, 1).len(), 1);
     // The same prompt again: admitted on a prefix-cache hit.
-    let req = GenerateRequest {
-        prompt_ids: prompt.clone(),
-        stop: StopParams { max_tokens: 4, ignore_eos: true, ..Default::default() },
-        ..Default::default()
-    };
-    let (tx, _rx) = mpsc::channel(8);
-    let sampler = Sampler::new(req.sampling.clone()).unwrap();
-    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    let _rx = submit(&mut s, &prompt, 4);
     s.admit();
     let seq = &s.running[0];
     let cached = seq.cache.position();
@@ -184,14 +176,7 @@ fn lazy_mtp_catch_up_drafts_like_an_eager_head() {
     let prompt: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
     let mut s = scheduler(name, SpecMethod::Mtp, 2);
     s.cfg.speculative.adaptive = true;
-    let req = GenerateRequest {
-        prompt_ids: prompt.clone(),
-        stop: StopParams { max_tokens: 200, ignore_eos: true, ..Default::default() },
-        ..Default::default()
-    };
-    let (tx, _rx) = mpsc::channel(256);
-    let sampler = Sampler::new(req.sampling.clone()).unwrap();
-    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    let _rx = submit(&mut s, &prompt, 200);
     s.admit();
     // Decode until the head has gathered rows it has not read (the sequence idles: random
     // weights rarely agree), well past the prompt.
@@ -214,14 +199,7 @@ fn lazy_mtp_catch_up_drafts_like_an_eager_head() {
     assert_eq!(s.running[0].spec.mtp_pos, s.running[0].cache.position(), "the head is level again");
     // A fresh sequence prefilling everything but the pending token.
     let mut f = scheduler(name, SpecMethod::Mtp, 2);
-    let req = GenerateRequest {
-        prompt_ids: tokens[..tokens.len() - 1].to_vec(),
-        stop: StopParams { max_tokens: 8, ignore_eos: true, ..Default::default() },
-        ..Default::default()
-    };
-    let (tx, _rx2) = mpsc::channel(16);
-    let sampler = Sampler::new(req.sampling.clone()).unwrap();
-    f.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    let _rx2 = submit(&mut f, &tokens[..tokens.len() - 1], 8);
     f.admit();
     while f.running[0].tokens().len() < tokens.len() {
         f.step();
