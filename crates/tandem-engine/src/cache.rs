@@ -150,7 +150,8 @@ impl EngineCache {
     }
 
     /// Block-aligned positions at which a sequence with this prompt checkpoints its
-    /// recurrent state: the end of the prompt, every message boundary, every interval.
+    /// recurrent state: the end of the prompt, every message boundary (also those past the
+    /// prompt, reached while decoding), every interval.
     pub fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
         if !self.recurrent || self.tree.is_none() {
             return Vec::new();
@@ -162,7 +163,7 @@ impl EngineCache {
             // The same prompt again must recompute its last token: keep a checkpoint before it.
             at.push(prompt_len.saturating_sub(bs));
         }
-        at.extend(boundaries.iter().filter(|&&b| b <= prompt_len).map(|&b| down(b)));
+        at.extend(boundaries.iter().map(|&b| down(b)));
         if let Some(n) = prompt_len.checked_div(self.checkpoint_interval) {
             at.extend((1..=n).map(|i| i * self.checkpoint_interval));
         }

@@ -64,7 +64,9 @@ pub struct GenerateRequest {
     /// Return the log-probability of each generated token and this many top alternatives
     /// (`Some(0)` = only the chosen token's log-prob).
     pub logprobs: Option<usize>,
-    /// Token offsets of chat-message boundaries inside the prompt (for prefix-cache checkpoints).
+    /// Token offsets of chat-message boundaries inside the prompt, and positions past it where
+    /// a continuation may resume (where a thinking budget cuts the reasoning): models with
+    /// recurrent layers keep a prefix-cache checkpoint at the block boundary at or before each.
     pub message_boundaries: Vec<usize>,
     /// Overrides the server's speculative decoding settings for this request.
     pub speculative: Option<crate::spec::SpecRequest>,

@@ -254,7 +254,12 @@ impl Scheduler {
                 let adaptive = s.spec.adaptive.is_some();
                 let cost = self.spec_costs.get(s.spec.method).cost();
                 let k = if calibrate && adaptive { 0 } else { speculate::draft_length(s, cost, self.context_length) };
-                let k = k.min(budget - 1);
+                let mut k = k.min(budget - 1);
+                // A verification must not commit past a checkpoint position: it would skip it.
+                let pos = s.cache.position();
+                if let Some(&cp) = s.checkpoints.iter().find(|&&c| c > pos) {
+                    k = k.min(cp - pos - 1);
+                }
                 want[i] = 1 + k;
                 budget -= 1 + k;
             }

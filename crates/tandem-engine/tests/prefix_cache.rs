@@ -150,3 +150,28 @@ fn no_checkpoint_memory_means_no_hybrid_hits() {
         assert_no_leaks(&on);
     }
 }
+
+/// A message boundary past the prompt (where a thinking budget cuts the reasoning) leaves a
+/// checkpoint when decoding reaches it, however far the request runs beyond, with speculation
+/// on too (`scheduler/tests.rs` checks that accepted drafts do not jump over it); a
+/// continuation that diverges right after the boundary resumes there.
+#[test]
+fn boundaries_past_the_prompt_are_checkpointed_while_decoding() {
+    let path = "hybrid/qwen3_5";
+    let p = prompt(path)[..40].to_vec();
+    let cut = p.len() + 2 * BS + 3;
+    let fixed = |method| SpecConfig { method, adaptive: false, ngram_min: 1, ..Default::default() };
+    for spec in [SpecConfig::default(), fixed(SpecMethod::Ngram), fixed(SpecMethod::Mtp)] {
+        let on = engine(path, EngineConfig { speculative: spec.clone(), ..EngineConfig::default() });
+        let off = engine(path, cache_off());
+        let first = GenerateRequest { message_boundaries: vec![cut], ..greedy(p.clone(), 3 * BS + 10) };
+        let a = run(&on, first);
+        // The continuation: prompt + what was generated up to the cut + something else.
+        let mut next = [&p[..], &a.ids[..cut - p.len()]].concat();
+        next.extend(p.iter().rev().take(5));
+        let got = run(&on, greedy(next.clone(), 4));
+        assert_eq!(got.usage.cached_tokens, cut / BS * BS, "{path} {:?}: resumes at the cut", spec.method);
+        assert_same(&got, &run(&off, greedy(next, 4)), path);
+        assert_no_leaks(&on);
+    }
+}

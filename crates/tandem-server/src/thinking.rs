@@ -14,10 +14,12 @@
 //! committed. Full KV blocks enter the prefix tree as soon as they fill, generated tokens
 //! included, so on attention-only models everything but the last partial block of prompt +
 //! reasoning is reused. Models with recurrent layers resume only at a recurrent-state
-//! checkpoint; a request that finishes or is cancelled leaves one at the last block boundary it
-//! reached while generating, so the continuation resumes there and recomputes at most a block
-//! of reasoning plus the transition.
-//! it. `tests/thinking_cache.rs` measures both cases on real fixtures.
+//! checkpoint: the first request asks for one where the budget cuts (prompt + budget, passed as
+//! a message boundary past the prompt; the engine keeps it at the block boundary at or before),
+//! however far the engine has decoded by the time it sees the cancellation, so the continuation
+//! resumes there and recomputes at most a block of reasoning plus the transition (a loop cut,
+//! which has no known position, resumes at the last block boundary the first request reached
+//! if that is on the path). `tests/thinking_cache.rs` measures both cases on real fixtures.
 //!
 //! Downstream sees one ordinary [`GenerationEvent`] stream (transition tokens included, usage
 //! counting both requests' generated tokens against the original prompt; `cached_tokens` is
@@ -99,9 +101,14 @@ impl LoopDetector {
 /// Submits `req`; with an active policy the events pass through the driver task.
 pub fn submit(
     backend: Arc<dyn Backend>,
-    req: GenerateRequest,
+    mut req: GenerateRequest,
     policy: ThinkingPolicy,
 ) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
+    if let Some(b) = policy.budget {
+        // Where the budget would cut the reasoning (when it starts right after the prompt):
+        // models with recurrent layers keep a checkpoint there for the continuation.
+        req.message_boundaries.push(req.prompt_ids.len() + b);
+    }
     let rx = backend.submit(req.clone())?;
     if !policy.active() {
         return Ok(rx);

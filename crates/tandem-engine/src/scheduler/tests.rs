@@ -208,3 +208,37 @@ fn lazy_mtp_catch_up_drafts_like_an_eager_head() {
     assert_eq!(f.propose(&[3], &[false]), 2);
     assert_eq!(lazy, f.running[0].spec.drafts, "drafts after lazy catch-up");
 }
+
+/// Verify chunks stop at a checkpoint position (here a message boundary past the prompt), so
+/// a sequence whose drafts are accepted still leaves its recurrent state there: a request
+/// diverging right after it resumes at it.
+#[test]
+fn verify_chunks_stop_at_checkpoints() {
+    let (name, k) = ("qwen3_5", 4);
+    let prompt: Vec<u32> = (0..37u32).map(|i| (i * 29 + 3) % 384).collect();
+    let truth = generate(&mut scheduler(name, SpecMethod::Off, 0), &prompt, 40);
+    let mut s = scheduler(name, SpecMethod::Ngram, k);
+    // Drafts are the true continuation, one corrupted per step except every (k + 1)-th step.
+    s.proposers.ngram = Box::new(Oracle { prompt_len: prompt.len(), truth: truth.clone(), k, step: 0 });
+    let cut = 64 + 5; // the checkpoint goes to 64, inside a run of accepted drafts
+    let req = GenerateRequest {
+        prompt_ids: prompt.clone(),
+        stop: StopParams { max_tokens: 40, ignore_eos: true, ..Default::default() },
+        message_boundaries: vec![cut],
+        ..Default::default()
+    };
+    let (tx, _rx) = mpsc::channel(64);
+    let sampler = Sampler::new(req.sampling.clone()).unwrap();
+    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    while !(s.running.is_empty() && s.waiting.is_empty()) {
+        s.admit();
+        s.step();
+        s.retire_finished();
+    }
+    assert!(s.stats.spec_accepted.load(std::sync::atomic::Ordering::Relaxed) > 8);
+    let mut next = [&prompt[..], &truth[..cut - prompt.len()]].concat();
+    next.push(1);
+    let _rx = submit(&mut s, &next, 2);
+    s.admit();
+    assert_eq!(s.running[0].cache.position(), 64, "resumed at the checkpoint");
+}
