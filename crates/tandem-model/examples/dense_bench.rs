@@ -4,22 +4,12 @@
 //! `cargo run --release --example dense_bench`; threads from `RAYON_NUM_THREADS`; `DB_M=1`
 //! (or 128) runs only that row count.
 
-use std::time::Instant;
-
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 use tandem_model::ops::quant::row_stable;
 
-fn time<F: FnMut()>(mut f: F) -> f64 {
-    f();
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    best
-}
+mod common;
+use common::time;
 
 fn main() -> candle_core::Result<()> {
     let dev = Device::Cpu;

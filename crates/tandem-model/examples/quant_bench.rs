@@ -13,16 +13,8 @@ use tandem_model::batch::{LogitsWanted, SeqChunk};
 use tandem_model::kv::SequenceCache;
 use tandem_model::ops::quant::GgmlMatrix;
 
-fn time<F: FnMut()>(mut f: F) -> f64 {
-    f();
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    best
-}
+mod common;
+use common::time;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::Cpu;

@@ -73,8 +73,9 @@ pub(super) fn cost_prior(method: SpecMethod) -> f64 {
     }
 }
 
-/// Relative cost of catching up on one idle position assumed until measured: only a draft
-/// model catches up lazily (prompt lookup has no state; the MTP head keeps up every step).
+/// Relative cost of catching up on one idle position assumed until measured: a draft model
+/// re-reads each token with a forward of its own; the MTP head reads its gathered rows in one
+/// cheap chunk (measured as it happens); prompt lookup has no state.
 pub(super) fn idle_cost_prior(method: SpecMethod) -> f64 {
     match method {
         SpecMethod::Draft => 0.15,

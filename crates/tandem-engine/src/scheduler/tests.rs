@@ -49,27 +49,41 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid").join(name)
 }
 
-/// Queues one greedy request (EOS ignored) on a scheduler; its event stream.
-fn submit(s: &mut Scheduler, prompt: &[u32], max_tokens: usize) -> mpsc::Receiver<GenerationEvent> {
-    let req = GenerateRequest {
+/// A greedy request (EOS ignored).
+fn greedy(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
         prompt_ids: prompt.to_vec(),
         stop: StopParams { max_tokens, ignore_eos: true, ..Default::default() },
         ..Default::default()
-    };
-    let (tx, rx) = mpsc::channel(max_tokens + 2);
+    }
+}
+
+/// Queues a request on a scheduler; its event stream.
+fn enqueue(s: &mut Scheduler, req: GenerateRequest) -> mpsc::Receiver<GenerationEvent> {
+    let (tx, rx) = mpsc::channel(req.stop.max_tokens + 2);
     let sampler = Sampler::new(req.sampling.clone()).unwrap();
     s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
     rx
 }
 
-/// Runs one greedy request to completion on a scheduler; the generated ids.
-fn generate(s: &mut Scheduler, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut rx = submit(s, prompt, n);
+/// Steps the scheduler until every request has finished.
+fn run_to_completion(s: &mut Scheduler) {
     while !(s.running.is_empty() && s.waiting.is_empty()) {
         s.admit();
         s.step();
         s.retire_finished();
     }
+}
+
+/// Queues one greedy request on a scheduler; its event stream.
+fn submit(s: &mut Scheduler, prompt: &[u32], max_tokens: usize) -> mpsc::Receiver<GenerationEvent> {
+    enqueue(s, greedy(prompt, max_tokens))
+}
+
+/// Runs one greedy request to completion on a scheduler; the generated ids.
+fn generate(s: &mut Scheduler, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut rx = submit(s, prompt, n);
+    run_to_completion(s);
     let mut ids = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         match ev {
@@ -221,20 +235,8 @@ fn verify_chunks_stop_at_checkpoints() {
     // Drafts are the true continuation, one corrupted per step except every (k + 1)-th step.
     s.proposers.ngram = Box::new(Oracle { prompt_len: prompt.len(), truth: truth.clone(), k, step: 0 });
     let cut = 64 + 5; // the checkpoint goes to 64, inside a run of accepted drafts
-    let req = GenerateRequest {
-        prompt_ids: prompt.clone(),
-        stop: StopParams { max_tokens: 40, ignore_eos: true, ..Default::default() },
-        message_boundaries: vec![cut],
-        ..Default::default()
-    };
-    let (tx, _rx) = mpsc::channel(64);
-    let sampler = Sampler::new(req.sampling.clone()).unwrap();
-    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
-    while !(s.running.is_empty() && s.waiting.is_empty()) {
-        s.admit();
-        s.step();
-        s.retire_finished();
-    }
+    let _rx = enqueue(&mut s, GenerateRequest { message_boundaries: vec![cut], ..greedy(&prompt, 40) });
+    run_to_completion(&mut s);
     assert!(s.stats.spec_accepted.load(std::sync::atomic::Ordering::Relaxed) > 8);
     let mut next = [&prompt[..], &truth[..cut - prompt.len()]].concat();
     next.push(1);

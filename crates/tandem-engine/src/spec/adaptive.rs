@@ -100,11 +100,6 @@ impl AdaptiveK {
         self.since_draft
     }
 
-    /// Speculation's gain so far, in plain steps (negative: it has cost more than it saved).
-    pub fn net_gain(&self) -> f64 {
-        self.net
-    }
-
     /// Expected tokens per verification with `k` drafts.
     pub fn expected_tokens(&self, k: usize) -> f64 {
         let mut e = 1.0;

@@ -5,8 +5,8 @@
 //! in a step (for a draft model also feeding it the tokens of the last verification), each
 //! further draft (one more proposer step and one more verify row), and each position the
 //! proposer must catch up on after the sequence did not draft for a while (a draft model
-//! re-reads the tokens decoded meanwhile before it can draft again; prompt lookup and the MTP
-//! head have no such debt).
+//! re-reads the tokens decoded meanwhile before it can draft again, the MTP head reads the hidden
+//! rows it gathered; prompt lookup has no such debt).
 
 /// What drafting costs, relative to a plain decode step.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -101,8 +101,9 @@ impl Proposer for MtpProposer {
             let main_pos = seq.cache.position();
             let n = hidden.dim(0).map_err(err)?;
             let start = main_pos.checked_sub(n).ok_or("MTP: more hidden rows than positions")?;
+            // The head has read or kept every position before `head_end`.
             let kept = seq.spec.mtp_rows.as_ref().map_or(Ok(0), |r| r.dim(0)).map_err(err)?;
-            let head_end = seq.spec.mtp_pos + kept;
+            let mut head_end = seq.spec.mtp_pos + kept;
             if n == 0 || head_end >= main_pos {
                 continue;
             }
@@ -111,16 +112,16 @@ impl Proposer for MtpProposer {
                 // acceptance, never correctness; start over from these rows.
                 seq.spec.mtp_rows = None;
                 seq.spec.mtp_pos = start;
+                head_end = start;
             }
-            // Rows before the head's own position (or already kept) are not needed again.
-            let kept = seq.spec.mtp_rows.as_ref().map_or(Ok(0), |r| r.dim(0)).map_err(err)?;
-            let skip = (seq.spec.mtp_pos + kept).saturating_sub(start).min(n);
+            // Rows before `head_end` are not needed again.
+            let skip = head_end - start;
             let new = hidden.narrow(0, skip, n - skip).map_err(err)?;
             seq.spec.mtp_rows = Some(match seq.spec.mtp_rows.take() {
                 Some(old) => Tensor::cat(&[&old, &new], 0).map_err(err)?,
                 None => new,
             });
-            if seq.spec.drafting() || kept + n - skip >= MTP_LAZY_ROWS {
+            if seq.spec.drafting() || main_pos - seq.spec.mtp_pos >= MTP_LAZY_ROWS {
                 consume(mtp, seq)?;
             }
         }

@@ -29,7 +29,7 @@
 //! threads the engine configured, as the quantised kernels do); within a task, rows are taken
 //! in blocks whose activations stay in L2 while each group of 6 weight rows passes over them.
 
-use super::matrix::OutPtr;
+use super::matrix::{for_column_chunks, OutPtr};
 
 /// Which implementation computes the dot products (all give the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,26 +108,11 @@ pub fn matmul_with(
         return;
     }
     let out = OutPtr(y.as_mut_ptr());
-    // Below ~100k multiply-adds a task costs more than it saves.
-    if threads <= 1 || m * n * k < 1 << 17 {
-        // SAFETY: sizes asserted; y is borrowed mutably for the whole call.
-        unsafe { matmul_cols(kernel, w, k, x, m, 0..n, out.get(), n) };
-        return;
-    }
-    let chunk = n.div_ceil(threads * 4).max(2 * COLS).next_multiple_of(COLS);
-    let run = |tasks: std::ops::Range<usize>| {
-        for t in tasks {
-            let cols = t * chunk..((t + 1) * chunk).min(n);
-            // SAFETY: tasks write disjoint column ranges of y, which outlives the call.
-            unsafe { matmul_cols(kernel, w, k, x, m, cols, out.get(), n) };
-        }
-    };
-    let pool = candle_core::utils::barrier_pool();
-    if pool.n_workers() == 0 {
-        run(0..n.div_ceil(chunk));
-    } else {
-        pool.execute_chunked(n.div_ceil(chunk), run);
-    }
+    for_column_chunks(n, threads, m * n * k, 2 * COLS, COLS, |cols| {
+        // SAFETY: sizes asserted; y is borrowed mutably for the whole call and tasks write
+        // disjoint column ranges.
+        unsafe { matmul_cols(kernel, w, k, x, m, cols, out.get(), n) };
+    });
 }
 
 /// # Safety

@@ -1,8 +1,8 @@
 //! [`GgmlMatrix`]: a `[n, k]` weight matrix in raw GGML blocks, and `y = x · Wᵀ` on it.
 //!
 //! A call quantises the rows of `x` into a thread-local scratch of [`Q8Block`]s (no heap
-//! allocation once warm), then splits the output columns over rayon's global pool (the one
-//! candle uses). Within a task the kernel walks column tiles and, inside each, groups of 4
+//! allocation once warm), then splits the output columns over candle's barrier pool
+//! ([`for_column_chunks`], shared with the Q6K and dense kernels). Within a task the kernel walks column tiles and, inside each, groups of 4
 //! rows, so for prefill every weight block is unpacked once per 4 rows.
 
 use std::cell::RefCell;
@@ -140,26 +140,12 @@ impl GgmlMatrix {
         with_scratch(m * nb, |acts| {
             quantize_rows(kernel, x, self.k, acts);
             let out = OutPtr(y.as_mut_ptr());
-            // candle's barrier pool (spin, then park) is the one its own kernels run on; using
-            // it rather than rayon's keeps one set of workers hot instead of two fighting over
-            // the cores, which matters for the many short matmuls of a decode step.
-            let pool = candle_core::utils::barrier_pool();
-            let threads = pool.n_workers() + 1;
-            // Below ~100k multiply-adds a task costs more than it saves.
-            if threads <= 1 || m * self.n * self.k < 1 << 17 {
-                // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call.
-                unsafe { self.matmul_cols(kernel, acts, m, 0..self.n, out.get()) };
-                return;
-            }
-            // Several tasks per thread so a busy core does not hold the others back; columns
-            // in multiples of 4 (the decode tile).
-            let chunk = (self.n.div_ceil(threads * 4).max(16) + 3) & !3;
-            pool.execute_chunked(self.n.div_ceil(chunk), |tiles| {
-                for t in tiles {
-                    let cols = t * chunk..((t + 1) * chunk).min(self.n);
-                    // SAFETY: tasks write disjoint column ranges of y, which outlives the call.
-                    unsafe { self.matmul_cols(kernel, acts, m, cols, out.get()) };
-                }
+            let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+            // Columns in multiples of 4 (the decode tile).
+            for_column_chunks(self.n, threads, m * self.n * self.k, 16, 4, |cols| {
+                // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call; tasks
+                // write disjoint column ranges.
+                unsafe { self.matmul_cols(kernel, acts, m, cols, out.get()) };
             });
         })
     }
@@ -178,6 +164,39 @@ impl GgmlMatrix {
             // SAFETY: forwarded from the caller.
             _ => unsafe { reference::matmul_cols(w, nb, acts, m, cols, y, self.n) },
         })
+    }
+}
+
+/// Cuts a matmul's output columns `0..n` into about four tasks per thread (each at least
+/// `min_cols` columns, a multiple of `align`) and runs `f` on each over candle's barrier pool:
+/// the pool (spin, then park) its own kernels run on, so one set of workers stays hot instead
+/// of two fighting over the cores, which matters for the many short matmuls of a decode step.
+/// With one thread, or under ~100k multiply-adds (`work`), where a task costs more than it
+/// saves, `f` gets all columns on this thread. Each column is computed whole by one task, so
+/// the cut never changes a result.
+pub(super) fn for_column_chunks(
+    n: usize,
+    threads: usize,
+    work: usize,
+    min_cols: usize,
+    align: usize,
+    f: impl Fn(Range<usize>) + Sync,
+) {
+    if threads <= 1 || work < 1 << 17 {
+        f(0..n);
+        return;
+    }
+    let chunk = n.div_ceil(threads * 4).max(min_cols).next_multiple_of(align.max(1));
+    let run = |tasks: Range<usize>| {
+        for t in tasks {
+            f(t * chunk..((t + 1) * chunk).min(n));
+        }
+    };
+    let pool = candle_core::utils::barrier_pool();
+    if pool.n_workers() == 0 {
+        run(0..n.div_ceil(chunk));
+    } else {
+        pool.execute_chunked(n.div_ceil(chunk), run);
     }
 }
 

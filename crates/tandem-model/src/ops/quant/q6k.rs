@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::matrix::OutPtr;
+use super::matrix::{for_column_chunks, OutPtr};
 
 use candle_core::quantized::k_quants::{BlockQ6K, BlockQ8K, GgmlType, QK_K};
 
@@ -255,20 +255,11 @@ fn matmul_impl(wide: bool, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
     let a = unsafe { std::slice::from_raw_parts(acts.as_ptr() as *const Q8, acts.len()) };
     let w = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const Q6, w.len()) };
     let out = OutPtr(y.as_mut_ptr());
-    let pool = candle_core::utils::barrier_pool();
-    let threads = pool.n_workers() + 1;
-    if threads <= 1 {
-        // SAFETY: available() asserted; sizes asserted; y borrowed mutably for the call.
-        unsafe { matmul_cols(wide, w, nb, a, m, 0..n, out.get(), n) };
-        return;
-    }
-    let chunk = n.div_ceil(threads * 4).max(8);
-    pool.execute_chunked(n.div_ceil(chunk), |tasks| {
-        for t in tasks {
-            let cols = t * chunk..((t + 1) * chunk).min(n);
-            // SAFETY: tasks write disjoint column ranges of y, which outlives the call.
-            unsafe { matmul_cols(wide, w, nb, a, m, cols, out.get(), n) };
-        }
+    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    for_column_chunks(n, threads, m * n * k, 8, 1, |cols| {
+        // SAFETY: available() asserted; sizes asserted; y borrowed mutably for the call and
+        // tasks write disjoint column ranges.
+        unsafe { matmul_cols(wide, w, nb, a, m, cols, out.get(), n) };
     });
 }
 
