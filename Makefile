@@ -3,7 +3,7 @@ CARGO ?= cargo
 PROMPT ?= Explain in two sentences why the sky is blue.
 MODEL ?= smollm2-135m
 
-.PHONY: demo test test-sdk test-fuzz build models bench bench-peers serve clean-models
+.PHONY: demo test test-sdk test-fuzz test-metal build models bench bench-peers serve clean-models cuda test-cuda gpu-pack
 
 build:
 	$(CARGO) build --bin tandem
@@ -18,8 +18,30 @@ models: build
 	@path=$$($(CARGO) run -q --bin tandem -- pull smollm2-135m) && ln -sf "$$path" models/smollm2-135m.gguf
 	@echo "models/smollm2-135m.gguf -> $$(readlink models/smollm2-135m.gguf)"
 
-test: models test-sdk test-fuzz
+test: models test-sdk test-fuzz test-metal
 	$(CARGO) test --workspace
+
+# The Metal build type-checks for Apple GPUs (nothing here can run it): the portable op path
+# and any Metal code must compile for the Macs this project is for. Skipped, with a note, when
+# the aarch64-apple-darwin target cannot be installed (no rustup).
+test-metal:
+	@if rustup target list --installed 2>/dev/null | grep -q aarch64-apple-darwin || rustup target add aarch64-apple-darwin; then \
+		$(CARGO) check --target aarch64-apple-darwin -p tandem-cli --features metal; \
+	else echo "test-metal: no rustup target aarch64-apple-darwin; Metal type-check skipped"; fi
+
+# CUDA build (docs/GPU.md: a CUDA toolkit, or the pip wheels; CUDA_COMPUTE_CAP, default 90).
+cuda:
+	CUDA_COMPUTE_CAP=$${CUDA_COMPUTE_CAP:-90} $(CARGO) build --release -p tandem-cli --features cuda
+
+# The GPU suite on a machine with a CUDA GPU and Rust: `tandem check-device` (every op and
+# the fixture models against the CPU references) and the engine invariant suites on CUDA.
+test-cuda: cuda
+	TANDEM_DEVICE=cuda target/release/tandem check-device --fixtures fixtures
+	TANDEM_DEVICE=cuda $(CARGO) test --release -p tandem-engine --features cuda --test device_suite -- --test-threads=1
+
+# For a GPU machine without Rust: build here, carry target/gpu-pack, run scripts/gpu-run.sh there.
+gpu-pack:
+	bash scripts/gpu-pack.sh
 
 # The official `openai` and `anthropic` Python SDKs against `tandem serve` on loopback
 # (a venv under target/sdk-venv, created on first run; needs python3 + pip + PyPI).

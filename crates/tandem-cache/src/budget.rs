@@ -26,6 +26,18 @@ impl MemoryBudget {
     }
 }
 
+impl MemoryBudget {
+    /// The budget in bytes for memory on a device with `device_free` bytes free: a fraction
+    /// is of that free device memory (like vLLM's `--gpu-memory-utilization`); `None` (the
+    /// CPU) means of RAM, as [`Self::bytes`].
+    pub fn bytes_on(&self, device_free: Option<u64>) -> Result<u64> {
+        match (*self, device_free) {
+            (MemoryBudget::FractionOfRam(f), Some(free)) => Ok((free as f64 * f) as u64),
+            _ => self.bytes(),
+        }
+    }
+}
+
 impl std::fmt::Display for MemoryBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

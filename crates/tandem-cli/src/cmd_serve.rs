@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// Token budget of one forward step.
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
-    /// Memory for the paged KV cache: bytes (8GiB, 512MiB) or a fraction of RAM (0.25, 25%).
+    /// Memory for the paged KV cache: bytes (8GiB, 512MiB) or a fraction (0.25, 25%) of RAM, or
+    /// on a GPU of the device memory free after loading the weights.
     #[arg(long, default_value = "20%")]
     pub kv_memory: MemoryBudget,
     /// Token positions per KV block.

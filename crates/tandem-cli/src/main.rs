@@ -8,6 +8,7 @@ mod cmd_bench_report;
 mod cmd_bench_spec;
 mod cmd_bench_sweep;
 mod cmd_chat;
+mod cmd_check_device;
 mod cmd_inspect;
 mod cmd_pull;
 mod cmd_run;
@@ -24,6 +25,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "tandem", version, about, long_about = None)]
 struct Cli {
+    /// Where the model runs: auto (a usable GPU, else the CPU with a warning), cpu, cuda[:N]
+    /// or metal[:N].
+    #[arg(long, global = true, env = "TANDEM_DEVICE", default_value = "auto")]
+    device: tandem_model::device::DeviceChoice,
     #[command(subcommand)]
     cmd: Command,
 }
@@ -43,6 +48,9 @@ enum Command {
     /// Measure prefill and decode speed (like llama-bench's pp/tg); `bench sweep` and
     /// `bench agent` run the benchmark suites.
     Bench(cmd_bench::BenchArgs),
+    /// Check every op and the fixture models on the selected device against the CPU
+    /// references; exits non-zero on any failure.
+    CheckDevice(cmd_check_device::CheckDeviceArgs),
 }
 
 fn main() {
@@ -54,6 +62,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    tandem_model::device::set_device_choice(cli.device);
     let result = match cli.cmd {
         Command::Run(a) => cmd_run::run(a),
         Command::Chat(a) => cmd_chat::run(a),
@@ -61,6 +70,7 @@ fn main() {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Pull(a) => cmd_pull::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::CheckDevice(a) => cmd_check_device::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

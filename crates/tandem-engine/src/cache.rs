@@ -72,7 +72,17 @@ impl EngineCache {
         }
         let draft_block_bytes = draft_spec.as_ref().map_or(0, |d| PagedKvStore::bytes_per_block(d, bs, cfg.kv_dtype));
         let block_bytes = PagedKvStore::bytes_per_block(&spec, bs, cfg.kv_dtype) + draft_block_bytes;
-        let budget = cfg.kv_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
+        // On a GPU a fraction is of the device memory free now (weights already loaded) and
+        // a byte budget must fit in it.
+        let device_free = tandem_model::device::memory_info(device).map(|(free, _)| free as u64);
+        let budget = cfg.kv_memory.bytes_on(device_free).map_err(|e| EngineError::Config(e.to_string()))?;
+        if let Some(free) = device_free {
+            if budget > free {
+                return Err(EngineError::Config(format!(
+                    "a KV memory of {budget} bytes does not fit in the {free} bytes free on {device:?}; lower --kv-memory (e.g. 0.8 for 80% of free device memory)"
+                )));
+            }
+        }
         let num_blocks = if block_bytes == 0 {
             // No attention layers: blocks are bookkeeping only.
             cfg.max_running * context_length.div_ceil(bs)
@@ -86,6 +96,7 @@ impl EngineCache {
         }
         let checkpoint_budget = cfg.checkpoint_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let recurrent = spec.iter().any(|s| matches!(s, LayerCacheSpec::Recurrent { .. }));
+        let started = std::time::Instant::now();
         let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, cfg.kv_dtype, device)?);
         let draft = match draft_spec {
             Some(d) => {
@@ -99,6 +110,7 @@ impl EngineCache {
             block_tokens = bs,
             dtype = %cfg.kv_dtype,
             kv_mib = (num_blocks * block_bytes) >> 20,
+            alloc_ms = started.elapsed().as_millis() as u64,
             prefix_cache = cfg.prefix_cache,
             "paged KV cache"
         );

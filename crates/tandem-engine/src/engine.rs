@@ -297,11 +297,17 @@ impl EngineHandle {
         let eos_ids = tokenizer.eos_ids().to_vec();
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
+        let device = model.device().clone();
         let scheduler =
             Scheduler::new(model, draft_model, tokenizer.clone(), cfg.clone(), context_length, stats.clone())?;
         std::thread::Builder::new()
             .name("tandem-engine".into())
-            .spawn(move || scheduler.run(rx))
+            .spawn(move || {
+                // The thread frees device memory when it ends: the device's context must be
+                // current on it even if it never ran a step.
+                tandem_model::device::bind_thread(&device);
+                scheduler.run(rx)
+            })
             .map_err(EngineError::Thread)?;
         Ok(Self { inner: Arc::new(Inner { info, summary, tokenizer, template, tx, stats, eos_ids, spec_methods }) })
     }

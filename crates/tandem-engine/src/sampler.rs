@@ -89,6 +89,13 @@ impl Sampler {
         t == 0.0 || self.params.top_k == 1 || (1.0 / t).is_infinite()
     }
 
+    /// Whether picking a token needs nothing but the argmax of the raw logits (greedy, no
+    /// penalties): then a GPU engine picks it on the device and reads back one id.
+    pub fn argmax_only(&self) -> bool {
+        let p = &self.params;
+        self.is_greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
     /// A uniform draw in [0, 1) from this request's RNG (for speculative acceptance tests, so
     /// that a seeded request stays reproducible).
     pub fn uniform(&mut self) -> f64 {

@@ -445,6 +445,14 @@ impl Scheduler {
                 speculate::count(&self.stats, s.spec.usage.drafted_tokens - d0, s.spec.usage.accepted_tokens - a0);
                 continue;
             }
+            if !l.device().is_cpu() && s.argmax_only() {
+                // Greedy on a GPU: one id comes back instead of the whole vocabulary's logits.
+                match device_argmax(&l) {
+                    Ok(id) => s.on_argmax(id, &self.tokenizer, self.context_length),
+                    Err(err) => s.fail(&format!("reading the argmax failed: {err}")),
+                }
+                continue;
+            }
             let row = match l.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
                 Ok(v) => v,
                 Err(err) => {
@@ -467,4 +475,18 @@ impl Scheduler {
             self.running[e.seq].fail(msg);
         }
     }
+}
+
+/// The index of the largest logit of a `[1, vocab]` (or `[vocab]`) row, computed where the row
+/// lives. Ties go to the lowest index, like the host sampler's argmax.
+fn device_argmax(l: &candle_core::Tensor) -> candle_core::Result<u32> {
+    let row = l.flatten_all()?;
+    let max = row.max_keepdim(0)?;
+    // First index whose logit equals the maximum (candle's argmax does not promise which one).
+    let hits = row.broadcast_eq(&max)?.to_dtype(candle_core::DType::F32)?;
+    let n = row.dim(0)?;
+    let idx = candle_core::Tensor::arange(0f32, n as f32, row.device())?;
+    let big = (hits.ones_like()? - &hits)? * (n as f64);
+    let first = (idx + big)?.min(0)?;
+    Ok(first.to_scalar::<f32>()? as u32)
 }

@@ -184,6 +184,19 @@ impl Sequence {
         self.cache.commit_speculative(fed, keep).map_err(|e| e.to_string())
     }
 
+    /// Whether the next token can be picked from the device's argmax alone (no log-probs
+    /// asked for, greedy without penalties).
+    pub fn argmax_only(&self) -> bool {
+        !self.finished && self.logprobs.is_none() && self.sampler.argmax_only()
+    }
+
+    /// Takes a token the device picked (see [`Self::argmax_only`]) and applies the stop rules.
+    pub fn on_argmax(&mut self, id: u32, tok: &Tokenizer, context_length: usize) {
+        if !self.finished {
+            self.push_token(id, None, tok, context_length);
+        }
+    }
+
     /// Samples from the logits of the last fed position and applies the stop rules.
     pub fn on_logits(&mut self, mut logits: Vec<f32>, tok: &Tokenizer, context_length: usize) {
         if self.finished {

@@ -10,7 +10,10 @@ use candle_core::Device;
 use tandem_engine::*;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny").join(name)
+    match std::env::var_os("TANDEM_FIXTURES") {
+        Some(p) => PathBuf::from(p).join("tiny").join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny").join(name),
+    }
 }
 
 fn engine(name: &str, cfg: EngineConfig) -> EngineHandle {

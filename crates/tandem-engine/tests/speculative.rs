@@ -27,7 +27,7 @@ fn spec_cfg(method: SpecMethod, k: usize) -> EngineConfig {
 }
 
 fn spec_engine(path: &str, method: SpecMethod, draft: Option<&str>, k: usize) -> EngineHandle {
-    let dev = candle_core::Device::Cpu;
+    let dev = tandem_model::device::default_device().expect("device");
     let target = tandem_model::loader::load(&fixture(path), &dev).expect("target");
     let draft = draft.map(|d| tandem_model::loader::load(&fixture(d), &dev).expect("draft"));
     EngineHandle::start_with_draft(target, draft, spec_cfg(method, k)).expect("engine")
@@ -187,7 +187,7 @@ fn unavailable_methods_are_refused() {
         ..greedy(prompt("tiny/llama"), 4)
     };
     assert!(matches!(e.submit(req), Err(SubmitError::InvalidParam(m)) if m.contains("mtp")));
-    let dev = candle_core::Device::Cpu;
+    let dev = tandem_model::device::default_device().expect("device");
     let target = tandem_model::loader::load(&fixture("tiny/llama"), &dev).unwrap();
     assert!(EngineHandle::start_with_draft(target, None, spec_cfg(SpecMethod::Draft, 4)).is_err());
     let target = tandem_model::loader::load(&fixture("tiny/llama"), &dev).unwrap();
@@ -205,7 +205,7 @@ fn unavailable_methods_are_refused() {
 #[test]
 fn adaptive_draft_length_backs_off_when_drafts_fail() {
     let path = "tiny/llama";
-    let dev = candle_core::Device::Cpu;
+    let dev = tandem_model::device::default_device().expect("device");
     let target = tandem_model::loader::load(&fixture(path), &dev).unwrap();
     let draft = tandem_model::loader::load(&fixture("tiny/qwen2"), &dev).unwrap();
     let mut cfg = spec_cfg(SpecMethod::Draft, 4);
@@ -256,7 +256,7 @@ fn mtp_requests_resume_only_where_the_head_kv_is_written() {
 #[test]
 fn a_draft_model_limited_to_the_first_ids_is_still_lossless() {
     let path = "tiny/llama";
-    let dev = candle_core::Device::Cpu;
+    let dev = tandem_model::device::default_device().expect("device");
     let target = tandem_model::loader::load(&fixture(path), &dev).unwrap();
     let draft = tandem_model::loader::load(&fixture(path), &dev).unwrap();
     let mut cfg = spec_cfg(SpecMethod::Draft, 4);

@@ -52,22 +52,76 @@ impl LayerCacheSpec {
     }
 }
 
-/// The state of one recurrent layer of one sequence at one position (f32).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecurrentState {
-    /// `[conv_kernel - 1, conv_channels]`, oldest input first.
-    pub conv: Vec<f32>,
-    /// `[state_heads, key_dim, value_dim]`.
-    pub ssm: Vec<f32>,
+/// The state of one recurrent layer of one sequence at one position (f32), on the host (CPU
+/// models: the slice kernels update it in place) or on the model's device (GPU models: the
+/// device kernels return a new state and never write into one, so a clone, a snapshot or a
+/// checkpoint shares the tensors safely and costs nothing).
+#[derive(Debug, Clone)]
+pub enum RecurrentState {
+    Host {
+        /// `[conv_kernel - 1, conv_channels]`, oldest input first.
+        conv: Vec<f32>,
+        /// `[state_heads, key_dim, value_dim]`.
+        ssm: Vec<f32>,
+    },
+    Device {
+        /// `[conv_kernel - 1, conv_channels]` f32.
+        conv: Tensor,
+        /// `[state_heads, key_dim, value_dim]` f32.
+        ssm: Tensor,
+    },
 }
 
 impl RecurrentState {
+    /// A zero state on `device` (host vectors on the CPU).
+    pub fn zeros_on(conv_channels: usize, conv_kernel: usize, state_len: usize, device: &Device) -> Result<Self> {
+        if device.is_cpu() {
+            return Ok(Self::zeros(conv_channels, conv_kernel, state_len));
+        }
+        Ok(Self::Device {
+            conv: Tensor::zeros((conv_kernel.saturating_sub(1), conv_channels), DType::F32, device)?,
+            ssm: Tensor::zeros(state_len, DType::F32, device)?,
+        })
+    }
+
+    /// A zero host state.
     pub fn zeros(conv_channels: usize, conv_kernel: usize, state_len: usize) -> Self {
-        Self { conv: vec![0.0; conv_channels * conv_kernel.saturating_sub(1)], ssm: vec![0.0; state_len] }
+        Self::Host { conv: vec![0.0; conv_channels * conv_kernel.saturating_sub(1)], ssm: vec![0.0; state_len] }
     }
 
     pub fn bytes(&self) -> usize {
-        4 * (self.conv.len() + self.ssm.len())
+        match self {
+            Self::Host { conv, ssm } => 4 * (conv.len() + ssm.len()),
+            Self::Device { conv, ssm } => 4 * (conv.elem_count() + ssm.elem_count()),
+        }
+    }
+
+    /// The conv state as host values (a device copy for device states).
+    pub fn conv_values(&self) -> Result<Vec<f32>> {
+        match self {
+            Self::Host { conv, .. } => Ok(conv.clone()),
+            Self::Device { conv, .. } => Ok(conv.flatten_all()?.to_vec1::<f32>()?),
+        }
+    }
+
+    /// The SSM state as host values (a device copy for device states).
+    pub fn ssm_values(&self) -> Result<Vec<f32>> {
+        match self {
+            Self::Host { ssm, .. } => Ok(ssm.clone()),
+            Self::Device { ssm, .. } => Ok(ssm.flatten_all()?.to_vec1::<f32>()?),
+        }
+    }
+}
+
+impl PartialEq for RecurrentState {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Host { conv: a, ssm: b }, Self::Host { conv: c, ssm: d }) => a == c && b == d,
+            _ => match (self.conv_values(), self.ssm_values(), other.conv_values(), other.ssm_values()) {
+                (Ok(a), Ok(b), Ok(c), Ok(d)) => a == c && b == d,
+                _ => false,
+            },
+        }
     }
 }
 
@@ -166,10 +220,13 @@ pub struct SequenceCache {
 struct PagedSeq {
     store: Arc<PagedKvStore>,
     blocks: Vec<u32>,
+    /// GPU pools: the same table on the device, uploaded once per change of the table.
+    device_table: Option<Tensor>,
 }
 
 impl SequenceCache {
-    pub fn new(spec: &[LayerCacheSpec], _device: &Device) -> Self {
+    /// A contiguous cache; recurrent state lives on `device`.
+    pub fn new(spec: &[LayerCacheSpec], device: &Device) -> Self {
         let layers = spec
             .iter()
             .map(|s| match s {
@@ -182,7 +239,11 @@ impl SequenceCache {
             .map(|s| match s {
                 LayerCacheSpec::Attention { .. } => None,
                 LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim } => {
-                    Some(RecurrentState::zeros(*conv_channels, *conv_kernel, state_heads * key_dim * value_dim))
+                    let len = state_heads * key_dim * value_dim;
+                    Some(
+                        RecurrentState::zeros_on(*conv_channels, *conv_kernel, len, device)
+                            .unwrap_or_else(|_| RecurrentState::zeros(*conv_channels, *conv_kernel, len)),
+                    )
                 }
             })
             .collect();
@@ -192,8 +253,8 @@ impl SequenceCache {
     /// A cache whose attention KV lives in `store`'s blocks; the owner keeps the block table
     /// current with [`Self::set_block_table`] before each forward pass.
     pub fn new_paged(spec: &[LayerCacheSpec], store: Arc<PagedKvStore>) -> Self {
-        let mut c = Self::new(spec, &Device::Cpu);
-        c.paged = Some(PagedSeq { store, blocks: Vec::new() });
+        let mut c = Self::new(spec, store.device());
+        c.paged = Some(PagedSeq { store, blocks: Vec::new(), device_table: None });
         c
     }
 
@@ -202,10 +263,21 @@ impl SequenceCache {
     }
 
     /// Paged mode: the blocks holding this sequence's positions, in order.
+    ///
+    /// On a GPU the table is also uploaded (once per change, not per layer: an upload from
+    /// pageable host memory stalls the device's queue).
     pub fn set_block_table(&mut self, blocks: &[u32]) {
         if let Some(p) = &mut self.paged {
+            if p.blocks == blocks && (p.device_table.is_some() || p.store.device().is_cpu()) {
+                return;
+            }
             p.blocks.clear();
             p.blocks.extend_from_slice(blocks);
+            p.device_table = None;
+            let dev = p.store.device();
+            if !dev.is_cpu() && !blocks.is_empty() {
+                p.device_table = Tensor::from_slice(blocks, blocks.len(), dev).ok();
+            }
         }
     }
 
@@ -217,7 +289,10 @@ impl SequenceCache {
     pub fn layer_kv(&mut self, li: usize) -> Result<LayerKv<'_>> {
         let past = self.pos;
         match &self.paged {
-            Some(p) => Ok(LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past }),
+            Some(p) => Ok(match &p.device_table {
+                Some(table) => LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks: &p.blocks, table, past },
+                None => LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past },
+            }),
             None => self
                 .layers
                 .get_mut(li)
@@ -236,7 +311,12 @@ impl SequenceCache {
                 if past > p.blocks.len() * bs {
                     return Err(ModelError::Input(format!("layer {li}: position {past} is past the block table")));
                 }
-                Ok(LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past })
+                Ok(match &p.device_table {
+                    Some(table) => {
+                        LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks: &p.blocks, table, past }
+                    }
+                    None => LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past },
+                })
             }
             None => {
                 let buf = self
@@ -343,8 +423,15 @@ impl SequenceCache {
         }
         for (slot, lane) in self.recurrent.iter_mut().zip(lanes) {
             if let Some(state) = slot {
-                *state =
-                    lane.get(keep - 1).cloned().ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
+                let kept = lane.get(keep - 1).ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
+                *state = match kept {
+                    RecurrentState::Host { .. } => kept.clone(),
+                    // Lanes are views of one buffer per layer: keep a copy of the chosen one,
+                    // not the whole buffer.
+                    RecurrentState::Device { conv, ssm } => {
+                        RecurrentState::Device { conv: conv.copy()?, ssm: ssm.copy()? }
+                    }
+                };
             }
         }
         let len = self.pos - t + keep;

@@ -14,6 +14,7 @@ pub mod batch;
 pub mod catalogue;
 pub mod chat_template;
 pub mod config;
+pub mod conformance;
 pub mod device;
 pub mod error;
 pub mod kv;

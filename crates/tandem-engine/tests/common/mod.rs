@@ -15,7 +15,16 @@ pub const BS: usize = 16;
 
 /// `tiny/llama`, `hybrid/qwen3_5`, ...
 pub fn fixture(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(path)
+    fixtures_root().join(path)
+}
+
+/// The repository's `fixtures/`, or `TANDEM_FIXTURES` (the device suite runs on a machine
+/// where the checkout lives elsewhere).
+pub fn fixtures_root() -> PathBuf {
+    match std::env::var_os("TANDEM_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
+    }
 }
 
 pub fn is_hybrid(path: &str) -> bool {

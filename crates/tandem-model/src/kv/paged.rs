@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::{ModelError, Result};
 use crate::kv::{KvBuffer, KvDtype, LayerCacheSpec};
 use crate::ops::attention::causal_attention;
-use crate::ops::paged_attention::{gather_kv, paged_attention, PagedKv};
+use crate::ops::paged_attention::{gather_kv, paged_attention_with_table, PagedKv};
 
 /// Largest score matrix (bytes) attention may materialise for one layer and chunk.
 pub const MATERIALISE_LIMIT: usize = 64 << 20;
@@ -43,6 +43,7 @@ pub struct PagedKvStore {
     num_blocks: usize,
     dtype: KvDtype,
     layers: Vec<Option<PoolLayer>>,
+    device: Device,
 }
 
 impl std::fmt::Debug for PagedKvStore {
@@ -70,9 +71,9 @@ impl PagedKvStore {
         if block_size == 0 {
             return Err(ModelError::Input("KV block size must be positive".into()));
         }
-        if dtype.is_quantized() && !device.is_cpu() {
+        if dtype.is_quantized() && !(device.is_cpu() || (cfg!(feature = "cuda") && device.is_cuda())) {
             return Err(ModelError::Input(format!(
-                "a {dtype} KV cache runs on the CPU only for now; use --kv-cache-dtype f16 on {device:?}"
+                "a {dtype} KV cache runs on the CPU and CUDA only for now; use --kv-cache-dtype f16 on {device:?}"
             )));
         }
         let layers = spec
@@ -90,7 +91,7 @@ impl PagedKvStore {
                 LayerCacheSpec::Recurrent { .. } => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { block_size, num_blocks, dtype, layers })
+        Ok(Self { block_size, num_blocks, dtype, layers, device: device.clone() })
     }
 
     /// Bytes one block takes over all attention layers of `spec` in format `dtype`.
@@ -100,6 +101,11 @@ impl PagedKvStore {
 
     pub fn dtype(&self) -> KvDtype {
         self.dtype
+    }
+
+    /// Where the pools live (and where sequences keep their recurrent state).
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     fn paged<'a>(&self, blocks: &'a [u32]) -> PagedKv<'a> {
@@ -114,6 +120,15 @@ impl PagedKvStore {
             return Ok(rows.to_dtype(self.dtype.storage_dtype())?.contiguous()?);
         }
         let (t, kv_heads, hd) = rows.dims3()?;
+        // q8_0 rows are encoded on the GPU; q4_0 rows still go through the host encoder there
+        // (the device encoder's bytes differed from the CPU's in check-device; until that is
+        // found, exactness first).
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() && self.dtype == KvDtype::Q8_0 {
+            let flat = rows.contiguous()?.reshape((t * kv_heads, hd))?;
+            let enc = crate::ops::paged_attention::cuda::encode_rows(&flat, self.dtype)?;
+            return Ok(enc.reshape((t, kv_heads, self.dtype.row_elems(hd)))?);
+        }
         let values = rows.to_dtype(DType::F32)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let bytes = self.dtype.quantize_rows(&values, hd)?;
         Ok(Tensor::from_vec(bytes, (t, kv_heads, self.dtype.row_elems(hd)), x.device())?)
@@ -194,15 +209,31 @@ impl PagedKvStore {
     /// tiled online-softmax kernel, so memory never grows with the square of the length.
     /// `TANDEM_ATTENTION=tiled` forces the kernel.
     pub fn attend(&self, li: usize, blocks: &[u32], past: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
+        self.attend_with_table(li, blocks, None, past, q, scale)
+    }
+
+    /// [`Self::attend`] with the block table also on the pools' device (see
+    /// [`SequenceCache::set_block_table`](crate::kv::SequenceCache::set_block_table)). On CUDA the
+    /// quantised formats always take the kernel (gathering them would decode on the host).
+    pub fn attend_with_table(
+        &self,
+        li: usize,
+        blocks: &[u32],
+        device_table: Option<&Tensor>,
+        past: usize,
+        q: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor> {
         let l = self.layer(li)?;
         let kv = self.paged(blocks);
         let (n_heads, t, _) = q.dims3()?;
         let len = past + t;
-        if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() {
+        let kernel_only = self.dtype.is_quantized() && self.device.is_cuda();
+        if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() && !kernel_only {
             let (k, v) = (gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?);
             return causal_attention(&q.contiguous()?, &k, &v, scale);
         }
-        paged_attention(q, &l.k, &l.v, kv, past, scale)
+        paged_attention_with_table(q, &l.k, &l.v, kv, device_table, past, scale)
     }
 
     /// Positions `0..len` of layer `li` as contiguous f32 `[kv_heads, len, head_dim]` K and V
@@ -220,6 +251,8 @@ pub enum LayerKv<'a> {
     Contiguous(&'a mut KvBuffer),
     /// Blocks of a shared pool; `past` positions are already written.
     Paged { store: &'a PagedKvStore, layer: usize, blocks: &'a [u32], past: usize },
+    /// Paged, with the block table also uploaded to the pools' device for this step.
+    PagedOnDevice { store: &'a PagedKvStore, layer: usize, blocks: &'a [u32], table: &'a Tensor, past: usize },
 }
 
 impl LayerKv<'_> {
@@ -234,6 +267,10 @@ impl LayerKv<'_> {
             LayerKv::Paged { store, layer, blocks, past } => {
                 store.write(*layer, blocks, *past, k_new, v_new)?;
                 store.attend(*layer, blocks, *past, q, scale)
+            }
+            LayerKv::PagedOnDevice { store, layer, blocks, table, past } => {
+                store.write(*layer, blocks, *past, k_new, v_new)?;
+                store.attend_with_table(*layer, blocks, Some(table), *past, q, scale)
             }
         }
     }

@@ -183,6 +183,20 @@ pub struct LoadedModel {
 
 /// Loads a GGUF file or a Hugging Face directory (config.json + safetensors + tokenizer.json).
 pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
+    let free_before = crate::device::memory_info(device);
+    load_any(path, device).map_err(|e| match free_before {
+        // A GPU that runs out of memory while loading: say so, and what to change.
+        Some((free, _)) if e.to_string().contains("OUT_OF_MEMORY") => ModelError::Input(format!(
+            "{} does not fit in the {:.1} GiB free on the GPU ({e}); use a smaller or more quantised model, \
+             free the GPU, or run it with --device cpu",
+            path.display(),
+            free as f64 / (1u64 << 30) as f64
+        )),
+        _ => e,
+    })
+}
+
+fn load_any(path: &Path, device: &Device) -> Result<LoadedModel> {
     if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::load_hf_dir(path, device)
     } else if path.is_dir() {

@@ -2,6 +2,8 @@
 //! tiled version exists.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_util;
 pub mod gdn;
 pub mod paged_attention;
 pub mod quant;

@@ -15,8 +15,10 @@
 //! work item to f32 once and shares them across the item's query rows (`format`), so the
 //! format changes the values attention sees, never its arithmetic.
 //!
-//! Other devices gather the sequence's KV into contiguous tensors and run the plain
-//! [`causal_attention`], which is also the reference the tests compare the kernel against.
+//! On CUDA a kernel of the same design runs ([`cuda`]: one thread block per query row and
+//! head, row-invariant); other devices gather the sequence's KV into contiguous tensors and
+//! run the plain [`causal_attention`] (the portable path), which is also the reference the
+//! tests compare the kernels against.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
@@ -82,6 +84,20 @@ pub fn paged_attention(
     past: usize,
     scale: f64,
 ) -> Result<Tensor> {
+    paged_attention_with_table(q, k_pool, v_pool, kv, None, past, scale)
+}
+
+/// [`paged_attention`] with the block table already on the pools' device (`device_table`, the
+/// same ids as `kv.blocks`; GPU kernels read it there instead of uploading it per call).
+pub fn paged_attention_with_table(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    kv: PagedKv<'_>,
+    device_table: Option<&Tensor>,
+    past: usize,
+    scale: f64,
+) -> Result<Tensor> {
     let (n_heads, t, hd) = q.dims3()?;
     let (rows, n_kv, elems) = k_pool.dims3()?;
     if elems != kv.dtype.row_elems(hd)
@@ -111,7 +127,14 @@ pub fn paged_attention(
             kv.blocks.len()
         )));
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device_table;
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() && cuda::supports(kv.dtype, hd) {
+        return cuda::paged_attention(q, k_pool, v_pool, kv, device_table, past, scale);
+    }
     if !q.device().is_cpu() {
+        // The portable path: any device, any format (gathered and decoded), materialised.
         let k = gather_kv(k_pool, kv, len, hd)?;
         let v = gather_kv(v_pool, kv, len, hd)?;
         return causal_attention(&q.contiguous()?, &k, &v, scale);
@@ -189,6 +212,8 @@ impl CustomOp3 for PagedAttentionOp {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod format;
 mod kernel;
 #[cfg(test)]

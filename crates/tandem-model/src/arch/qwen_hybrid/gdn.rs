@@ -20,8 +20,8 @@ use crate::error::{ModelError, Result};
 use crate::kv::RecurrentState;
 use crate::loader::{Linear, WeightSource};
 use crate::ops::gdn::{
-    causal_conv_silu, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states, gated_rms_norm,
-    l2_normalize, GdnDims,
+    causal_conv_silu, device as gdn_dev, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states,
+    gated_rms_norm, l2_normalize, portable, GdnDims,
 };
 
 use super::config::HybridConfig;
@@ -78,6 +78,16 @@ pub struct GdnLayer {
     channels: usize,
     kernel: usize,
     eps: f32,
+    /// The small per-layer tensors on the model's device (GPU models).
+    dev: Option<DeviceParams>,
+}
+
+/// `conv_w [ch, K]`, `neg_a`, `dt_bias [nv]`, `norm_w [dv]` as f32 device tensors.
+struct DeviceParams {
+    conv_w: Tensor,
+    neg_a: Tensor,
+    dt_bias: Tensor,
+    norm_w: Tensor,
 }
 
 fn vec_of(t: &Tensor) -> Result<Vec<f32>> {
@@ -189,7 +199,18 @@ impl GdnLayer {
                     .copy_from_slice(&stored_conv[v0 + t * dv * kc..v0 + (t + 1) * dv * kc]);
             }
         }
+        let dev_params = if dev.is_cpu() {
+            None
+        } else {
+            Some(DeviceParams {
+                conv_w: Tensor::from_slice(&conv_w, (channels, cfg.conv_kernel), dev)?,
+                neg_a: Tensor::from_slice(&neg_a, nv, dev)?,
+                dt_bias: Tensor::from_slice(&dt_bias, nv, dev)?,
+                norm_w: Tensor::from_slice(&norm_w, dv, dev)?,
+            })
+        };
         Ok(Self {
+            dev: dev_params,
             qkv,
             z,
             b,
@@ -213,6 +234,11 @@ impl GdnLayer {
 
     /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
     pub fn forward(&self, h: &Tensor, parts: &mut [GdnPart<'_>]) -> Result<Tensor> {
+        if let Some(p) = &self.dev {
+            if !h.device().is_cpu() {
+                return self.forward_device(h, parts, p);
+            }
+        }
         let GdnDims { nk, nv, dk, dv } = self.dims;
         let (ch, kd) = (self.channels, nk * dk);
         let qkv = vec_of(&self.qkv.forward(h)?)?;
@@ -227,22 +253,22 @@ impl GdnLayer {
             let t = part.len;
             let x = &qkv[off * ch..(off + t) * ch];
             let mut conv_states = Vec::new();
+            if let RecurrentState::Device { .. } = part.state {
+                *part.state = RecurrentState::Host { conv: part.state.conv_values()?, ssm: part.state.ssm_values()? };
+            }
+            let RecurrentState::Host { conv: conv_state, .. } = &mut *part.state else {
+                return Err(ModelError::Input("GDN state is not on the host".into()));
+            };
             let u = if part.lane.is_some() {
                 // Verify mode: one token at a time so every position's conv state is kept.
                 let mut u = Vec::with_capacity(t * ch);
                 for i in 0..t {
-                    u.extend(causal_conv_silu(
-                        &x[i * ch..(i + 1) * ch],
-                        &mut part.state.conv,
-                        &self.conv_w,
-                        ch,
-                        self.kernel,
-                    ));
-                    conv_states.push(part.state.conv.clone());
+                    u.extend(causal_conv_silu(&x[i * ch..(i + 1) * ch], conv_state, &self.conv_w, ch, self.kernel));
+                    conv_states.push(conv_state.clone());
                 }
                 u
             } else {
-                causal_conv_silu(x, &mut part.state.conv, &self.conv_w, ch, self.kernel)
+                causal_conv_silu(x, conv_state, &self.conv_w, ch, self.kernel)
             };
             let (mut q, mut k, mut v) =
                 (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * nv * dv));
@@ -265,12 +291,14 @@ impl GdnLayer {
                     g.push(self.neg_a[hh] * softplus);
                 }
             }
-            let ssm = &mut part.state.ssm;
+            let RecurrentState::Host { ssm, .. } = &mut *part.state else {
+                return Err(ModelError::Input("a CPU GDN layer got device state".into()));
+            };
             let mut o = match &mut part.lane {
                 Some(lane) => {
                     let (o, states) = gated_delta_recurrent_states(&q, &k, &v, &beta, &g, ssm, self.dims);
                     for (conv, ssm) in conv_states.into_iter().zip(states) {
-                        lane.push(RecurrentState { conv, ssm });
+                        lane.push(RecurrentState::Host { conv, ssm });
                     }
                     o
                 }
@@ -282,6 +310,57 @@ impl GdnLayer {
             off += t;
         }
         let mut y = Tensor::from_vec(y, (total, nv * dv), h.device())?;
+        if let Some(cols) = &self.out_cols {
+            y = y.index_select(cols, 1)?;
+        }
+        self.out.forward(&y)
+    }
+
+    /// The same layer with state and arithmetic on the model's device: the GDN ops of
+    /// [`gdn_dev`] per sequence, norms and gates in tensor ops, no host round trip.
+    fn forward_device(&self, h: &Tensor, parts: &mut [GdnPart<'_>], p: &DeviceParams) -> Result<Tensor> {
+        let d = self.dims;
+        let GdnDims { nk, nv, dk, dv } = d;
+        let kd = nk * dk;
+        let dev = h.device();
+        let qkv = self.qkv.forward(h)?.to_dtype(candle_core::DType::F32)?;
+        let z = self.z.forward(h)?.to_dtype(candle_core::DType::F32)?;
+        let b = self.b.forward(h)?.to_dtype(candle_core::DType::F32)?;
+        let a = self.a.forward(h)?.to_dtype(candle_core::DType::F32)?;
+        let scale = (dk as f64).powf(-0.5);
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut off = 0;
+        for part in parts.iter_mut() {
+            let t = part.len;
+            let (conv, ssm) = match &*part.state {
+                RecurrentState::Device { conv, ssm } => (conv.clone(), ssm.clone()),
+                RecurrentState::Host { conv, ssm } => (
+                    Tensor::from_slice(conv, (self.kernel - 1, self.channels), dev)?,
+                    Tensor::from_slice(ssm, ssm.len(), dev)?,
+                ),
+            };
+            let lanes = part.lane.is_some();
+            let x = qkv.narrow(0, off, t)?;
+            let (u, conv_next, conv_lanes) = gdn_dev::conv_silu(&x, &conv, &p.conv_w, lanes)?;
+            let q = portable::l2_normalize(&u.narrow(1, 0, kd)?.reshape((t, nk, dk))?, 1e-6)?;
+            let q = (q * scale)?;
+            let k = portable::l2_normalize(&u.narrow(1, kd, kd)?.reshape((t, nk, dk))?, 1e-6)?;
+            let v = u.narrow(1, 2 * kd, nv * dv)?.reshape((t, nv, dv))?;
+            let beta = candle_nn::ops::sigmoid(&b.narrow(0, off, t)?.contiguous()?)?;
+            let g = portable::softplus(&a.narrow(0, off, t)?.broadcast_add(&p.dt_bias)?)?.broadcast_mul(&p.neg_a)?;
+            let (o, ssm_next, ssm_lanes) = gdn_dev::delta_rule(&q, &k, &v, &beta, &g, &ssm, d, lanes)?;
+            let zc = z.narrow(0, off, t)?.reshape((t, nv, dv))?;
+            let o = portable::gated_rms_norm(&o, &zc, &p.norm_w, self.eps as f64)?;
+            outs.push(o.reshape((t, nv * dv))?);
+            *part.state = RecurrentState::Device { conv: conv_next, ssm: ssm_next.flatten_all()? };
+            if let (Some(lane), Some(cl), Some(sl)) = (&mut part.lane, conv_lanes, ssm_lanes) {
+                for i in 0..t {
+                    lane.push(RecurrentState::Device { conv: cl.get(i)?, ssm: sl.get(i)?.flatten_all()? });
+                }
+            }
+            off += t;
+        }
+        let mut y = Tensor::cat(&outs, 0)?;
         if let Some(cols) = &self.out_cols {
             y = y.index_select(cols, 1)?;
         }

@@ -7,10 +7,18 @@
 //! dk^-1/2, k L2-normalised), v `[t, nv, dv]`, β and g `[t, nv]` (g is the log decay, ≤ 0), the
 //! state `[nv, dk, dv]` (f32), output `[t, nv, dv]`. V-head h reads q/k head `h / (nv / nk)`.
 //! Maths: `docs/qwen-hybrid-architecture.md` §4 of the shared brief.
+//!
+//! Models on a GPU keep their state on the device and run the same ops on tensors
+//! ([`device`]: CUDA kernels in [`cuda`], plain candle ops in [`portable`] elsewhere), each
+//! tested against these slice kernels.
 
 pub mod chunked;
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod device;
 pub mod norm;
+pub mod portable;
 pub mod recurrent;
 
 pub use chunked::{gated_delta_chunked, CHUNK};

@@ -77,6 +77,7 @@ impl DenseKernel {
 /// Columns per register tile (every kernel; the last tile of a range repeats its last column).
 const COLS: usize = 6;
 /// Activation bytes per block of rows: kept in L2 while every column of a task passes over it.
+#[cfg(target_arch = "x86_64")]
 const ROW_BLOCK_BYTES: usize = 512 * 1024;
 
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with the best kernel, columns split over candle's barrier

@@ -22,6 +22,8 @@ pub mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod blocks;
+#[cfg(feature = "cuda")]
+pub mod cuda_dense;
 pub mod dense;
 pub mod matrix;
 mod op;

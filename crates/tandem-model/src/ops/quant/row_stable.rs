@@ -26,8 +26,12 @@
 //! for every `m` including decode's 1, to [`super::dense`], whose every element is one dot
 //! product in a fixed order: candle's f32 matmul (`gemm`) sums a single row differently from
 //! several. `TANDEM_DENSE_KERNEL=candle` sends them back to candle (for speed comparisons; not
-//! row-invariant). Other devices and dtypes, and `QMatMul::TensorF16` (only made when
-//! `CANDLE_DEQUANTIZE_ALL_F16` is set), stay on candle's path, not row-invariant.
+//! row-invariant). On CUDA, dense f32/f16/bf16 weights go to [`super::cuda_dense`] (one fixed
+//! order per element, every call size) for the same reason: cuBLAS picks algorithms by shape.
+//! Quantised weights on CUDA stay on candle's kernels (its vector kernel for up to 8 rows, its
+//! tiled kernel beyond: `tandem check-device` measures which calls agree). Other devices and
+//! dtypes, and `QMatMul::TensorF16` (only made when `CANDLE_DEQUANTIZE_ALL_F16` is set), stay
+//! on candle's path, not row-invariant.
 //!
 //! The price: multi-row Q6K calls (prefill, verify chunks) lose candle's repacked VNNI tiles,
 //! about 2-2.5× slower on those matrices (about 15% of a Q4_K_M model's prefill); decode is
@@ -39,6 +43,12 @@ use candle_core::{DType, Device, Module, Result, Storage, Tensor};
 
 /// `x · Wᵀ` for `x` `[..., k]`, row-invariant (see the module docs).
 pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let QMatMul::Tensor(t) = w {
+        if super::cuda_dense::supports(t, x) && dense_enabled() {
+            return super::cuda_dense::forward(t, x).map_err(|e| candle_core::Error::Msg(e.to_string()));
+        }
+    }
     if let QMatMul::Tensor(t) = w {
         if t.device().is_cpu()
             && x.device().is_cpu()

@@ -1,0 +1,18 @@
+//! The engine's invariant suites in one test binary, for devices this machine's CI has not:
+//! `make test-cuda` builds it with `--features cuda`, and on a GPU machine it runs with
+//! `TANDEM_DEVICE=cuda` so every engine the suites start (`EngineHandle::load`, the loaders in
+//! `speculative.rs`) runs on the GPU: cache transparency with hybrid checkpoints, chunk
+//! equivalence, batch invariance, lossless speculation (ngram, draft, MTP; prefix hits,
+//! batches of 8), no leaks after cancellations, KV formats. The same files run one by one on
+//! the CPU in `cargo test`.
+
+#[path = "engine.rs"]
+mod engine;
+#[path = "kv_dtype.rs"]
+mod kv_dtype;
+#[path = "memory.rs"]
+mod memory;
+#[path = "prefix_cache.rs"]
+mod prefix_cache;
+#[path = "speculative.rs"]
+mod speculative;

@@ -1,0 +1,37 @@
+//! With the `cuda` feature: compiles every `cuda/*.cu` to PTX in OUT_DIR with nvcc, for the
+//! compute capability in `CUDA_COMPUTE_CAP` (default 90). Without it: nothing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=cuda");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let mut sources: Vec<PathBuf> = std::fs::read_dir("cuda")
+        .expect("cuda/ folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    sources.sort();
+    for src in sources {
+        println!("cargo:rerun-if-changed={}", src.display());
+        let stem = src.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
+        let ptx = out.join(format!("{stem}.ptx"));
+        let status = Command::new(&nvcc)
+            .args(["--ptx", "-O3", "-std=c++17", "-Icuda"])
+            .arg(format!("-arch=compute_{cap}"))
+            .arg("-o")
+            .arg(&ptx)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {nvcc} (set NVCC or put nvcc on PATH): {e}"));
+        assert!(status.success(), "nvcc failed on {}", src.display());
+    }
+}

@@ -1,0 +1,123 @@
+// Gated DeltaNet kernels with explicit state (one sequence per launch).
+//
+// gdn_conv_silu: causal depthwise conv + SiLU. x [t, ch], state_in [K-1, ch] (oldest first),
+//   w [ch, K]; y [t, ch], state_out [K-1, ch]; lanes (when non-null) [t, K-1, ch]: the conv
+//   state after each position (speculative verify). One thread per channel, the window in
+//   registers, products summed in tap order like the CPU kernel.
+// gdn_delta: the gated delta rule token by token. q, k [t, nk, dk] (q normalised and scaled),
+//   v [t, nv, dv], beta, g [t, nv], state_in [nv, dk, dv]; o [t, nv, dv], state_out; lanes
+//   (when non-null) [t, nv, dk, dv]. Per v-head h (k-head h / (nv / nk)):
+//   S <- e^g S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
+//   One thread per value column j holds S[:, j] in registers; q and k of the step are staged
+//   in shared memory. Sums run over i in order, like the CPU kernel.
+#include "common.cuh"
+
+#define MAXK 8
+
+extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restrict__ state_out,
+                                         float* __restrict__ lanes, const float* __restrict__ x,
+                                         const float* __restrict__ state_in, const float* __restrict__ w, int t,
+                                         int ch, int K) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    const int hist = K - 1;
+    float win[MAXK], wc[MAXK];
+#pragma unroll
+    for (int j = 0; j < MAXK; j++) {
+        win[j] = (j < hist) ? state_in[(size_t)j * ch + c] : 0.f;
+        wc[j] = (j < K) ? w[(size_t)c * K + j] : 0.f;
+    }
+    for (int i = 0; i < t; i++) {
+        // window = the K - 1 previous inputs, then x_i
+        float xi = x[(size_t)i * ch + c];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAXK; j++) {
+            if (j < hist) acc += wc[j] * win[j];
+        }
+        acc += wc[hist] * xi;
+        // the CPU kernel adds taps in order j = 0 .. K-1 starting from 0: same order as above
+        y[(size_t)i * ch + c] = silu_f(acc);
+#pragma unroll
+        for (int j = 0; j < MAXK - 1; j++) {
+            if (j < hist - 1) win[j] = win[j + 1];
+        }
+        if (hist > 0) win[hist - 1] = xi;
+        if (lanes) {
+            for (int j = 0; j < hist; j++) lanes[((size_t)i * hist + j) * ch + c] = win[j];
+        }
+    }
+    for (int j = 0; j < hist; j++) state_out[(size_t)j * ch + c] = win[j];
+}
+
+template <int MAXDK>
+__device__ void delta_rule(float* __restrict__ o, float* __restrict__ state_out, float* __restrict__ lanes,
+                           const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ beta, const float* __restrict__ g,
+                           const float* __restrict__ state_in, int t, int nk, int nv, int dk, int dv) {
+    const int h = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    const int kh = h / (nv / nk);
+    extern __shared__ float sh[];  // q then k of the current step, dk each
+    float s[MAXDK];
+    const size_t sbase = (size_t)h * dk * dv;
+#pragma unroll
+    for (int i = 0; i < MAXDK; i++) s[i] = (i < dk && j < dv) ? state_in[sbase + (size_t)i * dv + j] : 0.f;
+    for (int ti = 0; ti < t; ti++) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            sh[i] = q[((size_t)ti * nk + kh) * dk + i];
+            sh[dk + i] = k[((size_t)ti * nk + kh) * dk + i];
+        }
+        __syncthreads();
+        if (j < dv) {
+            const float decay = expf(g[(size_t)ti * nv + h]);
+            const float b = beta[(size_t)ti * nv + h];
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) s[i] *= decay;
+            }
+            // CPU: delta = v; delta -= s_i k_i for i in order; delta *= beta
+            float delta = v[((size_t)ti * nv + h) * dv + j];
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) delta -= s[i] * sh[dk + i];
+            }
+            delta *= b;
+            float out = 0.f;
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) {
+                    s[i] += sh[dk + i] * delta;
+                    out += s[i] * sh[i];
+                }
+            }
+            o[((size_t)ti * nv + h) * dv + j] = out;
+            if (lanes) {
+                float* lp = lanes + (size_t)ti * nv * dk * dv + sbase + j;
+#pragma unroll
+                for (int i = 0; i < MAXDK; i++) {
+                    if (i < dk) lp[(size_t)i * dv] = s[i];
+                }
+            }
+        }
+    }
+    if (j < dv) {
+#pragma unroll
+        for (int i = 0; i < MAXDK; i++) {
+            if (i < dk) state_out[sbase + (size_t)i * dv + j] = s[i];
+        }
+    }
+}
+
+#define DELTA(name, MAXDK)                                                                                     \
+    extern "C" __global__ void name(float* o, float* state_out, float* lanes, const float* q, const float* k,  \
+                                    const float* v, const float* beta, const float* g, const float* state_in,  \
+                                    int t, int nk, int nv, int dk, int dv) {                                   \
+        delta_rule<MAXDK>(o, state_out, lanes, q, k, v, beta, g, state_in, t, nk, nv, dk, dv);                 \
+    }
+
+DELTA(gdn_delta_32, 32)
+DELTA(gdn_delta_64, 64)
+DELTA(gdn_delta_128, 128)
+DELTA(gdn_delta_256, 256)

@@ -1,0 +1,27 @@
+//! `tandem-kernels`: the sources of tandem's own GPU kernels and, in CUDA builds, their PTX.
+//!
+//! Each `cuda/<op>.cu` is compiled to PTX by `build.rs` (nvcc, `--features cuda`) and exposed
+//! here as a string; the launchers live beside each op's CPU kernel and reference in
+//! `tandem-model::ops`, which loads the PTX once per device through candle
+//! (`CudaDevice::get_or_load_custom_func`). Nothing here runs on its own: the conformance
+//! tests (`tandem check-device`, `tandem-model`'s op tests) compare every kernel with the
+//! op's reference on the device at hand.
+
+/// PTX of `cuda/paged_attention.cu`: attention over a paged KV pool (decode and verify rows).
+#[cfg(feature = "cuda")]
+pub const PAGED_ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+
+/// PTX of `cuda/gdn.cu`: the Gated DeltaNet causal conv and gated delta rule with state.
+#[cfg(feature = "cuda")]
+pub const GDN: &str = include_str!(concat!(env!("OUT_DIR"), "/gdn.ptx"));
+
+/// PTX of `cuda/matmul.cu`: row-invariant small-row dense matmul (decode / verify rows).
+#[cfg(feature = "cuda")]
+pub const MATMUL: &str = include_str!(concat!(env!("OUT_DIR"), "/matmul.ptx"));
+
+/// Whether this build carries CUDA kernels.
+pub const HAS_CUDA: bool = cfg!(feature = "cuda");
+
+/// PTX of `cuda/kv_quant.cu`: encoding KV rows into q8_0 / q4_0 blocks.
+#[cfg(feature = "cuda")]
+pub const KV_QUANT: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_quant.ptx"));

@@ -1,0 +1,88 @@
+//! Glue for launching tandem's own CUDA kernels (`tandem-kernels`' PTX) on candle tensors:
+//! device slices of contiguous inputs, fresh outputs wrapped back into tensors, and errors
+//! turned into [`ModelError`]s. CUDA builds only.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::op::BackpropOp;
+use candle_core::{Device, Shape, Storage, Tensor};
+
+use crate::error::{ModelError, Result};
+
+pub(crate) fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> ModelError + '_ {
+    move |e| ModelError::Input(format!("{what}: CUDA error: {e}"))
+}
+
+/// The CUDA device of `t`, or `None` when it lives elsewhere.
+pub(crate) fn cuda_device(t: &Tensor) -> Option<CudaDevice> {
+    match t.device() {
+        Device::Cuda(d) => Some(d.clone()),
+        _ => None,
+    }
+}
+
+/// Read guards over the storage of contiguous tensors; [`Self::view`] hands out device views.
+pub(crate) struct Inputs<'a> {
+    guards: Vec<(candle_core::StorageRef<'a>, &'a candle_core::Layout)>,
+}
+
+impl<'a> Inputs<'a> {
+    /// The tensors must be contiguous (call `.contiguous()` first).
+    pub fn new(ts: &[&'a Tensor]) -> Result<Self> {
+        let guards = ts
+            .iter()
+            .map(|t| {
+                let (s, l) = t.storage_and_layout();
+                if !l.is_contiguous() {
+                    return Err(ModelError::Input("CUDA kernel input is not contiguous".into()));
+                }
+                Ok((s, l))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { guards })
+    }
+
+    /// Input `i` as a device view of `T`.
+    pub fn view<T: CudaDType>(&self, i: usize) -> Result<CudaView<'_, T>> {
+        let (s, l) = &self.guards[i];
+        match &**s {
+            Storage::Cuda(c) => Ok(c.as_cuda_slice::<T>()?.slice(l.start_offset()..)),
+            other => Err(ModelError::Input(format!("CUDA kernel input on {:?}", other.device().location()))),
+        }
+    }
+}
+
+/// A new uninitialised f32 buffer of `n` values (at least one, so a launch always has a pointer).
+pub(crate) fn alloc_f32(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
+    // SAFETY: every kernel that gets such a buffer writes each element it exposes.
+    Ok(unsafe { dev.alloc::<f32>(n.max(1))? })
+}
+
+/// Wraps a device buffer into a tensor of `shape`.
+pub(crate) fn tensor<T: CudaDType + DeviceRepr>(
+    slice: CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: impl Into<Shape>,
+) -> Tensor {
+    Tensor::from_storage(
+        Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone())),
+        shape,
+        BackpropOp::none(),
+        false,
+    )
+}
+
+/// Launches a kernel whose arguments are pushed on `b`.
+///
+/// # Safety
+/// The arguments must match the kernel's parameters in order and type, with every buffer
+/// large enough for the grid in `cfg`.
+pub(crate) unsafe fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig, name: &str) -> Result<()> {
+    unsafe { b.launch(cfg) }.map_err(err(name))?;
+    Ok(())
+}
+
+/// A size as a kernel `int` argument.
+pub(crate) fn i32_of(x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| ModelError::Input(format!("{x} does not fit a CUDA kernel's int argument")))
+}

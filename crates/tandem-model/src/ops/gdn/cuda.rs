@@ -1,0 +1,117 @@
+//! Launchers of the GDN CUDA kernels (`tandem-kernels/cuda/gdn.cu`): the causal conv + SiLU
+//! and the gated delta rule, each with explicit input and output state and optional verify
+//! lanes. Same contracts as [`super::portable`], which the tests compare them with.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
+
+use super::GdnDims;
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+
+const MODULE: &str = "tandem_gdn";
+
+fn f32c(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?.contiguous()?)
+}
+
+/// See [`super::portable::conv_silu`].
+pub fn conv_silu(x: &Tensor, state: &Tensor, w: &Tensor, lanes: bool) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("gdn conv: not a CUDA tensor".into()))?;
+    let (t, ch) = x.dims2()?;
+    let (_, kernel) = w.dims2()?;
+    if !(1..=8).contains(&kernel) {
+        return Err(ModelError::Input(format!("gdn conv: kernel size {kernel} (the CUDA kernel takes 1..=8)")));
+    }
+    let hist = kernel - 1;
+    let (x, state, w) = (f32c(x)?, f32c(state)?, f32c(w)?);
+    let inputs = Inputs::new(&[&x, &state, &w])?;
+    let y = alloc_f32(&dev, t * ch)?;
+    let next = alloc_f32(&dev, hist * ch)?;
+    let lane_buf = if lanes { Some(alloc_f32(&dev, t * hist * ch)?) } else { None };
+    let (xv, sv, wv) = (inputs.view::<f32>(0)?, inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
+    let (ti, chi, ki) = (i32_of(t)?, i32_of(ch)?, i32_of(kernel)?);
+    let null = 0u64;
+    let f = dev.get_or_load_custom_func("gdn_conv_silu", MODULE, tandem_kernels::GDN)?;
+    let mut b = f.builder();
+    b.arg(&y);
+    b.arg(&next);
+    match &lane_buf {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(&xv).arg(&sv).arg(&wv).arg(&ti).arg(&chi).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in gdn_conv_silu's order; y holds t*ch, next hist*ch, lanes t*hist*ch.
+    unsafe { run(&mut b, cfg, "gdn_conv_silu")? };
+    drop(b);
+    drop(inputs);
+    Ok((tensor(y, &dev, (t, ch)), tensor(next, &dev, (hist, ch)), lane_buf.map(|l| tensor(l, &dev, (t, hist, ch)))))
+}
+
+/// See [`super::portable::delta_rule`].
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    beta: &Tensor,
+    g: &Tensor,
+    state: &Tensor,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let dev = cuda_device(q).ok_or_else(|| ModelError::Input("gdn delta rule: not a CUDA tensor".into()))?;
+    let t = v.dim(0)?;
+    let name = match d.dk {
+        0..=32 => "gdn_delta_32",
+        33..=64 => "gdn_delta_64",
+        65..=128 => "gdn_delta_128",
+        129..=256 => "gdn_delta_256",
+        _ => {
+            return Err(ModelError::Input(format!(
+                "gdn delta rule: key dim {} (the CUDA kernel takes up to 256)",
+                d.dk
+            )))
+        }
+    };
+    if d.nk == 0 || d.nv % d.nk != 0 {
+        return Err(ModelError::Input(format!("gdn delta rule: {} v-heads over {} k-heads", d.nv, d.nk)));
+    }
+    let (q, k, v, beta, g, state) = (f32c(q)?, f32c(k)?, f32c(v)?, f32c(beta)?, f32c(g)?, f32c(state)?);
+    let inputs = Inputs::new(&[&q, &k, &v, &beta, &g, &state])?;
+    let o = alloc_f32(&dev, t * d.nv * d.dv)?;
+    let next = alloc_f32(&dev, d.state_len())?;
+    let lane_buf = if lanes { Some(alloc_f32(&dev, t * d.state_len())?) } else { None };
+    let views = (0..6).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
+    let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
+    let null = 0u64;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let mut b = f.builder();
+    b.arg(&o);
+    b.arg(&next);
+    match &lane_buf {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    for view in &views {
+        b.arg(view);
+    }
+    b.arg(&ti).arg(&nk).arg(&nv).arg(&dk).arg(&dv);
+    let threads = d.dv.min(128);
+    let cfg = LaunchConfig {
+        grid_dim: (d.nv as u32, d.dv.div_ceil(threads) as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: (2 * d.dk * 4) as u32,
+    };
+    // SAFETY: arguments in gdn_delta_*'s order; o holds t*nv*dv, next nv*dk*dv, lanes t times that.
+    unsafe { run(&mut b, cfg, name)? };
+    drop(b);
+    drop(views);
+    drop(inputs);
+    Ok((
+        tensor(o, &dev, (t, d.nv, d.dv)),
+        tensor(next, &dev, (d.nv, d.dk, d.dv)),
+        lane_buf.map(|l| tensor(l, &dev, (t, d.nv, d.dk, d.dv))),
+    ))
+}

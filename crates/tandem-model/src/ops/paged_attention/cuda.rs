@@ -1,0 +1,118 @@
+//! Launcher of the paged-attention CUDA kernel (`tandem-kernels/cuda/paged_attention.cu`): one
+//! thread block per (query row, query head), so a row's bits never depend on how many rows
+//! share the launch (decode and verify chunks agree exactly). f32, f16, bf16 pools and the
+//! q8_0 / q4_0 byte rows (decoded in the kernel), and [`encode_rows`], which writes those
+//! byte rows with the CPU encoder's exact arithmetic.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
+
+use super::PagedKv;
+use crate::error::{ModelError, Result};
+use crate::kv::KvDtype;
+use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+
+/// Whether the kernel takes pools in `kv` format with head dim `hd`.
+pub fn supports(kv: KvDtype, hd: usize) -> bool {
+    hd <= 256 && (!kv.is_quantized() || hd % 32 == 0)
+}
+
+/// Encodes `x: [n, hd]` f32 rows as q8_0 / q4_0 byte rows `[n, row_bytes]` on the device.
+pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("KV encode: not a CUDA tensor".into()))?;
+    let (n, hd) = x.dims2()?;
+    let name = match kv {
+        KvDtype::Q8_0 => "kv_encode_q8_0",
+        KvDtype::Q4_0 => "kv_encode_q4_0",
+        other => return Err(ModelError::Input(format!("KV encode: {other} rows are not byte-encoded"))),
+    };
+    kv.check_head_dim(hd)?;
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let inputs = Inputs::new(&[&x])?;
+    let xv = inputs.view::<f32>(0)?;
+    let blocks = n * hd / 32;
+    let row_bytes = kv.row_elems(hd);
+    // SAFETY: the kernel writes every byte of every block.
+    let out = unsafe { dev.alloc::<u8>((n * row_bytes).max(1))? };
+    let nb = i32_of(blocks)?;
+    let f = dev.get_or_load_custom_func(name, "tandem_kv_quant", tandem_kernels::KV_QUANT)?;
+    let mut b = f.builder();
+    b.arg(&out).arg(&xv).arg(&nb);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.div_ceil(128).max(1) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: out holds blocks * block bytes, x blocks * 32 values.
+    unsafe { run(&mut b, cfg, name)? };
+    drop(b);
+    drop(xv);
+    drop(inputs);
+    Ok(tensor(out, &dev, (n, row_bytes)))
+}
+
+/// `q: [nh, t, hd]` over the pools `[rows, nkv, hd]`; see [`super::paged_attention`].
+pub fn paged_attention(
+    q: &Tensor,
+    k_pool: &Tensor,
+    v_pool: &Tensor,
+    kv: PagedKv<'_>,
+    device_table: Option<&Tensor>,
+    past: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
+    let (nh, t, hd) = q.dims3()?;
+    let (_, nkv, _) = k_pool.dims3()?;
+    let name = match (kv.dtype, k_pool.dtype()) {
+        (KvDtype::Q8_0, DType::U8) => "paged_attention_q8_0",
+        (KvDtype::Q4_0, DType::U8) => "paged_attention_q4_0",
+        (_, DType::F32) => "paged_attention_f32",
+        (_, DType::F16) => "paged_attention_f16",
+        (_, DType::BF16) => "paged_attention_bf16",
+        (f, other) => {
+            return Err(ModelError::Input(format!("paged attention on CUDA: {other:?} pools for a {f} cache")))
+        }
+    };
+    let need = (past + t).div_ceil(kv.block_size).min(kv.blocks.len());
+    // An upload from pageable memory synchronises the stream: use the table the sequence
+    // uploaded once for this step when there is one.
+    let blocks = match device_table {
+        Some(tab) if tab.device().same_device(q.device()) && tab.dim(0)? >= need => tab.clone(),
+        _ => Tensor::from_slice(&kv.blocks[..need], need, q.device())?,
+    };
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
+    let (k_pool, v_pool) = (k_pool.contiguous()?, v_pool.contiguous()?);
+    let inputs = Inputs::new(&[&q, &k_pool, &v_pool, &blocks])?;
+    let out = alloc_f32(&dev, nh * t * hd)?;
+    let qv = inputs.view::<f32>(0)?;
+    let bv = inputs.view::<u32>(3)?;
+    let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
+    let scale = scale as f32;
+    let f = dev.get_or_load_custom_func(name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
+    let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    macro_rules! go {
+        ($T:ty) => {{
+            let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
+            let mut b = f.builder();
+            b.arg(&out).arg(&qv).arg(&kv_).arg(&vv).arg(&bv);
+            for a in &args {
+                b.arg(a);
+            }
+            b.arg(&scale);
+            // SAFETY: arguments in the kernel's order; out holds nh*t*hd; the block table
+            // covers positions 0..past+t (checked by the caller against the pool's rows).
+            unsafe { run(&mut b, cfg, name)? };
+        }};
+    }
+    match k_pool.dtype() {
+        DType::F32 => go!(f32),
+        DType::F16 => go!(half::f16),
+        DType::U8 => go!(u8),
+        _ => go!(half::bf16),
+    }
+    drop(qv);
+    drop(bv);
+    drop(inputs);
+    Ok(tensor(out, &dev, (nh, t, hd)))
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the repository root (fixtures/ beside it): unpacks what
+# scripts/gpu-pack.sh built and runs the GPU suite: `tandem check-device` (every op and the
+# fixture models against the CPU references), then the engine invariant suites on CUDA.
+# Writes check-device.md and device_suite.log into ${OUT:-target/gpu-results}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pack=${PACK:-target/gpu-pack}
+res=${OUT:-target/gpu-results}
+mkdir -p "$res" /tmp/tandem-gpu
+for f in tandem device_suite; do
+  xz -dc "$pack/$f.xz" > /tmp/tandem-gpu/$f && chmod +x /tmp/tandem-gpu/$f
+done
+# CUDA libraries: a system toolkit, or PyTorch's wheels (cuBLAS, cudart, curand).
+for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export TANDEM_DEVICE=cuda
+status=0
+/tmp/tandem-gpu/tandem check-device --fixtures fixtures --output "$res/check-device.md" || status=1
+# The suite finds fixtures relative to its build directory; point it at this checkout. Each
+# test runs in its own process under a time limit, so one that hangs cannot hide the rest.
+export TANDEM_FIXTURES="$PWD/fixtures"
+: > "$res/device_suite.log"
+passed=0; failed=0
+for t in $(/tmp/tandem-gpu/device_suite --list 2>/dev/null | sed -n 's/: test$//p'); do
+  s=$(date +%s%N)
+  timeout "${PER_TEST_TIMEOUT:-60}" /tmp/tandem-gpu/device_suite --exact "$t" --test-threads=1 > /tmp/tandem-gpu/t.log 2>&1
+  rc=$?
+  ms=$(( ($(date +%s%N) - s) / 1000000 ))
+  if [ $rc -eq 0 ]; then passed=$((passed + 1)); r=ok; else failed=$((failed + 1)); r="FAILED (rc $rc)"; status=1; fi
+  echo "$t ... $r ${ms} ms" | tee -a "$res/device_suite.log"
+  [ $rc -ne 0 ] && grep -E "panicked|Error" /tmp/tandem-gpu/t.log | head -3 | tee -a "$res/device_suite.log"
+done
+echo "device suite: $passed passed, $failed failed" | tee -a "$res/device_suite.log"
+exit $status
