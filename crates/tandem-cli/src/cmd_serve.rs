@@ -67,6 +67,17 @@ pub struct ServeArgs {
     /// Seconds one request may take before it is ended (0 = no limit).
     #[arg(long, default_value_t = 0)]
     pub request_timeout: u64,
+    /// Open connections at most; keep it below the file-descriptor limit (`ulimit -n`). At the
+    /// limit a new client displaces the oldest connection that has not sent a request, or gets
+    /// 503 at once when all are serving.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a connection may take to send a request's headers (idle connections close).
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout: u64,
+    /// Seconds a request body may take to arrive (then 408).
+    #[arg(long, default_value_t = 30)]
+    pub body_read_timeout: u64,
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every /v1 route.
     #[arg(long, env = "TANDEM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -110,6 +121,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         default_max_thinking_tokens: a.max_thinking_tokens,
         thinking_loop_ngram: a.thinking_loop_ngram,
         thinking_loop_repeats: a.thinking_loop_repeats,
+        max_connections: a.max_connections.max(1),
+        header_read_timeout: Duration::from_secs(a.header_read_timeout.max(1)),
+        body_read_timeout: Duration::from_secs(a.body_read_timeout.max(1)),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     if let Some(script) = &a.test_script {

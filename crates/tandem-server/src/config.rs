@@ -57,6 +57,15 @@ pub struct ServerConfig {
     /// occurrences of one n-gram that counts as a loop.
     pub thinking_loop_ngram: usize,
     pub thinking_loop_repeats: usize,
+    /// Open connections at most (keep it below the process's file-descriptor limit). At the
+    /// limit a new connection displaces the oldest one that has not sent a request yet, or,
+    /// when every connection is serving, is answered 503 at once.
+    pub max_connections: usize,
+    /// A connection must send a request's headers within this time of connecting or of its
+    /// previous response (keep-alive), or it is closed.
+    pub header_read_timeout: Duration,
+    /// A request body must arrive within this time (slow bodies get 408).
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +84,9 @@ impl Default for ServerConfig {
             default_max_thinking_tokens: 0,
             thinking_loop_ngram: 32,
             thinking_loop_repeats: 8,
+            max_connections: 512,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }

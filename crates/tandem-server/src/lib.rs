@@ -28,6 +28,7 @@ pub mod extract;
 pub mod fuzzing;
 pub mod generation;
 pub mod health;
+pub mod listener;
 pub mod logprobs;
 pub mod metrics;
 pub mod models;

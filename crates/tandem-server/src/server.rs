@@ -38,6 +38,7 @@ pub fn router_on(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Router {
             ApiError::method_not_allowed().into_styled(ErrorStyle::for_path(uri.path()))
         })
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(cfg.body_read_timeout))
         .layer(axum::middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .with_state(state)
@@ -65,7 +66,11 @@ pub async fn serve_on<B: Backend>(listener: TcpListener, engine: B, cfg: ServerC
     let model = engine.info().id.clone();
     let app = router(engine, &cfg);
     tracing::info!(%addr, %model, "serving the OpenAI-compatible API on http://{addr}/v1");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    let limits = crate::listener::ConnLimits {
+        max_connections: cfg.max_connections.max(1),
+        header_read_timeout: cfg.header_read_timeout,
+    };
+    crate::listener::serve(listener, app, limits, shutdown_signal()).await?;
     tracing::info!("server stopped");
     Ok(())
 }

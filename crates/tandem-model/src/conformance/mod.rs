@@ -117,14 +117,14 @@ pub fn timed<T>(dev: &Device, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)>
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> f32 {
+    pub fn next_f32(&mut self) -> f32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
+        (0..n).map(|_| self.next_f32()).collect()
     }
 }
 
