@@ -23,6 +23,9 @@ pub struct SamplingParams {
     pub penalty_last_n: usize,
     /// Seed of the per-request RNG; `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// Added to the logits of these token ids before anything else (OpenAI's `logit_bias`).
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -37,6 +40,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }

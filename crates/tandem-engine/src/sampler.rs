@@ -93,7 +93,11 @@ impl Sampler {
     /// penalties): then a GPU engine picks it on the device and reads back one id.
     pub fn argmax_only(&self) -> bool {
         let p = &self.params;
-        self.is_greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        self.is_greedy()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty()
     }
 
     /// A uniform draw in [0, 1) from this request's RNG (for speculative acceptance tests, so
@@ -140,6 +144,11 @@ impl Sampler {
     /// repetition first — divide a positive logit, multiply a non-positive one — then subtract
     /// `count * frequency + presence`). Ids outside the vocabulary are ignored.
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         let p = &self.params;
         if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             return;

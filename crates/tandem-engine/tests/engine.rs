@@ -226,3 +226,21 @@ fn logprobs_are_normalised_and_sorted() {
         assert!(lp.top.iter().map(|t| t.logprob.exp()).sum::<f32>() <= 1.0 + 1e-4);
     }
 }
+
+/// `logit_bias` reaches the sampler: a +100 bias forces its token at every step, a -100 bias
+/// keeps the plain greedy token out (also on a GPU, where unbiased greedy rows are reduced on
+/// the device).
+#[test]
+fn logit_bias_forces_and_forbids_tokens() {
+    let e = engine("llama", EngineConfig::default());
+    let (prompt, greedy, _) = reference("llama");
+    let forced = if greedy[0] == 7 { 8 } else { 7 };
+    let req = |bias: Vec<(u32, f32)>| GenerateRequest {
+        sampling: SamplingParams { logit_bias: bias, ..Default::default() },
+        ..greedy_req(prompt.clone(), 4)
+    };
+    let o = collect(e.submit(req(vec![(forced, 100.0)])).unwrap());
+    assert_eq!(o.ids, vec![forced; 4]);
+    let o = collect(e.submit(req(vec![(greedy[0], -100.0)])).unwrap());
+    assert_ne!(o.ids[0], greedy[0]);
+}

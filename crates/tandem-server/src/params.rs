@@ -49,6 +49,10 @@ pub struct CommonParams {
     /// tandem extension: `{"method": "off"|"ngram"|"draft"|"mtp", "num_draft_tokens": k}`
     /// overrides the server's speculative decoding for this request.
     pub speculative: Option<SpecRequest>,
+    /// OpenAI's `{"token id": bias}`, each bias in [-100, 100].
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Only `{"type": "text"}` for now: structured output is refused rather than ignored.
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// The validated, engine-ready form of [`CommonParams`].
@@ -114,6 +118,40 @@ impl CommonParams {
             sampling.frequency_penalty = p;
         }
         sampling.seed = self.seed.map(|s| s as u64);
+        if let Some(bias) = &self.logit_bias {
+            if bias.len() > 1024 {
+                return Err(ApiError::invalid_param("logit_bias", "At most 1024 entries are accepted.".to_string()));
+            }
+            for (k, v) in bias {
+                let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab_size).ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "logit_bias",
+                        format!("`{k}` is not a token id of this model (0..{vocab_size})."),
+                    )
+                })?;
+                let b = v.as_f64().filter(|b| b.is_finite() && (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "logit_bias",
+                        format!("The bias of token {k} must be a number in [-100, 100]."),
+                    )
+                })?;
+                sampling.logit_bias.push((id, b as f32));
+            }
+        }
+        match &self.response_format {
+            None | Some(serde_json::Value::Null) => {}
+            Some(f) if f.get("type").and_then(|t| t.as_str()) == Some("text") => {}
+            Some(f) => {
+                let kind = f.get("type").and_then(|t| t.as_str()).unwrap_or("?");
+                return Err(ApiError::invalid_param(
+                    "response_format",
+                    format!(
+                        "response_format `{kind}` is not supported yet (constrained decoding is not implemented); \
+                         remove it or use {{\"type\": \"text\"}}."
+                    ),
+                ));
+            }
+        }
 
         let stop_strings = match &self.stop {
             None => Vec::new(),
@@ -253,12 +291,27 @@ mod tests {
             (r#"{"presence_penalty":3}"#, "presence_penalty"),
             (r#"{"frequency_penalty":-3}"#, "frequency_penalty"),
             (r#"{"stop_token_ids":[100]}"#, "stop_token_ids"),
+            (r#"{"logit_bias":{"100":1}}"#, "logit_bias"),
+            (r#"{"logit_bias":{"x":1}}"#, "logit_bias"),
+            (r#"{"logit_bias":{"5":101}}"#, "logit_bias"),
+            (r#"{"logit_bias":{"5":"high"}}"#, "logit_bias"),
+            (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
+            (r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}"#, "response_format"),
         ];
         for (json, param) in cases {
             let e = parse(json).validate(100).unwrap_err();
             assert_eq!(e.status.as_u16(), 400, "{json}");
             assert_eq!(e.param.as_deref(), Some(param), "{json}");
         }
+    }
+
+    #[test]
+    fn logit_bias_and_text_response_format_are_accepted() {
+        let v = parse(r#"{"logit_bias":{"5":-100,"7":2.5},"response_format":{"type":"text"}}"#).validate(100).unwrap();
+        let mut b = v.sampling.logit_bias.clone();
+        b.sort_by_key(|e| e.0);
+        assert_eq!(b, vec![(5, -100.0), (7, 2.5)]);
+        assert!(parse(r#"{"response_format":null}"#).validate(100).is_ok());
     }
 
     #[test]

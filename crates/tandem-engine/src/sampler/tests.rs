@@ -308,3 +308,13 @@ fn nucleus_matches_a_full_sort() {
         }
     }
 }
+
+#[test]
+fn logit_bias_moves_the_choice_and_ignores_ids_outside_the_vocabulary() {
+    let mut s = sampler(SamplingParams { logit_bias: vec![(2, 5.0), (0, -100.0), (99, 3.0)], ..params(0.0, 0) });
+    let mut l = vec![4.0, 3.0, 0.0];
+    assert_eq!(s.sample(&mut l, &[]), 2);
+    assert_eq!(l, vec![-96.0, 3.0, 5.0]);
+    assert!(!s.argmax_only(), "a biased request cannot take the device argmax");
+    assert!(sampler(params(0.0, 0)).argmax_only());
+}
