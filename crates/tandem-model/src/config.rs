@@ -70,10 +70,42 @@ pub struct LlamaConfig {
     pub qk_norm: bool,
 }
 
+/// Upper bounds on the sizes a config may claim, far above every real model (the largest
+/// have ~130 layers, hidden sizes of 16K-25K and vocabularies of 262K) and far below what
+/// would make the loader allocate absurd amounts before the tensors are even checked.
+pub mod limits {
+    use crate::error::{ModelError, Result};
+
+    pub const LAYERS: usize = 1024;
+    pub const HEADS: usize = 1024;
+    pub const HEAD_DIM: usize = 4096;
+    pub const HIDDEN: usize = 1 << 17;
+    pub const INTERMEDIATE: usize = 1 << 20;
+    pub const VOCAB: usize = 1 << 22;
+    pub const CONTEXT: usize = 1 << 24;
+    pub const EXPERTS: usize = 4096;
+
+    /// `value` of config field `what` is at most `max`.
+    pub fn check(what: &str, value: usize, max: usize) -> Result<()> {
+        if value > max {
+            return Err(ModelError::Config(format!("{what} = {value} is beyond what tandem accepts ({max})")));
+        }
+        Ok(())
+    }
+}
+
 impl LlamaConfig {
     /// Checks the invariants the forward pass relies on.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ModelError::Config(m));
+        limits::check("num_hidden_layers", self.num_layers, limits::LAYERS)?;
+        limits::check("num_attention_heads", self.num_heads, limits::HEADS)?;
+        limits::check("num_key_value_heads", self.num_kv_heads, limits::HEADS)?;
+        limits::check("head_dim", self.head_dim, limits::HEAD_DIM)?;
+        limits::check("hidden_size", self.hidden_size, limits::HIDDEN)?;
+        limits::check("intermediate_size", self.intermediate_size, limits::INTERMEDIATE)?;
+        limits::check("vocab_size", self.vocab_size, limits::VOCAB)?;
+        limits::check("max_position_embeddings", self.max_position_embeddings, limits::CONTEXT)?;
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 || self.num_layers == 0 {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
@@ -272,5 +304,41 @@ pub fn gguf_f64(v: &Value) -> Option<f64> {
         Value::F32(x) => Some(*x as f64),
         Value::F64(x) => Some(*x),
         other => gguf_usize(other).map(|x| x as f64),
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    /// Configs that claim absurd sizes are refused before anything is allocated from them.
+    #[test]
+    fn absurd_sizes_are_config_errors() {
+        let base = serde_json::json!({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+            "max_position_embeddings": 512, "rms_norm_eps": 1e-6});
+        assert!(LlamaConfig::from_hf_json(&base).is_ok());
+        for (k, v) in [
+            ("num_hidden_layers", 1u64 << 40),
+            ("head_dim", 1 << 40),
+            ("vocab_size", 1 << 40),
+            ("hidden_size", 1 << 30),
+            ("max_position_embeddings", 1 << 40),
+        ] {
+            let mut c = base.clone();
+            c[k] = serde_json::json!(v);
+            let e = LlamaConfig::from_hf_json(&c).expect_err(k).to_string();
+            assert!(
+                e.contains("beyond what tandem accepts") || e.contains("not a multiple") || e.contains("even"),
+                "{k}: {e}"
+            );
+        }
+        let hybrid = serde_json::json!({"model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 48,
+            "num_hidden_layers": 1u64 << 30, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 100,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6});
+        let e =
+            crate::arch::qwen_hybrid::config::HybridConfig::from_hf_json(&hybrid).expect_err("2^30 layers").to_string();
+        assert!(e.contains("beyond what tandem accepts"), "{e}");
     }
 }

@@ -30,20 +30,14 @@ impl GgufSource {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: the file is opened read-only; tandem never writes model files while serving.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        let content = Content::read(&mut Cursor::new(&mmap[..]))
+        // Every size, offset and count in the header is checked against the file first
+        // (hostile or truncated files are errors, never panics or huge allocations).
+        super::gguf_check::check(&mmap[..]).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        let content = std::panic::catch_unwind(|| Content::read(&mut Cursor::new(&mmap[..])))
+            .map_err(|_| {
+                ModelError::Config(format!("{} is not a valid GGUF file (the reader gave up)", path.display()))
+            })?
             .map_err(|e| ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display())))?;
-        // Refuse files whose tensors point past the end (truncated downloads).
-        for (name, info) in &content.tensor_infos {
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > mmap.len() as u64 {
-                return Err(ModelError::Config(format!(
-                    "{}: tensor `{name}` ends at byte {end} but the file has {} bytes (truncated download?)",
-                    path.display(),
-                    mmap.len()
-                )));
-            }
-        }
         Ok(Self { mmap, content, device: device.clone() })
     }
 

@@ -3,6 +3,7 @@
 //! tokenizer and chat template from a GGUF file or a Hugging Face directory.
 
 pub mod gguf;
+pub mod gguf_check;
 pub mod safetensors;
 pub mod summary;
 

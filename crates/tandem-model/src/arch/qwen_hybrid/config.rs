@@ -103,6 +103,7 @@ impl HybridConfig {
         let hidden_size = u("hidden_size")?;
         let num_heads = u("num_attention_heads")?;
         let num_layers = u("num_hidden_layers")?;
+        crate::config::limits::check("num_hidden_layers", num_layers, crate::config::limits::LAYERS)?;
         let head_dim = opt_u("head_dim").unwrap_or(hidden_size / num_heads.max(1));
         let layer_kinds = match get("layer_types").and_then(Json::as_array) {
             Some(a) => a
@@ -171,8 +172,26 @@ impl HybridConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        use crate::config::limits::{self, check};
         let bad = |m: String| Err(ModelError::Config(m));
         let (nk, nv) = (self.linear_num_key_heads, self.linear_num_value_heads);
+        check("num_hidden_layers", self.num_layers(), limits::LAYERS)?;
+        check("hidden_size", self.hidden_size, limits::HIDDEN)?;
+        check("num_attention_heads", self.num_heads, limits::HEADS)?;
+        check("num_key_value_heads", self.num_kv_heads, limits::HEADS)?;
+        check("head_dim", self.head_dim, limits::HEAD_DIM)?;
+        check("linear_num_key_heads", nk, limits::HEADS)?;
+        check("linear_num_value_heads", nv, limits::HEADS)?;
+        check("linear_key_head_dim", self.linear_key_head_dim, limits::HEAD_DIM)?;
+        check("linear_value_head_dim", self.linear_value_head_dim, limits::HEAD_DIM)?;
+        check("linear_conv_kernel_dim", self.conv_kernel, 64)?;
+        check("intermediate_size", self.intermediate_size, limits::INTERMEDIATE)?;
+        check("vocab_size", self.vocab_size, limits::VOCAB)?;
+        check("max_position_embeddings", self.max_position_embeddings, limits::CONTEXT)?;
+        check("mtp_num_hidden_layers", self.mtp_layers, limits::LAYERS)?;
+        if let Some(m) = &self.moe {
+            check("num_experts", m.num_experts, limits::EXPERTS)?;
+        }
         if [self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, nk, nv, self.vocab_size].contains(&0)
             || self.linear_key_head_dim == 0
             || self.linear_value_head_dim == 0

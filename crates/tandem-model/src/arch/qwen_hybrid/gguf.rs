@@ -32,8 +32,13 @@ pub const ARCHS: [&str; 3] = ["qwen3next", "qwen35", "qwen35moe"];
 
 /// The `general.architecture` of a GGUF file (reads the header only).
 pub fn gguf_arch(path: &Path) -> Option<String> {
-    let mut r = BufReader::new(File::open(path).ok()?);
-    let content = Content::read(&mut r).ok()?;
+    let file = File::open(path).ok()?;
+    // SAFETY: read-only mapping of a model file nobody writes while we read it.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    // A header that fails the checks is not the family's; the plain GGUF loader reports why.
+    crate::loader::gguf_check::check(&mmap[..]).ok()?;
+    let mut r = BufReader::new(std::io::Cursor::new(&mmap[..]));
+    let content = std::panic::catch_unwind(move || Content::read(&mut r)).ok()?.ok()?;
     match content.metadata.get("general.architecture")? {
         Value::String(s) => Some(s.clone()),
         _ => None,
@@ -100,6 +105,7 @@ pub fn config_from_gguf(content: &Content) -> Result<HybridConfig> {
     };
     let m = Meta { md: &content.metadata, arch };
     let block_count = m.u("block_count")?;
+    crate::config::limits::check("block_count", block_count, crate::config::limits::LAYERS)?;
     let nextn = m.opt_u("nextn_predict_layers").unwrap_or(0);
     if nextn >= block_count {
         return Err(ModelError::Config(format!("GGUF: {nextn} MTP layers of {block_count} blocks")));
