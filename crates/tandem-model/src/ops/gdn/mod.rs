@@ -49,17 +49,6 @@ impl GdnDims {
 
 #[cfg(test)]
 pub(crate) mod testdata {
-    /// Deterministic pseudo-random numbers in [-1, 1) (xorshift), so tests need no extra crate.
-    pub struct Rng(pub u64);
-    impl Rng {
-        pub fn next(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        pub fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next()).collect()
-        }
-    }
+    /// The deterministic xorshift generator the conformance suite uses.
+    pub use crate::conformance::Rng;
 }
