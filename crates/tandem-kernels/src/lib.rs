@@ -25,3 +25,12 @@ pub const HAS_CUDA: bool = cfg!(feature = "cuda");
 /// PTX of `cuda/kv_quant.cu`: encoding KV rows into q8_0 / q4_0 blocks.
 #[cfg(feature = "cuda")]
 pub const KV_QUANT: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_quant.ptx"));
+
+/// PTX of `cuda/qmatmul.cu`: row-invariant matmuls over GGML weight rows (dense and quantised)
+/// for every call size, and the grouped expert matmuls of MoE layers.
+#[cfg(feature = "cuda")]
+pub const QMATMUL: &str = include_str!(concat!(env!("OUT_DIR"), "/qmatmul.ptx"));
+
+/// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
+#[cfg(feature = "cuda")]
+pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));

@@ -17,6 +17,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 
 pub mod models;
+pub mod moe;
 pub mod ops;
 
 /// How a check is judged.
@@ -132,6 +133,7 @@ impl Rng {
 /// `fixtures/` folder), when it exists.
 pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     let mut checks = ops::run(dev);
+    checks.extend(moe::run(dev));
     if let Some(root) = fixtures {
         checks.extend(models::run(dev, root));
     }

@@ -63,7 +63,7 @@ impl KvDtype {
     }
 
     /// Bytes of one quantised block (0 for the float formats).
-    fn block_bytes(self) -> usize {
+    pub fn block_bytes(self) -> usize {
         match self {
             KvDtype::Q8_0 => 2 + KV_QBLOCK,
             KvDtype::Q4_0 => 2 + KV_QBLOCK / 2,

@@ -41,7 +41,7 @@ impl GgufSource {
         Ok(Self { mmap, content, device: device.clone() })
     }
 
-    fn qtensor(&self, name: &str) -> Result<candle_core::quantized::QTensor> {
+    pub(crate) fn qtensor(&self, name: &str) -> Result<candle_core::quantized::QTensor> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         Ok(info.read(&mut Cursor::new(&self.mmap[..]), self.content.tensor_data_offset, &self.device)?)
     }

@@ -153,6 +153,15 @@ impl Embedding {
     }
 }
 
+/// See [`WeightSource::stacked_experts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackedExperts {
+    pub storage: String,
+    pub experts: usize,
+    pub rows_per_expert: usize,
+    pub row0: usize,
+}
+
 /// Tensors by GGUF-style name, whatever the container format.
 pub trait WeightSource {
     fn has(&self, name: &str) -> bool;
@@ -162,6 +171,19 @@ pub trait WeightSource {
     fn tensor_f32(&self, name: &str) -> Result<Tensor>;
     fn embedding(&self, name: &str) -> Result<Embedding>;
     fn device(&self) -> &Device;
+
+    /// Where the file stacks projection `proj` (`gate_proj`, `up_proj`, `down_proj`) of every
+    /// expert of the MoE block at `prefix` in one tensor: its name, its rows per expert and the
+    /// row this projection starts at (gate and up fused in one tensor share a name). `None`
+    /// where the source serves experts one by one.
+    fn stacked_experts(&self, prefix: &str, proj: &str) -> Result<Option<StackedExperts>> {
+        let _ = (prefix, proj);
+        Ok(None)
+    }
+    /// The storage behind [`StackedExperts::storage`], kept as the file stores it.
+    fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
+        Err(ModelError::MissingTensor(storage.to_string()))
+    }
 
     fn linear(&self, name: &str) -> Result<Linear> {
         let bias_name = name.strip_suffix(".weight").map(|p| format!("{p}.bias"));

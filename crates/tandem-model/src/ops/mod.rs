@@ -5,6 +5,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
+pub mod moe;
 pub mod paged_attention;
 pub mod quant;
 pub mod rope;

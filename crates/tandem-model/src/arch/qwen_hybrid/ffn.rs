@@ -4,11 +4,17 @@
 //! them, so GGUF experts stay quantised) or from the fused
 //! Qwen3.5 layout (`experts.gate_up_proj` `[E, 2I, H]`, gate rows first; `experts.down_proj`
 //! `[E, H, I]`).
+//!
+//! On a device with MoE kernels (CUDA) the routed experts are kept stacked as the file stores
+//! them ([`RoutedExperts`]: a GGUF's `ffn_*_exps` tensors, the fused HF tensors, or per-expert
+//! tensors stacked at load) and routed on the device, with no host round trip; elsewhere the
+//! router logits come to the host and each chosen expert runs its own matmuls.
 
 use candle_core::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::loader::{Linear, WeightSource};
+use crate::loader::{Linear, LinearWeight, WeightSource};
+use crate::ops::moe::{ExpertStack, RoutedExperts, StackData};
 
 use super::config::HybridConfig;
 
@@ -73,7 +79,10 @@ struct Expert {
 
 pub struct Moe {
     router: Linear,
+    /// The per-expert path (CPU, and devices without MoE kernels).
     experts: Vec<Expert>,
+    /// The device path: every expert stacked, routed on the device.
+    routed: Option<RoutedExperts>,
     shared: Option<(Mlp, Linear)>,
     top_k: usize,
     norm_topk: bool,
@@ -86,7 +95,10 @@ impl Moe {
         let i = m.intermediate_size;
         let mut experts = Vec::with_capacity(m.num_experts);
         let fused = format!("{p}experts.gate_up_proj");
-        if ws.has(&fused) {
+        let routed = if ws.device().is_cuda() { routed_experts(cfg, ws, p)? } else { None };
+        if routed.is_some() {
+            // the stacks hold every expert; nothing per expert
+        } else if ws.has(&fused) {
             let gu = ws.tensor_f32(&fused)?;
             let dn = ws.tensor_f32(&format!("{p}experts.down_proj"))?;
             if gu.dims() != [m.num_experts, 2 * i, cfg.hidden_size] || dn.dims() != [m.num_experts, cfg.hidden_size, i]
@@ -122,6 +134,7 @@ impl Moe {
         Ok(Self {
             router: ws.linear(&format!("{p}gate.weight"))?,
             experts,
+            routed,
             shared,
             top_k: m.top_k,
             norm_topk: m.norm_topk_prob,
@@ -129,6 +142,10 @@ impl Moe {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(r) = &self.routed {
+            let out = r.forward(x, &self.router.forward(x)?)?;
+            return self.add_shared(x, out);
+        }
         let n = x.dim(0)?;
         let logits = self.router.forward(x)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
         let mut per_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.experts.len()];
@@ -159,18 +176,80 @@ impl Moe {
             let y = ex.down.forward(&h)?.broadcast_mul(&Tensor::from_vec(ws, (m, 1), x.device())?)?;
             out = out.index_add(&ids, &y, 0)?;
         }
-        if let Some((mlp, gate)) = &self.shared {
-            let s = mlp.forward(x)?.broadcast_mul(&candle_nn::ops::sigmoid(&gate.forward(x)?)?)?;
-            out = (out + s)?;
-        }
         debug_assert_eq!(out.dim(0).ok(), Some(n));
-        Ok(out)
+        self.add_shared(x, out)
     }
+
+    /// `out` plus the sigmoid-gated shared expert, if the block has one.
+    fn add_shared(&self, x: &Tensor, out: Tensor) -> Result<Tensor> {
+        Ok(match &self.shared {
+            Some((mlp, gate)) => {
+                (out + mlp.forward(x)?.broadcast_mul(&candle_nn::ops::sigmoid(&gate.forward(x)?)?)?)?
+            }
+            None => out,
+        })
+    }
+}
+
+/// The routed experts stacked for the device kernels, or `None` where they cannot be (a format
+/// without kernels, per-expert quantised tensors): the per-expert path then serves the layer.
+fn routed_experts(cfg: &HybridConfig, ws: &dyn WeightSource, p: &str) -> Result<Option<RoutedExperts>> {
+    let Some(m) = cfg.moe.as_ref() else { return Ok(None) };
+    let (e, i, h) = (m.num_experts, m.intermediate_size, cfg.hidden_size);
+    let fused = format!("{p}experts.gate_up_proj");
+    let (gate, up, down) = if ws.has(&fused) {
+        // HF fused layout: [E, 2I, H] (gate rows first) and [E, H, I].
+        let gu = StackData::Dense(ws.tensor_f32(&fused)?.contiguous()?);
+        let dn = StackData::Dense(ws.tensor_f32(&format!("{p}experts.down_proj"))?.contiguous()?);
+        (
+            ExpertStack::new(gu.clone(), e, 2 * i, 0, i, h)?,
+            ExpertStack::new(gu, e, 2 * i, i, i, h)?,
+            ExpertStack::new(dn, e, h, 0, h, i)?,
+        )
+    } else if let (Some(g), Some(u), Some(d)) =
+        (ws.stacked_experts(p, "gate_proj")?, ws.stacked_experts(p, "up_proj")?, ws.stacked_experts(p, "down_proj")?)
+    {
+        // A GGUF's stacked expert tensors, kept quantised.
+        let gd = ws.stacked_data(&g.storage)?;
+        let ud = if u.storage == g.storage { gd.clone() } else { ws.stacked_data(&u.storage)? };
+        let dd = ws.stacked_data(&d.storage)?;
+        let n = |s: &crate::loader::StackedExperts| s.experts;
+        if n(&g) != e || n(&u) != e || n(&d) != e {
+            return Err(ModelError::Config(format!("{p}: stacked experts do not hold the config's {e} experts")));
+        }
+        (
+            ExpertStack::new(gd, e, g.rows_per_expert, g.row0, i, h)?,
+            ExpertStack::new(ud, e, u.rows_per_expert, u.row0, i, h)?,
+            ExpertStack::new(dd, e, d.rows_per_expert, d.row0, h, i)?,
+        )
+    } else {
+        // Per-expert tensors: stacked here when they are dense.
+        let stack = |proj: &str| -> Result<Option<Tensor>> {
+            let mut ts = Vec::with_capacity(e);
+            for x in 0..e {
+                match ws.qmatmul(&format!("{p}experts.{x}.{proj}.weight"))? {
+                    LinearWeight::Candle(candle_core::quantized::QMatMul::Tensor(t)) => ts.push(t),
+                    _ => return Ok(None),
+                }
+            }
+            Ok(Some(Tensor::stack(&ts, 0)?.to_dtype(DType::F32)?.contiguous()?))
+        };
+        let (Some(g), Some(u), Some(d)) = (stack("gate_proj")?, stack("up_proj")?, stack("down_proj")?) else {
+            return Ok(None);
+        };
+        (
+            ExpertStack::new(StackData::Dense(g), e, i, 0, i, h)?,
+            ExpertStack::new(StackData::Dense(u), e, i, 0, i, h)?,
+            ExpertStack::new(StackData::Dense(d), e, h, 0, h, i)?,
+        )
+    };
+    let r = RoutedExperts::new(gate, up, down, m.top_k, m.norm_topk_prob)?;
+    Ok(r.supported().then_some(r))
 }
 
 pub enum Ffn {
     Dense(Mlp),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 impl Ffn {
@@ -179,5 +258,49 @@ impl Ffn {
             Ffn::Dense(m) => m.forward(x),
             Ffn::Moe(m) => m.forward(x),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::QMatMul;
+    use candle_core::Device;
+
+    use super::*;
+    use crate::conformance::Rng;
+    use crate::ops::moe::reference;
+
+    /// The per-expert path (CPU) computes the routed-experts maths the device kernels are
+    /// checked against (`ops::moe::reference`, `tandem check-device`'s `moe` rows).
+    #[test]
+    fn per_expert_path_matches_the_reference() {
+        let (e, top_k, h, i, m) = (8, 3, 64, 32, 5);
+        let mut rng = Rng(11);
+        let mut mats = |rows: usize, cols: usize| -> Vec<Vec<f32>> { (0..e).map(|_| rng.vec(rows * cols)).collect() };
+        let (gate, up, down) = (mats(i, h), mats(i, h), mats(h, i));
+        let dense = |w: &[f32], rows, cols| {
+            ExpertW::Dense(
+                Dense::from_weight(&Tensor::from_vec(w.to_vec(), (rows, cols), &Device::Cpu).unwrap()).unwrap(),
+            )
+        };
+        let experts = (0..e)
+            .map(|x| Expert { gate: dense(&gate[x], i, h), up: dense(&up[x], i, h), down: dense(&down[x], h, i) })
+            .collect();
+        let router_w: Vec<f32> = rng.vec(e * h).into_iter().map(|v| v * 2.0).collect();
+        let router_t = Tensor::from_vec(router_w.clone(), (e, h), &Device::Cpu).unwrap();
+        let router = Linear { weight: LinearWeight::Candle(QMatMul::Tensor(router_t.clone())), bias: None };
+        let moe = Moe { router, experts, routed: None, shared: None, top_k, norm_topk: true };
+        let x: Vec<f32> = rng.vec(m * h);
+        let xt = Tensor::from_vec(x.clone(), (m, h), &Device::Cpu).unwrap();
+        let got = moe.forward(&xt).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let logits = xt.matmul(&router_t.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let ex = reference::Experts { gate: &gate, up: &up, down: &down, hidden: h, inter: i };
+        let want = reference::forward(&ex, &x, &logits, m, top_k, true);
+        let err = crate::conformance::rel_err_slices(&got, &want);
+        assert!(err < 1e-5, "per-expert MoE vs reference: relative error {err}");
+        // And the routing itself: ties go to the lower index, weights renormalised.
+        let r = reference::route(&[1.0, 3.0, 3.0, 0.5], 2, true);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert!((r[0].1 - 0.5).abs() < 1e-12 && (r[1].1 - 0.5).abs() < 1e-12);
     }
 }

@@ -24,7 +24,7 @@ use super::config::{HybridConfig, LayerKind, MoeConfig};
 use super::QwenHybrid;
 use crate::error::{ModelError, Result};
 use crate::loader::gguf::GgufSource;
-use crate::loader::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
+use crate::loader::{Embedding, LinearWeight, LoadedModel, ModelSummary, StackedExperts, WeightSource};
 use crate::tokenizer::Tokenizer;
 
 /// GGUF architecture strings of the family.
@@ -384,6 +384,33 @@ impl WeightSource for HybridGgufSource {
     }
     fn device(&self) -> &Device {
         self.inner.device()
+    }
+    fn stacked_experts(&self, prefix: &str, proj: &str) -> Result<Option<StackedExperts>> {
+        // The per-expert view of expert 0 names the stacked tensor: `blk.L.ffn_gate_exps.weight@0`.
+        let Some((view, _)) = self.map(&format!("{prefix}experts.0.{proj}.weight")) else { return Ok(None) };
+        let Some(stacked) = view.strip_suffix("@0") else { return Ok(None) };
+        let infos = &self.inner.content.tensor_infos;
+        if let Some(info) = infos.get(stacked) {
+            if let &[e, rows, _] = info.shape.dims() {
+                return Ok(Some(StackedExperts {
+                    storage: stacked.into(),
+                    experts: e,
+                    rows_per_expert: rows,
+                    row0: 0,
+                }));
+            }
+        }
+        let fused = stacked.replace("ffn_gate_exps", "ffn_gate_up_exps").replace("ffn_up_exps", "ffn_gate_up_exps");
+        match infos.get(&fused).map(|i| i.shape.dims()) {
+            Some(&[e, rows, _]) if fused != stacked && rows % 2 == 0 => {
+                let row0 = if stacked.contains("ffn_up_exps") { rows / 2 } else { 0 };
+                Ok(Some(StackedExperts { storage: fused, experts: e, rows_per_expert: rows, row0 }))
+            }
+            _ => Ok(None),
+        }
+    }
+    fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
+        Ok(crate::ops::moe::StackData::Quant(std::sync::Arc::new(self.inner.qtensor(storage)?)))
     }
 }
 

@@ -184,7 +184,7 @@ impl QwenHybrid {
 }
 
 fn load_ffn(cfg: &HybridConfig, ws: &dyn WeightSource, p: &str, moe: bool) -> Result<Ffn> {
-    Ok(if moe { Ffn::Moe(Moe::load(cfg, ws, p)?) } else { Ffn::Dense(Mlp::load(ws, p)?) })
+    Ok(if moe { Ffn::Moe(Box::new(Moe::load(cfg, ws, p)?)) } else { Ffn::Dense(Mlp::load(ws, p)?) })
 }
 
 impl CausalLm for QwenHybrid {

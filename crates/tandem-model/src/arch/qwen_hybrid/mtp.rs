@@ -37,7 +37,7 @@ impl MtpHead {
     pub fn load(cfg: &HybridConfig, ws: &dyn WeightSource) -> Result<Self> {
         let p = "mtp.layers.0.";
         let ffn = if ws.has(&format!("{p}mlp.gate.weight")) {
-            Ffn::Moe(Moe::load(cfg, ws, &format!("{p}mlp."))?)
+            Ffn::Moe(Box::new(Moe::load(cfg, ws, &format!("{p}mlp."))?))
         } else {
             Ffn::Dense(Mlp::load(ws, &format!("{p}mlp."))?)
         };

@@ -24,6 +24,8 @@ mod avx2;
 pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda_dense;
+#[cfg(feature = "cuda")]
+pub mod cuda_quant;
 pub mod dense;
 pub mod matrix;
 mod op;

@@ -28,8 +28,9 @@
 //! several. `TANDEM_DENSE_KERNEL=candle` sends them back to candle (for speed comparisons; not
 //! row-invariant). On CUDA, dense f32/f16/bf16 weights go to [`super::cuda_dense`] (one fixed
 //! order per element, every call size) for the same reason: cuBLAS picks algorithms by shape.
-//! Quantised weights on CUDA stay on candle's kernels (its vector kernel for up to 8 rows, its
-//! tiled kernel beyond: `tandem check-device` measures which calls agree). Other devices and
+//! Quantised weights on CUDA go to [`super::cuda_quant`] (our kernels, every call size; Q2_K
+//! and Q3_K stay on candle's, not row-invariant beyond its 8-row vector kernel;
+//! `TANDEM_QUANT_KERNEL=candle` sends every type back there for speed comparisons). Other devices and
 //! dtypes, and `QMatMul::TensorF16` (only made when `CANDLE_DEQUANTIZE_ALL_F16` is set), stay
 //! on candle's path, not row-invariant.
 //!
@@ -47,6 +48,12 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     if let QMatMul::Tensor(t) = w {
         if super::cuda_dense::supports(t, x) && dense_enabled() {
             return super::cuda_dense::forward(t, x).map_err(|e| candle_core::Error::Msg(e.to_string()));
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if let QMatMul::QTensor(q) = w {
+        if super::cuda_quant::supports(q, x) {
+            return super::cuda_quant::forward(q, x).map_err(|e| candle_core::Error::Msg(e.to_string()));
         }
     }
     if let QMatMul::Tensor(t) = w {

@@ -1,0 +1,136 @@
+// Row-invariant matmuls over GGML weight rows (dense f32/f16/bf16 or quantised blocks,
+// decoded by qunits.cuh), for every call size: y [m, n] f32 = x [m, k] f32 . W [n, k]^T.
+//
+// One warp per output column. Lane l walks the row's 32-value units u = l, l + 32, ... in
+// order, decodes each once per tile of up to TM rows and adds x[r, u*32 + i] * w[i] for
+// i = 0..31 with fused multiply-adds; a fixed butterfly then sums the lanes. Row r's result
+// depends only on x row r and W, never on m or on which tile it falls in, so a row inside a
+// verify chunk or a ragged batch has the bits of the same row computed alone. Weights are
+// decoded exactly (the CPU's dequantisation bits); activations stay f32 (candle's kernels
+// quantise them to 8 bits).
+//
+// moe_*: the same arithmetic over stacked expert weights [E, n, k]: a slot s (a token's j-th
+// chosen expert) reads x row s / x_div and expert ids[s]; slots come in expert-sorted order
+// (`order`) so that the blocks running together read the same expert.
+#include "qunits.cuh"
+
+#define TM 8
+#define WARPS 4
+
+template <int WT>
+__device__ __forceinline__ void dot_rows(float* acc, const uint8_t* __restrict__ wr, const float* __restrict__ x,
+                                         int rows, int k, int lane) {
+    const int units = k >> 5;
+    for (int u = lane; u < units; u += 32) {
+        float w[32];
+        decode_unit<WT>(wr, u, w);
+#pragma unroll
+        for (int r = 0; r < TM; r++) {
+            if (r < rows) {
+                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k) + u * 8;
+                float a = acc[r];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float4 v = __ldg(xp + i);
+                    a = fmaf(v.x, w[4 * i], a);
+                    a = fmaf(v.y, w[4 * i + 1], a);
+                    a = fmaf(v.z, w[4 * i + 2], a);
+                    a = fmaf(v.w, w[4 * i + 3], a);
+                }
+                acc[r] = a;
+            }
+        }
+    }
+}
+
+// w: n rows of row_bytes each.
+template <int WT>
+__device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int m,
+                        int n, int k, long long row_bytes) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * WARPS + warp;
+    if (col >= n) return;
+    const uint8_t* wr = w + (size_t)col * row_bytes;
+    for (int r0 = 0; r0 < m; r0 += TM) {
+        const int rows = min(TM, m - r0);
+        float acc[TM];
+#pragma unroll
+        for (int r = 0; r < TM; r++) acc[r] = 0.f;
+        dot_rows<WT>(acc, wr, x + (size_t)r0 * k, rows, k, lane);
+#pragma unroll
+        for (int r = 0; r < TM; r++) {
+            if (r < rows) {
+                const float s = warp_sum(acc[r]);
+                if (lane == 0) y[(size_t)(r0 + r) * n + col] = s;
+            }
+        }
+    }
+}
+
+// Slot order[blockIdx.y]; y [S, n]. One column per warp.
+template <int WT>
+__device__ void moe_matmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                           const int* __restrict__ order, const int* __restrict__ ids, int n, int k,
+                           long long row_bytes, long long expert_bytes, int x_div) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * WARPS + warp;
+    if (col >= n) return;
+    const int s = order[blockIdx.y];
+    const uint8_t* wr = w + (size_t)ids[s] * expert_bytes + (size_t)col * row_bytes;
+    float acc[TM];
+#pragma unroll
+    for (int r = 0; r < TM; r++) acc[r] = 0.f;
+    dot_rows<WT>(acc, wr, x + (size_t)(s / x_div) * k, 1, k, lane);
+    const float t = warp_sum(acc[0]);
+    if (lane == 0) y[(size_t)s * n + col] = t;
+}
+
+// h [S, n] = silu(x . Wg^T) * (x . Wu^T) per slot: the gate and up projections of the chosen
+// experts in one pass (wg, wu: the two stacks, or one fused stack at two offsets).
+template <int WT>
+__device__ void moe_gate_up(float* __restrict__ h, const float* __restrict__ x, const uint8_t* __restrict__ wg,
+                            const uint8_t* __restrict__ wu, const int* __restrict__ order, const int* __restrict__ ids,
+                            int n, int k, long long row_bytes, long long expert_bytes, int x_div) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * WARPS + warp;
+    if (col >= n) return;
+    const int s = order[blockIdx.y];
+    const size_t off = (size_t)ids[s] * expert_bytes + (size_t)col * row_bytes;
+    const float* xr = x + (size_t)(s / x_div) * k;
+    float g[TM], u[TM];
+#pragma unroll
+    for (int r = 0; r < TM; r++) g[r] = u[r] = 0.f;
+    dot_rows<WT>(g, wg + off, xr, 1, k, lane);
+    dot_rows<WT>(u, wu + off, xr, 1, k, lane);
+    const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+    if (lane == 0) h[(size_t)s * n + col] = silu_f(gs) * us;
+}
+
+#define QMATMUL(suffix, WT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
+        qmatmul_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k, long long row_bytes) { \
+        qmatmul<WT>(y, x, w, m, n, k, row_bytes);                                                                \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
+        moe_matmul_##suffix(float* y, const float* x, const uint8_t* w, const int* order, const int* ids, int n, \
+                            int k, long long row_bytes, long long expert_bytes, int x_div) {                     \
+        moe_matmul<WT>(y, x, w, order, ids, n, k, row_bytes, expert_bytes, x_div);                              \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
+        moe_gate_up_##suffix(float* h, const float* x, const uint8_t* wg, const uint8_t* wu, const int* order,   \
+                             const int* ids, int n, int k, long long row_bytes, long long expert_bytes,          \
+                             int x_div) {                                                                        \
+        moe_gate_up<WT>(h, x, wg, wu, order, ids, n, k, row_bytes, expert_bytes, x_div);                        \
+    }
+
+QMATMUL(f32, WT_F32)
+QMATMUL(f16, WT_F16)
+QMATMUL(bf16, WT_BF16)
+QMATMUL(q4_0, WT_Q4_0)
+QMATMUL(q4_1, WT_Q4_1)
+QMATMUL(q5_0, WT_Q5_0)
+QMATMUL(q5_1, WT_Q5_1)
+QMATMUL(q8_0, WT_Q8_0)
+QMATMUL(q4_k, WT_Q4_K)
+QMATMUL(q5_k, WT_Q5_K)
+QMATMUL(q6_k, WT_Q6_K)

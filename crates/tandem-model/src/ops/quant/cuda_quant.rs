@@ -1,0 +1,131 @@
+//! Row-invariant quantised matmuls on CUDA (`tandem-kernels/cuda/qmatmul.cu`) for GGML weights
+//! of every type tandem loads except Q2_K and Q3_K, at every call size.
+//!
+//! candle's CUDA kernels pick by row count (a vector kernel up to 8 rows, a tiled one beyond)
+//! and quantise the activations to 8 bits; the tiled kernel, and for Q8_0 / Q6_K even the
+//! vector kernel, sum a row differently from the same row computed alone, so a verify chunk
+//! could flip a near-tie that plain decoding resolves the other way. Here every row gets one
+//! fixed order (see the kernel's header), weights are decoded to the CPU dequantisation's
+//! bits and activations stay f32. [`WeightFormat`] also describes the stacked expert weights
+//! the MoE kernels read (`ops::moe`).
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+
+/// A weight row format the kernels decode: the kernel-name suffix and the bytes of a block of
+/// `block` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightFormat {
+    pub suffix: &'static str,
+    pub block: usize,
+    pub block_bytes: usize,
+}
+
+impl WeightFormat {
+    /// The format of a GGML type, `None` for the types the kernels do not decode.
+    pub fn of_ggml(t: GgmlDType) -> Option<Self> {
+        let (suffix, block, block_bytes) = match t {
+            GgmlDType::F32 => ("f32", 1, 4),
+            GgmlDType::F16 => ("f16", 1, 2),
+            GgmlDType::BF16 => ("bf16", 1, 2),
+            GgmlDType::Q4_0 => ("q4_0", 32, 18),
+            GgmlDType::Q4_1 => ("q4_1", 32, 20),
+            GgmlDType::Q5_0 => ("q5_0", 32, 22),
+            GgmlDType::Q5_1 => ("q5_1", 32, 24),
+            GgmlDType::Q8_0 => ("q8_0", 32, 34),
+            GgmlDType::Q4K => ("q4_k", 256, 144),
+            GgmlDType::Q5K => ("q5_k", 256, 176),
+            GgmlDType::Q6K => ("q6_k", 256, 210),
+            _ => return None,
+        };
+        Some(Self { suffix, block, block_bytes })
+    }
+
+    /// The format of a dense tensor dtype.
+    pub fn of_dtype(t: DType) -> Option<Self> {
+        match t {
+            DType::F32 => Self::of_ggml(GgmlDType::F32),
+            DType::F16 => Self::of_ggml(GgmlDType::F16),
+            DType::BF16 => Self::of_ggml(GgmlDType::BF16),
+            _ => None,
+        }
+    }
+
+    /// Whether rows of `k` values fit: whole 32-value units and whole blocks.
+    pub fn fits(&self, k: usize) -> bool {
+        k > 0 && k.is_multiple_of(32) && k.is_multiple_of(self.block)
+    }
+
+    /// Bytes of a row of `k` values.
+    pub fn row_bytes(&self, k: usize) -> usize {
+        k / self.block * self.block_bytes
+    }
+}
+
+/// Whether `q` `[n, k]` and `x` go to the kernel here (`TANDEM_QUANT_KERNEL=candle` sends
+/// them back to candle's kernels: faster prefill, not row-invariant).
+pub fn supports(q: &QTensor, x: &Tensor) -> bool {
+    q.device().is_cuda()
+        && x.device().is_cuda()
+        && x.rank() >= 2
+        && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && q.shape().dims2().is_ok_and(|(_, k)| WeightFormat::of_ggml(q.dtype()).is_some_and(|f| f.fits(k)))
+        && enabled()
+}
+
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
+}
+
+/// `x · Wᵀ` for `x` `[..., k]`, f32 out.
+pub fn forward(q: &QTensor, x: &Tensor) -> Result<Tensor> {
+    let fmt = WeightFormat::of_ggml(q.dtype())
+        .ok_or_else(|| ModelError::Input(format!("quantised matmul: {:?} has no CUDA kernel", q.dtype())))?;
+    let (n, k) = q.shape().dims2()?;
+    let ptr = q.device_ptr()? as u64;
+    matmul_raw(fmt, ptr, n, k, x)
+}
+
+/// `x · Wᵀ` for W `n` rows of `k` values in `fmt` at device address `w` (kept alive by the
+/// caller for the call; all on one stream).
+pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("quantised matmul: not a CUDA tensor".into()))?;
+    let mut out_shape = x.dims().to_vec();
+    let last = out_shape.len() - 1;
+    if out_shape[last] != k || !fmt.fits(k) {
+        return Err(ModelError::Input(format!(
+            "quantised matmul: x {:?} against W [{n}, {k}] ({})",
+            x.dims(),
+            fmt.suffix
+        )));
+    }
+    out_shape[last] = n;
+    let m = x.elem_count() / k;
+    let mut x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
+    if !x.layout().start_offset().is_multiple_of(4) {
+        x = x.copy()?; // float4 loads need rows on 16-byte boundaries
+    }
+    let name = format!("qmatmul_{}", fmt.suffix);
+    let f = dev.get_or_load_custom_func(&name, "tandem_qmatmul", tandem_kernels::QMATMUL)?;
+    let inputs = Inputs::new(&[&x])?;
+    let xv = inputs.view::<f32>(0)?;
+    let y = alloc_f32(&dev, m * n)?;
+    let (mi, ni, ki, rb) = (i32_of(m)?, i32_of(n)?, i32_of(k)?, fmt.row_bytes(k) as i64);
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let mut b = f.builder();
+    b.arg(&y).arg(&xv).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rb);
+    // SAFETY: arguments in the kernel's order; y holds m*n, x m*k (contiguous, f32, rows start
+    // 16-byte aligned as k is a multiple of 32), W n rows of `rb` bytes.
+    if m > 0 {
+        unsafe { run(&mut b, cfg, &name)? };
+    }
+    drop(b);
+    drop(xv);
+    drop(inputs);
+    Ok(tensor(y, &dev, (m, n)).reshape(out_shape)?)
+}
