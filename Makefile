@@ -48,13 +48,16 @@ gpu-pack:
 test-sdk: build
 	bash crates/tandem-server/tests/sdk/run.sh
 
-# cargo-fuzz over request parsing + template rendering for FUZZ_RUNS inputs; a crash fails it.
+# cargo-fuzz over request parsing + template rendering (FUZZ_RUNS inputs) and over model files
+# through the loader (GGUF, config.json + safetensors, tokenizer.json, templates;
+# FUZZ_MODEL_RUNS inputs); a crash fails it, and a planted crash checks that it does.
 # Stable toolchain only: cargo-fuzz is installed into target/tools on first use (crates.io) and
 # the target is built without a sanitizer (fuzz/run.sh says why). The seeded in-process fuzz
 # test (crates/tandem-server/tests/abuse.rs) also runs in `cargo test`.
 FUZZ_RUNS ?= 50000
+FUZZ_MODEL_RUNS ?= 20000
 test-fuzz:
-	CARGO="$(CARGO)" FUZZ_RUNS="$(FUZZ_RUNS)" bash fuzz/run.sh
+	CARGO="$(CARGO)" FUZZ_RUNS="$(FUZZ_RUNS)" FUZZ_MODEL_RUNS="$(FUZZ_MODEL_RUNS)" bash fuzz/run.sh
 
 serve: build
 	$(CARGO) run -q --bin tandem -- serve -m $(MODEL)

@@ -119,6 +119,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         Ok(cache)
     };
+    // One untimed prefill chunk and decode step first, like llama-bench's warm-up run: the
+    // first use of a GPU kernel module JIT-compiles it (seconds), which no repetition should pay.
+    {
+        let warm = tokens(chunk.min(a.prompt_tokens.max(1)), 2);
+        let mut cache = cache_at_depth(&[], warm.len() + 1)?;
+        model.forward(&mut [SeqChunk { tokens: &warm, cache: &mut cache, logits: LogitsWanted::Last }])?;
+        model.forward(&mut [SeqChunk { tokens: &[1], cache: &mut cache, logits: LogitsWanted::Last }])?;
+    }
     let mut rows = Vec::new();
     for &depth in &a.depth {
         let context = tokens(depth, 1);

@@ -54,6 +54,17 @@ enum Command {
 }
 
 fn main() {
+    // A chat-template render worker (tandem_model::chat_template::sandbox): nothing else here.
+    if std::env::args().nth(1).as_deref() == Some(tandem_model::chat_template::sandbox::WORKER_ARG) {
+        tandem_model::chat_template::sandbox::worker_main();
+    }
+    // Templates from model files render in those workers, under memory and time limits
+    // (TANDEM_TEMPLATE_SANDBOX=0 renders them in this process).
+    if !std::env::var("TANDEM_TEMPLATE_SANDBOX").is_ok_and(|v| v == "0") {
+        if let Ok(exe) = std::env::current_exe() {
+            tandem_model::chat_template::sandbox::enable(exe);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")

@@ -1,11 +1,14 @@
 // Row-invariant matmuls over GGML weight rows (dense f32/f16/bf16 or quantised blocks,
 // decoded by qunits.cuh), for every call size: y [m, n] f32 = x [m, k] f32 . W [n, k]^T.
 //
-// One warp per output column. Lane l walks the row's 32-value units u = l, l + 32, ... in
-// order, decodes each once per tile of up to TM rows and adds x[r, u*32 + i] * w[i] for
-// i = 0..31 with fused multiply-adds; a fixed butterfly then sums the lanes. Row r's result
-// depends only on x row r and W, never on m or on which tile it falls in, so a row inside a
-// verify chunk or a ragged batch has the bits of the same row computed alone. Weights are
+// A warp computes a tile of TC output columns x TR rows. Lane l walks the row's 32-value
+// units u = l, l + 32, ... in order, decodes each eight values at a time for the tile's
+// columns and adds x[r, u*32 + i] * w[c, u*32 + i] for i = 0..31 in order with fused
+// multiply-adds into its (r, c) partial sum; a fixed butterfly then sums the lanes. Every
+// (r, c) is the same chain of operations whatever tile it falls in, so row r's result depends
+// only on x row r and W, never on m: a row inside a verify chunk or a ragged batch has the bits
+// of the same row computed alone. Decoding a weight chunk once for TR rows and loading an x
+// chunk once for TC columns is what makes the tile pay for prefill. Weights are
 // decoded exactly (the CPU's dequantisation bits); activations stay f32 (candle's kernels
 // quantise them to 8 bits).
 //
@@ -14,54 +17,72 @@
 // (`order`) so that the blocks running together read the same expert.
 #include "qunits.cuh"
 
-#define TM 8
+#define TR 8
+#define TC 4
 #define WARPS 4
 
-template <int WT>
-__device__ __forceinline__ void dot_rows(float* acc, const uint8_t* __restrict__ wr, const float* __restrict__ x,
-                                         int rows, int k, int lane) {
+// acc[r][c] += x[r] . w[c] over this lane's units, for r < rows, c < cols.
+template <int WT, int R, int C>
+__device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __restrict__ w, long long row_bytes,
+                                         int cols, const float* __restrict__ x, int rows, int k, int lane) {
     const int units = k >> 5;
     for (int u = lane; u < units; u += 32) {
-        float w[32];
-        decode_unit<WT>(wr, u, w);
 #pragma unroll
-        for (int r = 0; r < TM; r++) {
-            if (r < rows) {
-                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k) + u * 8;
-                float a = acc[r];
+        for (int l0 = 0; l0 < 32; l0 += 8) {
+            float wv[C][8];
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const float4 v = __ldg(xp + i);
-                    a = fmaf(v.x, w[4 * i], a);
-                    a = fmaf(v.y, w[4 * i + 1], a);
-                    a = fmaf(v.z, w[4 * i + 2], a);
-                    a = fmaf(v.w, w[4 * i + 3], a);
+            for (int c = 0; c < C; c++) {
+                if (c < cols) {
+                    decode8<WT>(w + (size_t)c * row_bytes, u, l0, wv[c]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
                 }
-                acc[r] = a;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < rows) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k + u * 32 + l0);
+                    const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int c = 0; c < C; c++) {
+                        float t = acc[r][c];
+#pragma unroll
+                        for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
+                        acc[r][c] = t;
+                    }
+                }
             }
         }
     }
 }
 
-// w: n rows of row_bytes each.
+// w: n rows of row_bytes each. Block = WARPS warps = WARPS * TC columns.
 template <int WT>
 __device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int m,
                         int n, int k, long long row_bytes) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col = blockIdx.x * WARPS + warp;
-    if (col >= n) return;
-    const uint8_t* wr = w + (size_t)col * row_bytes;
-    for (int r0 = 0; r0 < m; r0 += TM) {
-        const int rows = min(TM, m - r0);
-        float acc[TM];
+    const int col0 = (blockIdx.x * WARPS + warp) * TC;
+    if (col0 >= n) return;
+    const int cols = min(TC, n - col0);
+    const uint8_t* wr = w + (size_t)col0 * row_bytes;
+    for (int r0 = 0; r0 < m; r0 += TR) {
+        const int rows = min(TR, m - r0);
+        float acc[TR][TC];
 #pragma unroll
-        for (int r = 0; r < TM; r++) acc[r] = 0.f;
-        dot_rows<WT>(acc, wr, x + (size_t)r0 * k, rows, k, lane);
+        for (int r = 0; r < TR; r++)
 #pragma unroll
-        for (int r = 0; r < TM; r++) {
-            if (r < rows) {
-                const float s = warp_sum(acc[r]);
-                if (lane == 0) y[(size_t)(r0 + r) * n + col] = s;
+            for (int c = 0; c < TC; c++) acc[r][c] = 0.f;
+        dot_tile<WT, TR, TC>(acc, wr, row_bytes, cols, x + (size_t)r0 * k, rows, k, lane);
+#pragma unroll
+        for (int r = 0; r < TR; r++) {
+#pragma unroll
+            for (int c = 0; c < TC; c++) {
+                if (r < rows && c < cols) {
+                    const float s = warp_sum(acc[r][c]);
+                    if (lane == 0) y[(size_t)(r0 + r) * n + col0 + c] = s;
+                }
             }
         }
     }
@@ -77,11 +98,9 @@ __device__ void moe_matmul(float* __restrict__ y, const float* __restrict__ x, c
     if (col >= n) return;
     const int s = order[blockIdx.y];
     const uint8_t* wr = w + (size_t)ids[s] * expert_bytes + (size_t)col * row_bytes;
-    float acc[TM];
-#pragma unroll
-    for (int r = 0; r < TM; r++) acc[r] = 0.f;
-    dot_rows<WT>(acc, wr, x + (size_t)(s / x_div) * k, 1, k, lane);
-    const float t = warp_sum(acc[0]);
+    float acc[1][1] = {{0.f}};
+    dot_tile<WT, 1, 1>(acc, wr, row_bytes, 1, x + (size_t)(s / x_div) * k, 1, k, lane);
+    const float t = warp_sum(acc[0][0]);
     if (lane == 0) y[(size_t)s * n + col] = t;
 }
 
@@ -97,12 +116,10 @@ __device__ void moe_gate_up(float* __restrict__ h, const float* __restrict__ x, 
     const int s = order[blockIdx.y];
     const size_t off = (size_t)ids[s] * expert_bytes + (size_t)col * row_bytes;
     const float* xr = x + (size_t)(s / x_div) * k;
-    float g[TM], u[TM];
-#pragma unroll
-    for (int r = 0; r < TM; r++) g[r] = u[r] = 0.f;
-    dot_rows<WT>(g, wg + off, xr, 1, k, lane);
-    dot_rows<WT>(u, wu + off, xr, 1, k, lane);
-    const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+    float g[1][1] = {{0.f}}, u[1][1] = {{0.f}};
+    dot_tile<WT, 1, 1>(g, wg + off, row_bytes, 1, xr, 1, k, lane);
+    dot_tile<WT, 1, 1>(u, wu + off, row_bytes, 1, xr, 1, k, lane);
+    const float gs = warp_sum(g[0][0]), us = warp_sum(u[0][0]);
     if (lane == 0) h[(size_t)s * n + col] = silu_f(gs) * us;
 }
 

@@ -1,6 +1,6 @@
-// Decoding GGML weight rows into f32, 32 values ("a unit") at a time, for the row-invariant
-// quantised matmuls (qmatmul.cu). A row of k values is k / 32 units; unit u holds values
-// u*32 .. u*32+31 in order. Each decoder reproduces ggml's / candle's `dequantize_row_*`
+// Decoding GGML weight rows into f32 for the row-invariant quantised matmuls (qmatmul.cu). A
+// row of k values is k / 32 units; unit u holds values u*32 .. u*32+31, decoded eight at a
+// time: decode8(row, u, l0, w) gives values u*32 + l0 .. u*32 + l0 + 7 (l0 = 0, 8, 16, 24). Each decoder reproduces ggml's / candle's `dequantize_row_*`
 // arithmetic (scale products first, no fused multiply-adds), so a decoded weight has the bits
 // the CPU's dequantisation gives it.
 //
@@ -44,150 +44,141 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int* sc, i
 }
 
 template <int WT>
-__device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int u, float* w);
+__device__ __forceinline__ void decode8(const uint8_t* __restrict__ row, int u, int l0, float* w);
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_F32>(const uint8_t* __restrict__ row, int u, float* w) {
-    const float4* p = reinterpret_cast<const float4*>(row) + u * 8;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 v = p[i];
-        w[4 * i] = v.x;
-        w[4 * i + 1] = v.y;
-        w[4 * i + 2] = v.z;
-        w[4 * i + 3] = v.w;
-    }
+__device__ __forceinline__ void decode8<WT_F32>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
+    const float4* p = reinterpret_cast<const float4*>(row) + (u * 32 + l0) / 4;
+    const float4 a = p[0], b = p[1];
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_F16>(const uint8_t* __restrict__ row, int u, float* w) {
-    const __half2* p = reinterpret_cast<const __half2*>(row) + u * 16;
+__device__ __forceinline__ void decode8<WT_F16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
+    const __half2* p = reinterpret_cast<const __half2*>(row) + (u * 32 + l0) / 2;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        float2 v = __half22float2(p[i]);
+    for (int i = 0; i < 4; i++) {
+        const float2 v = __half22float2(p[i]);
         w[2 * i] = v.x;
         w[2 * i + 1] = v.y;
     }
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_BF16>(const uint8_t* __restrict__ row, int u, float* w) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(row) + u * 16;
+__device__ __forceinline__ void decode8<WT_BF16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(row) + (u * 32 + l0) / 2;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        float2 v = __bfloat1622float2(p[i]);
+    for (int i = 0; i < 4; i++) {
+        const float2 v = __bfloat1622float2(p[i]);
         w[2 * i] = v.x;
         w[2 * i + 1] = v.y;
     }
 }
 
+// Values j < 16 are the low nibbles of bytes j, values j >= 16 the high nibbles of bytes j - 16.
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q4_0>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q4_0>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 18;
     const float d = f16_at(b);
+    const uint8_t* q = b + 2 + (l0 & 15);
+    const int shift = l0 >= 16 ? 4 : 0;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = b[2 + j];
-        w[j] = __fmul_rn((float)((int)(q & 15) - 8), d);
-        w[j + 16] = __fmul_rn((float)((int)(q >> 4) - 8), d);
-    }
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)((int)((q[i] >> shift) & 15) - 8), d);
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q4_1>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q4_1>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 20;
     const float d = f16_at(b), m = f16_at(b + 2);
+    const uint8_t* q = b + 4 + (l0 & 15);
+    const int shift = l0 >= 16 ? 4 : 0;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = b[4 + j];
-        w[j] = __fadd_rn(__fmul_rn((float)(q & 15), d), m);
-        w[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), m);
-    }
+    for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn((float)((q[i] >> shift) & 15), d), m);
 }
 
+// q5: the fifth bit of value j is bit j of the 32-bit qh.
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q5_0>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q5_0>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 22;
     const float d = f16_at(b);
     const unsigned int qh = u32_at(b + 2);
+    const uint8_t* q = b + 6 + (l0 & 15);
+    const int shift = l0 >= 16 ? 4 : 0;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = b[6 + j];
-        const int x0 = (int)((q & 15) | (((qh >> j) << 4) & 0x10)) - 16;
-        const int x1 = (int)((q >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
-        w[j] = __fmul_rn((float)x0, d);
-        w[j + 16] = __fmul_rn((float)x1, d);
+    for (int i = 0; i < 8; i++) {
+        const int x = (int)(((q[i] >> shift) & 15) | (((qh >> (l0 + i)) & 1) << 4)) - 16;
+        w[i] = __fmul_rn((float)x, d);
     }
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q5_1>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q5_1>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 24;
     const float d = f16_at(b), m = f16_at(b + 2);
     const unsigned int qh = u32_at(b + 4);
+    const uint8_t* q = b + 8 + (l0 & 15);
+    const int shift = l0 >= 16 ? 4 : 0;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint8_t q = b[8 + j];
-        const int x0 = (int)((q & 15) | (((qh >> j) << 4) & 0x10));
-        const int x1 = (int)((q >> 4) | ((qh >> (j + 12)) & 0x10));
-        w[j] = __fadd_rn(__fmul_rn((float)x0, d), m);
-        w[j + 16] = __fadd_rn(__fmul_rn((float)x1, d), m);
+    for (int i = 0; i < 8; i++) {
+        const int x = (int)(((q[i] >> shift) & 15) | (((qh >> (l0 + i)) & 1) << 4));
+        w[i] = __fadd_rn(__fmul_rn((float)x, d), m);
     }
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q8_0>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q8_0>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 34;
     const float d = f16_at(b);
 #pragma unroll
-    for (int j = 0; j < 32; j++) w[j] = __fmul_rn((float)(int8_t)b[2 + j], d);
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)(int8_t)b[2 + l0 + i], d);
 }
 
+// K-quants: unit u is sub-block j = u % 8 of superblock u / 8.
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q4_K>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q4_K>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)(u >> 3) * 144;
     const int j = u & 7;
     const float d = f16_at(b), dmin = f16_at(b + 2);
     int sc, m;
     scale_min_k4(j, b + 4, &sc, &m);
     const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
-    const uint8_t* q = b + 16 + (j >> 1) * 32;
+    const uint8_t* q = b + 16 + (j >> 1) * 32 + l0;
     const int shift = (j & 1) * 4;
 #pragma unroll
-    for (int l = 0; l < 32; l++) w[l] = __fsub_rn(__fmul_rn(d1, (float)((q[l] >> shift) & 15)), m1);
+    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(d1, (float)((q[i] >> shift) & 15)), m1);
 }
 
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q5_K>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q5_K>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)(u >> 3) * 176;
     const int j = u & 7;
     const float d = f16_at(b), dmin = f16_at(b + 2);
     int sc, m;
     scale_min_k4(j, b + 4, &sc, &m);
     const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
-    const uint8_t* qh = b + 16;
-    const uint8_t* ql = b + 48 + (j >> 1) * 32;
+    const uint8_t* qh = b + 16 + l0;
+    const uint8_t* ql = b + 48 + (j >> 1) * 32 + l0;
     const int shift = (j & 1) * 4;
 #pragma unroll
-    for (int l = 0; l < 32; l++) {
-        const int q = ((ql[l] >> shift) & 15) + ((qh[l] >> j) & 1) * 16;
-        w[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    for (int i = 0; i < 8; i++) {
+        const int q = ((ql[i] >> shift) & 15) + ((qh[i] >> j) & 1) * 16;
+        w[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
     }
 }
 
+// q6_k: a superblock is two halves of 128 values; sub-block j is part j % 4 of half j / 4.
 template <>
-__device__ __forceinline__ void decode_unit<WT_Q6_K>(const uint8_t* __restrict__ row, int u, float* w) {
+__device__ __forceinline__ void decode8<WT_Q6_K>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)(u >> 3) * 210;
     const int j = u & 7;
     const int half = j >> 2, part = j & 3;
-    const uint8_t* ql = b + half * 64 + (part & 1) * 32;
-    const uint8_t* qh = b + 128 + half * 32;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + half * 8 + part * 2;
-    const float d = f16_at(b + 208);
+    const uint8_t* ql = b + half * 64 + (part & 1) * 32 + l0;
+    const uint8_t* qh = b + 128 + half * 32 + l0;
+    const float dsc = __fmul_rn(f16_at(b + 208), (float)reinterpret_cast<const int8_t*>(b + 192)[half * 8 + part * 2 + (l0 >> 4)]);
     const int lshift = (part >> 1) * 4, hshift = part * 2;
 #pragma unroll
-    for (int l = 0; l < 32; l++) {
-        const int q = (int)(((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-        w[l] = __fmul_rn(__fmul_rn(d, (float)sc[l >> 4]), (float)q);
+    for (int i = 0; i < 8; i++) {
+        const int q = (int)(((ql[i] >> lshift) & 15) | (((qh[i] >> hshift) & 3) << 4)) - 32;
+        w[i] = __fmul_rn(dsc, (float)q);
     }
 }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod conformance;
 pub mod device;
 pub mod error;
+pub mod fuzzing;
 pub mod kv;
 pub mod loader;
 pub mod ops;

@@ -39,7 +39,9 @@ pub struct Llama {
 impl Llama {
     pub fn load(cfg: &LlamaConfig, ws: &dyn WeightSource) -> Result<Self> {
         cfg.validate()?;
-        let embed = ws.embedding("token_embd.weight")?;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (qd, kvd, ff) = (cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size);
+        let embed = ws.embedding("token_embd.weight")?.expect("token_embd.weight", cfg.vocab_size, h)?;
         let pb = layer_progress(cfg.num_layers, "loading");
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
@@ -59,22 +61,26 @@ impl Llama {
             }
             layers.push(Layer {
                 attn_norm: ws.tensor_f32(&n("attn_norm.weight"))?,
-                q: ws.linear(&n("attn_q.weight"))?,
-                k: ws.linear(&n("attn_k.weight"))?,
-                v: ws.linear(&n("attn_v.weight"))?,
-                o: ws.linear(&n("attn_output.weight"))?,
+                q: ws.linear(&n("attn_q.weight"))?.expect(&n("attn_q.weight"), &[qd], h)?,
+                k: ws.linear(&n("attn_k.weight"))?.expect(&n("attn_k.weight"), &[kvd], h)?,
+                v: ws.linear(&n("attn_v.weight"))?.expect(&n("attn_v.weight"), &[kvd], h)?,
+                o: ws.linear(&n("attn_output.weight"))?.expect(&n("attn_output.weight"), &[h], qd)?,
                 q_norm,
                 k_norm,
                 ffn_norm: ws.tensor_f32(&n("ffn_norm.weight"))?,
-                gate: ws.linear(&n("ffn_gate.weight"))?,
-                up: ws.linear(&n("ffn_up.weight"))?,
-                down: ws.linear(&n("ffn_down.weight"))?,
+                gate: ws.linear(&n("ffn_gate.weight"))?.expect(&n("ffn_gate.weight"), &[ff], h)?,
+                up: ws.linear(&n("ffn_up.weight"))?.expect(&n("ffn_up.weight"), &[ff], h)?,
+                down: ws.linear(&n("ffn_down.weight"))?.expect(&n("ffn_down.weight"), &[h], ff)?,
             });
             pb.inc(1);
         }
         pb.finish_and_clear();
         let norm = ws.tensor_f32("output_norm.weight")?;
-        let lm_head = if ws.has("output.weight") { ws.linear("output.weight")? } else { embed.as_linear()? };
+        let lm_head = if ws.has("output.weight") {
+            ws.linear("output.weight")?.expect("output.weight", &[cfg.vocab_size], h)?
+        } else {
+            embed.as_linear()?
+        };
         let freq_factors = if ws.has("rope_freqs.weight") {
             Some(ws.tensor_f32("rope_freqs.weight")?.flatten_all()?.to_vec1::<f32>()?)
         } else {

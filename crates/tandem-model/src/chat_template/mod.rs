@@ -7,18 +7,23 @@
 //! `json.dumps` layout, `raise_exception` and `strftime_now` (see [`builtins`]).
 //!
 //! Sandbox: no loader (templates cannot read files), a fuel limit on executed instructions,
-//! the default recursion limit, and a cap on the rendered output size. A pathological template
-//! can still build large strings in memory before writing them; templates come from model
-//! files, not from requests.
+//! the default recursion limit, and a cap on the rendered output size. Memory and time are
+//! bounded by the OS: with [`sandbox::enable`] (the CLI does it) renders run in worker
+//! processes with an address-space limit and a deadline, so a template that builds huge
+//! values fails its request instead of aborting the server.
 //!
 //! Message boundaries ([`Rendered::message_ends`]): the byte offset where message `i` ends is
 //! the longest common prefix of the full rendering and the rendering of `messages[..=i]`
 //! without a generation prompt. A prefix that fails to render (some templates refuse a
 //! conversation without a user turn) or that renders differently gets the previous boundary,
-//! so the offsets are non-decreasing and `text[..end]` is always a prefix of `text`. This
-//! costs one render per message.
+//! so the offsets are non-decreasing and `text[..end]` is always a prefix of `text`. Only the
+//! last [`BOUNDARY_MESSAGES`] messages get boundaries (earlier ones get 0, no boundary): one
+//! prefix render each, so a render costs at most that many times one full render, linear in
+//! the conversation (one render per message would be quadratic: 8,000 short messages took
+//! 38 s). The newest boundaries are the ones the prefix cache resumes from.
 
 mod builtins;
+pub mod sandbox;
 
 use std::path::Path;
 
@@ -39,6 +44,8 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
 
 /// Instructions one render may execute.
 const FUEL: u64 = 20_000_000;
+/// Messages at the end of a conversation that get message boundaries.
+pub const BOUNDARY_MESSAGES: usize = 32;
 /// Largest rendered prompt, in bytes.
 const MAX_OUTPUT: usize = 4 << 20;
 const TEMPLATE_NAME: &str = "chat";
@@ -68,6 +75,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// Worker processes renders go to ([`sandbox`]), when enabled.
+    sandbox: Option<sandbox::Pool>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -118,19 +127,33 @@ impl ChatTemplate {
         env.add_function("raise_exception", builtins::raise_exception);
         env.add_function("strftime_now", builtins::strftime_now);
         env.add_template_owned(TEMPLATE_NAME, builtins::strip_generation_tags(source)).map_err(template_error)?;
-        Ok(ChatTemplate { env, source: source.to_string(), bos_token, eos_token })
+        let mut t = ChatTemplate { env, source: source.to_string(), bos_token, eos_token, sandbox: None };
+        t.sandbox = sandbox::Pool::new(&t);
+        Ok(t)
     }
 
-    /// Renders `messages` (OpenAI-style message objects), with the end offset of every message.
+    /// Renders `messages` (OpenAI-style message objects), with the end offset of every message:
+    /// in a sandbox worker when [`sandbox::enable`] was called, else in this process.
     pub fn render(&self, messages: &[serde_json::Value], opts: &RenderOptions) -> Result<Rendered> {
+        match &self.sandbox {
+            Some(pool) => pool.render(messages, opts),
+            None => self.render_local(messages, opts),
+        }
+    }
+
+    /// [`Self::render`] in this process (what a sandbox worker runs).
+    pub fn render_local(&self, messages: &[serde_json::Value], opts: &RenderOptions) -> Result<Rendered> {
         // Convert once; prefixes share the (reference-counted) message values.
         let values: Vec<Value> = messages.iter().map(Value::from_serialize).collect();
         let globals = self.globals(opts);
         let text = self.render_values(&globals, &values, opts.add_generation_prompt)?;
         let mut message_ends = Vec::with_capacity(messages.len());
         let mut last = 0;
+        let first = values.len().saturating_sub(BOUNDARY_MESSAGES);
         for i in 0..values.len() {
-            let end = if i + 1 == values.len() && !opts.add_generation_prompt {
+            let end = if i < first {
+                0
+            } else if i + 1 == values.len() && !opts.add_generation_prompt {
                 text.len()
             } else {
                 match self.render_values(&globals, &values[..=i], false) {

@@ -238,3 +238,22 @@ fn failing_prefixes_fall_back_to_previous_boundary() {
     assert_eq!(r.text, "[system:You are a helpful assistant.][user:What is 2+2?]");
     assert_eq!(r.message_ends, vec![0, r.text.len()]);
 }
+
+#[test]
+fn only_the_last_messages_get_boundaries_so_rendering_stays_linear() {
+    let t = ChatTemplate::new(CHATML_TEMPLATE, None, None).unwrap();
+    let n = 2000;
+    let many: Vec<_> =
+        (0..n).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "a"})).collect();
+    let r = t.render(&many, &RenderOptions::default()).unwrap();
+    // One full render plus BOUNDARY_MESSAGES prefix renders, not one per message.
+    let ends = &r.message_ends;
+    assert_eq!(ends.len(), n);
+    assert!(ends[..n - BOUNDARY_MESSAGES].iter().all(|&e| e == 0));
+    let tail = &ends[n - BOUNDARY_MESSAGES..];
+    assert!(tail.windows(2).all(|w| w[0] < w[1]), "{tail:?}");
+    assert_eq!(*tail.last().unwrap(), r.text.len());
+    for &e in tail {
+        assert!(r.text[..e].ends_with("<|im_end|>\n"), "boundary {e} is not a message end");
+    }
+}

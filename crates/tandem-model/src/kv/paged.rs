@@ -120,11 +120,10 @@ impl PagedKvStore {
             return Ok(rows.to_dtype(self.dtype.storage_dtype())?.contiguous()?);
         }
         let (t, kv_heads, hd) = rows.dims3()?;
-        // q8_0 rows are encoded on the GPU; q4_0 rows still go through the host encoder there
-        // (the device encoder's bytes differed from the CPU's in check-device; until that is
-        // found, exactness first).
+        // On the GPU rows are encoded there, with the CPU encoder's bytes (check-device's
+        // `kv_encode` compares them).
         #[cfg(feature = "cuda")]
-        if x.device().is_cuda() && self.dtype == KvDtype::Q8_0 {
+        if x.device().is_cuda() {
             let flat = rows.contiguous()?.reshape((t * kv_heads, hd))?;
             let enc = crate::ops::paged_attention::cuda::encode_rows(&flat, self.dtype)?;
             return Ok(enc.reshape((t, kv_heads, self.dtype.row_elems(hd)))?);

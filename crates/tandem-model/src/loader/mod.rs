@@ -39,6 +39,15 @@ impl LinearWeight {
 }
 
 impl LinearWeight {
+    /// `(rows, cols)` of W: outputs by inputs.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        Ok(match self {
+            LinearWeight::Candle(QMatMul::QTensor(q)) => q.shape().dims2()?,
+            LinearWeight::Candle(QMatMul::Tensor(t)) | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dims2()?,
+            LinearWeight::Ggml(w) => (w.n(), w.k()),
+        })
+    }
+
     /// The first `n` output rows of W (`n` at most its row count): a copy in the same format.
     pub fn first_rows(&self, n: usize) -> Result<LinearWeight> {
         let too_many = |rows: usize| ModelError::Input(format!("cannot take {n} rows of a {rows}-row weight"));
@@ -101,6 +110,20 @@ impl Linear {
 }
 
 impl Linear {
+    /// Checks that W is `rows` (one of them) by `cols`, as the config says: a config that
+    /// disagrees with the tensors the file holds is an error at load, before anything is sized
+    /// from it (KV pools, recurrent state).
+    pub fn expect(self, name: &str, rows: &[usize], cols: usize) -> Result<Self> {
+        let (r, c) = self.weight.dims()?;
+        if !rows.contains(&r) || c != cols {
+            return Err(ModelError::Config(format!(
+                "{name}: shape [{r}, {c}] does not fit the config (expected [{}, {cols}])",
+                rows.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or ")
+            )));
+        }
+        Ok(self)
+    }
+
     /// The layer restricted to its first `n` outputs.
     pub fn first_rows(&self, n: usize) -> Result<Linear> {
         let bias = match &self.bias {
@@ -122,6 +145,26 @@ pub enum Embedding {
 }
 
 impl Embedding {
+    /// `(vocabulary, hidden)`.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        Ok(match self {
+            Embedding::Quantized(q) => q.shape().dims2()?,
+            Embedding::Ggml(w) => (w.n(), w.k()),
+            Embedding::Dense(t) => t.dims2()?,
+        })
+    }
+
+    /// Checks the table is `vocab x hidden` (see [`Linear::expect`]).
+    pub fn expect(self, name: &str, vocab: usize, hidden: usize) -> Result<Self> {
+        let (v, h) = self.dims()?;
+        if v != vocab || h != hidden {
+            return Err(ModelError::Config(format!(
+                "{name}: shape [{v}, {h}] does not fit the config (expected [{vocab}, {hidden}])"
+            )));
+        }
+        Ok(self)
+    }
+
     /// Rows for `ids` as f32, `[ids.len(), hidden]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
@@ -207,7 +250,11 @@ pub struct LoadedModel {
 /// Loads a GGUF file or a Hugging Face directory (config.json + safetensors + tokenizer.json).
 pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
     let free_before = crate::device::memory_info(device);
-    load_any(path, device).map_err(|e| match free_before {
+    // A file must not be able to panic the process: our code returns errors, and a panic in a
+    // library underneath (tokenizers, safetensors, candle) on a hostile file becomes one too.
+    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_any(path, device)))
+        .unwrap_or_else(|p| Err(ModelError::Config(format!("{}: loading failed: {}", path.display(), panic_text(&p)))));
+    loaded.map_err(|e| match free_before {
         // A GPU that runs out of memory while loading: say so, and what to change.
         Some((free, _)) if e.to_string().contains("OUT_OF_MEMORY") => ModelError::Input(format!(
             "{} does not fit in the {:.1} GiB free on the GPU ({e}); use a smaller or more quantised model, \
@@ -233,8 +280,18 @@ fn load_any(path: &Path, device: &Device) -> Result<LoadedModel> {
     }
 }
 
+/// The message of a caught panic.
+pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
 /// Describes a checkpoint without loading its weights.
 pub fn summarize(path: &Path) -> Result<ModelSummary> {
+    std::panic::catch_unwind(|| summarize_any(path))
+        .unwrap_or_else(|p| Err(ModelError::Config(format!("{}: reading failed: {}", path.display(), panic_text(&p)))))
+}
+
+fn summarize_any(path: &Path) -> Result<ModelSummary> {
     if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::summarize(path)
     } else if path.is_dir() {

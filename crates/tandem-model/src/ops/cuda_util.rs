@@ -2,7 +2,7 @@
 //! device slices of contiguous inputs, fresh outputs wrapped back into tensors, and errors
 //! turned into [`ModelError`]s. CUDA builds only.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{Device, Shape, Storage, Tensor};
@@ -85,4 +85,21 @@ pub(crate) unsafe fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig, name: &str) 
 /// A size as a kernel `int` argument.
 pub(crate) fn i32_of(x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| ModelError::Input(format!("{x} does not fit a CUDA kernel's int argument")))
+}
+
+/// The device address of a CUDA tensor's first element (f32, f16, bf16, u8), for kernels that
+/// take raw pointers at byte offsets. Valid while the tensor lives and nothing writes it; every
+/// launch goes on the device's one stream, after whatever wrote it.
+pub(crate) fn device_address(t: &Tensor) -> Result<u64> {
+    let (st, l) = t.storage_and_layout();
+    let Storage::Cuda(c) = &*st else { return Err(ModelError::Input("not a CUDA tensor".into())) };
+    let stream = c.device.cuda_stream();
+    let p = match t.dtype() {
+        candle_core::DType::F32 => c.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        candle_core::DType::F16 => c.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        candle_core::DType::BF16 => c.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+        candle_core::DType::U8 => c.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
+        other => return Err(ModelError::Input(format!("no raw address for {other:?} tensors"))),
+    };
+    Ok(p + (l.start_offset() * t.dtype().size_in_bytes()) as u64)
 }

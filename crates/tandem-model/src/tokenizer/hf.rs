@@ -49,7 +49,9 @@ fn ids_of(v: Option<&Value>) -> Vec<u32> {
 pub(super) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
     let path = dir.join("tokenizer.json");
     let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-    let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+    // tokenizers may panic on a hostile file rather than return an error: caught here.
+    let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
+        .map_err(|p| ModelError::Tokenizer(format!("{}: {}", path.display(), crate::loader::panic_text(&p))))?
         .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
     let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);

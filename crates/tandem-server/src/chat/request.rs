@@ -248,7 +248,10 @@ impl ChatCompletionRequest {
     pub fn render_options(&self) -> Result<ChatRenderOptions, ApiError> {
         let tools = match &self.tools {
             None | Some(Value::Null) => None,
-            Some(t @ Value::Array(_)) => Some(t),
+            Some(t @ Value::Array(list)) => {
+                list.iter().enumerate().try_for_each(|(i, t)| check_tool(i, t))?;
+                Some(t)
+            }
             Some(_) => return Err(ApiError::invalid_param("tools", "tools must be an array.")),
         };
         let choice = ToolChoice::parse(self.tool_choice.as_ref(), "tool_choice")?;
@@ -258,6 +261,36 @@ impl ChatCompletionRequest {
         }
         Ok(ChatRenderOptions { add_generation_prompt: true, tools: choice.offered(tools, "tool_choice")?, extra })
     }
+}
+
+/// An OpenAI tool definition: `{"type": "function", "function": {"name", "description"?,
+/// "parameters"?, "strict"?}}`. Anything else is refused rather than handed to the template,
+/// which would render it as it pleases (or not at all) and leave the client guessing.
+fn check_tool(i: usize, t: &Value) -> Result<(), ApiError> {
+    let bad = |field: &str, msg: &str| Err(ApiError::invalid_param(&format!("tools[{i}]{field}"), msg));
+    let Some(obj) = t.as_object() else { return bad("", "Each tool must be an object.") };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("function") => {}
+        Some(other) => return bad(".type", &format!("Unsupported tool type '{other}'; expected 'function'.")),
+        None => return bad(".type", "Each tool needs \"type\": \"function\"."),
+    }
+    let Some(f) = obj.get("function").and_then(Value::as_object) else {
+        return bad(".function", "A function tool needs a \"function\" object.");
+    };
+    match f.get("name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() && n.len() <= 256 => {}
+        _ => return bad(".function.name", "A function needs a name: a non-empty string of at most 256 bytes."),
+    }
+    if f.get("description").is_some_and(|d| !d.is_string() && !d.is_null()) {
+        return bad(".function.description", "The description must be a string.");
+    }
+    if f.get("parameters").is_some_and(|p| !p.is_object() && !p.is_null()) {
+        return bad(".function.parameters", "The parameters must be a JSON Schema object.");
+    }
+    if f.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+        return bad(".function.strict", "strict must be a boolean.");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -333,12 +366,30 @@ mod tests {
 
     #[test]
     fn render_options() {
-        let r =
-            req(json!({"tools": [{"type": "function"}], "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
+        let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+        let r = req(json!({"tools": [tool], "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
         let o = r.render_options().unwrap();
         assert!(o.add_generation_prompt);
-        assert_eq!(o.tools, Some(json!([{"type": "function"}])));
+        assert_eq!(o.tools, Some(json!([tool])));
         assert_eq!(o.extra["enable_thinking"], false);
         assert!(req(json!({"tools": {}})).unwrap().render_options().is_err());
+    }
+
+    #[test]
+    fn malformed_tools_are_refused() {
+        let param = |tools: Value| req(json!({ "tools": tools })).unwrap().render_options().unwrap_err().param;
+        let f = |function: Value| json!([{"type": "function", "function": function}]);
+        assert_eq!(param(json!([1])).as_deref(), Some("tools[0]"));
+        assert_eq!(param(json!([{"function": {"name": "f"}}])).as_deref(), Some("tools[0].type"));
+        assert_eq!(param(json!([{"type": "web_search"}])).as_deref(), Some("tools[0].type"));
+        assert_eq!(param(json!([{"type": "function"}])).as_deref(), Some("tools[0].function"));
+        assert_eq!(param(f(json!({}))).as_deref(), Some("tools[0].function.name"));
+        assert_eq!(param(f(json!({"name": ""}))).as_deref(), Some("tools[0].function.name"));
+        assert_eq!(param(f(json!({"name": 3}))).as_deref(), Some("tools[0].function.name"));
+        assert_eq!(param(f(json!({"name": "f", "parameters": "x"}))).as_deref(), Some("tools[0].function.parameters"));
+        assert_eq!(param(f(json!({"name": "f", "description": []}))).as_deref(), Some("tools[0].function.description"));
+        assert_eq!(param(f(json!({"name": "f", "strict": "yes"}))).as_deref(), Some("tools[0].function.strict"));
+        let ok = json!([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g", "description": "d", "parameters": {}, "strict": true}}]);
+        assert!(req(json!({ "tools": ok })).unwrap().render_options().is_ok());
     }
 }

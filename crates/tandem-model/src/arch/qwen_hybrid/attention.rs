@@ -39,11 +39,14 @@ impl GatedAttention {
     /// `p` is the layer prefix (`blk.3.` or `mtp.layers.0.`).
     pub fn load(ws: &dyn WeightSource, p: &str, nh: usize, nkv: usize, hd: usize, eps: f64) -> Result<Self> {
         let n = |s: &str| format!("{p}self_attn.{s}");
+        // q_proj holds the queries and their output gates: 2 x heads x head_dim rows.
+        let o = ws.linear(&n("o_proj.weight"))?;
+        let h = o.weight.dims()?.0;
         Ok(Self {
-            q: ws.linear(&n("q_proj.weight"))?,
-            k: ws.linear(&n("k_proj.weight"))?,
-            v: ws.linear(&n("v_proj.weight"))?,
-            o: ws.linear(&n("o_proj.weight"))?,
+            q: ws.linear(&n("q_proj.weight"))?.expect(&n("q_proj.weight"), &[2 * nh * hd], h)?,
+            k: ws.linear(&n("k_proj.weight"))?.expect(&n("k_proj.weight"), &[nkv * hd], h)?,
+            v: ws.linear(&n("v_proj.weight"))?.expect(&n("v_proj.weight"), &[nkv * hd], h)?,
+            o: o.expect(&n("o_proj.weight"), &[h], nh * hd)?,
             q_norm: norm_1p(ws, &n("q_norm.weight"))?,
             k_norm: norm_1p(ws, &n("k_norm.weight"))?,
             nh,

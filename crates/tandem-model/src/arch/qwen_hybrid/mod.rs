@@ -66,7 +66,7 @@ impl QwenHybrid {
     /// `blk.N.<HF tail>` (e.g. `blk.0.linear_attn.in_proj_qkv.weight`), plus `mtp.*` if present.
     pub fn load(cfg: &HybridConfig, ws: &dyn WeightSource) -> Result<Self> {
         cfg.validate()?;
-        let embed = ws.embedding("token_embd.weight")?;
+        let embed = ws.embedding("token_embd.weight")?.expect("token_embd.weight", cfg.vocab_size, cfg.hidden_size)?;
         let eps = cfg.rms_norm_eps;
         let pb = layer_progress(cfg.num_layers(), "loading");
         let mut layers = Vec::with_capacity(cfg.num_layers());
@@ -89,7 +89,7 @@ impl QwenHybrid {
         pb.finish_and_clear();
         let norm = norm_1p(ws, "output_norm.weight")?;
         let lm_head = if !cfg.tie_word_embeddings && ws.has("output.weight") {
-            ws.linear("output.weight")?
+            ws.linear("output.weight")?.expect("output.weight", &[cfg.vocab_size], cfg.hidden_size)?
         } else {
             embed.as_linear()?
         };

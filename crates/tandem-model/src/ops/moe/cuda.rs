@@ -4,13 +4,12 @@
 //! sum (`moe_combine`). Seven launches per layer whatever the number of experts, nothing read
 //! back to the host.
 
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::CudaDevice;
-use candle_core::{DType, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
 
 use super::{ExpertStack, RoutedExperts, StackData};
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 use crate::ops::quant::cuda_quant::WeightFormat;
 
 const MOE: &str = "tandem_moe";
@@ -35,23 +34,11 @@ pub(super) fn supported(r: &RoutedExperts) -> bool {
 }
 
 /// The device address of expert 0's first row of `s`, and the bytes between experts.
-fn base(s: &ExpertStack, f: WeightFormat, dev: &CudaDevice) -> Result<(u64, i64)> {
+fn base(s: &ExpertStack, f: WeightFormat) -> Result<(u64, i64)> {
     let row = f.row_bytes(s.k);
     let start = match &s.data {
         StackData::Quant(q) => q.device_ptr()? as u64,
-        StackData::Dense(t) => {
-            let (st, l) = t.storage_and_layout();
-            let Storage::Cuda(c) = &*st else { return Err(ModelError::Input("expert stack is not on CUDA".into())) };
-            let stream = dev.cuda_stream();
-            let elem = t.dtype().size_in_bytes() as u64;
-            let p = match t.dtype() {
-                DType::F32 => c.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
-                DType::F16 => c.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
-                DType::BF16 => c.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
-                other => return Err(ModelError::Input(format!("expert stack of {other:?}"))),
-            };
-            p + l.start_offset() as u64 * elem
-        }
+        StackData::Dense(t) => device_address(t)?,
     };
     // The stack is owned by the layer and never written, and everything runs on one stream, so
     // the address stays valid for the launches that follow.
@@ -106,9 +93,9 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
     unsafe { run(&mut b, cfg, "moe_sort")? };
     drop(b);
 
-    let (g0, gstride) = base(&r.gate, fg, &dev)?;
-    let (u0, ustride) = base(&r.up, fg, &dev)?;
-    let (d0, dstride) = base(&r.down, fd, &dev)?;
+    let (g0, gstride) = base(&r.gate, fg)?;
+    let (u0, ustride) = base(&r.up, fg)?;
+    let (d0, dstride) = base(&r.down, fd)?;
     if ustride != gstride {
         return Err(ModelError::Input("MoE: gate and up stacks have different expert strides".into()));
     }

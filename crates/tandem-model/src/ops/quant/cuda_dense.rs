@@ -1,15 +1,17 @@
-//! Row-invariant dense matmul on CUDA for the small-row path (`tandem-kernels/cuda/matmul.cu`):
-//! decode steps, verify chunks and small ragged batches, up to [`MAX_ROWS`] rows. cuBLAS picks
+//! Row-invariant dense matmul on CUDA for every call size: weights whose rows are whole 32-value
+//! units go to the tiled kernel of `cuda/qmatmul.cu` ([`super::cuda_quant`]); others to
+//! `tandem-kernels/cuda/matmul.cu`, below, in pieces of up to [`MAX_ROWS`] rows. cuBLAS picks
 //! its algorithm (and so its summation order) by shape, so one row decoded alone and the same
 //! row inside a verify chunk can differ in the last bits; this kernel gives every row one fixed
 //! order (a warp per output column, lanes strided over k, a butterfly sum), whatever the
-//! number of rows. Larger calls (prefill) stay on cuBLAS.
+//! number of rows.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{DType, Tensor};
 
+use super::cuda_quant::WeightFormat;
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 
 /// Most rows the kernel takes in one launch (more are cut into pieces of this many).
 pub const MAX_ROWS: usize = 32;
@@ -36,8 +38,12 @@ pub fn forward(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     }
     out_shape[last] = n;
     let m = x.elem_count() / k.max(1);
-    let x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
     let w = w.contiguous()?;
+    // Rows of whole 32-value units: the tiled kernel (qmatmul.cu), same guarantees, faster.
+    if let Some(fmt) = WeightFormat::of_dtype(w.dtype()).filter(|f| f.fits(k)) {
+        return super::cuda_quant::matmul_raw(fmt, device_address(&w)?, n, k, x);
+    }
+    let x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
     let name = match w.dtype() {
         DType::F32 => "rowinv_matmul_f32",
         DType::F16 => "rowinv_matmul_f16",

@@ -16,6 +16,9 @@ use candle_core::{DType, Tensor};
 use crate::error::{ModelError, Result};
 use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
 
+/// Output columns per thread block of `qmatmul_*` (4 warps x 4 columns, `qmatmul.cu`).
+const COLS_PER_BLOCK: usize = 16;
+
 /// A weight row format the kernels decode: the kernel-name suffix and the bytes of a block of
 /// `block` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +119,11 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     let xv = inputs.view::<f32>(0)?;
     let y = alloc_f32(&dev, m * n)?;
     let (mi, ni, ki, rb) = (i32_of(m)?, i32_of(n)?, i32_of(k)?, fmt.row_bytes(k) as i64);
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut b = f.builder();
     b.arg(&y).arg(&xv).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rb);
     // SAFETY: arguments in the kernel's order; y holds m*n, x m*k (contiguous, f32, rows start
