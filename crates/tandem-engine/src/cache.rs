@@ -18,7 +18,9 @@ use crate::engine::{EngineConfig, EngineError};
 use crate::sequence::Sequence;
 use crate::spec::SpecMethod;
 
+mod book;
 mod proposer_kv;
+pub(crate) use book::CacheBook;
 use proposer_kv::{ProposerKv, DRAFT, MTP};
 
 /// Occupancy numbers for stats.
@@ -145,9 +147,9 @@ impl EngineCache {
 
     /// Hands the block table to the sequence's caches (target and draft model).
     fn sync_tables(seq: &mut Sequence) {
-        seq.cache.set_block_table(seq.table.blocks());
+        seq.cache.set_block_table(seq.book.table.blocks());
         if let Some(dc) = &mut seq.spec.draft_cache {
-            dc.set_block_table(seq.table.blocks());
+            dc.set_block_table(seq.book.table.blocks());
         }
     }
 
@@ -164,6 +166,11 @@ impl EngineCache {
     /// Block-aligned positions at which a sequence with this prompt checkpoints its
     /// recurrent state: the end of the prompt, every message boundary (also those past the
     /// prompt, reached while decoding), every interval.
+    /// Plans where a new sequence checkpoints its recurrent state.
+    pub fn plan_checkpoints(&self, seq: &mut Sequence) {
+        seq.book.checkpoints = self.checkpoint_positions(seq.prompt_len(), seq.message_boundaries());
+    }
+
     pub fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
         if !self.recurrent || self.tree.is_none() {
             return Vec::new();
@@ -192,7 +199,7 @@ impl EngineCache {
     /// target's hidden states). Returns the cached tokens, or `None` when no slot is free.
     pub fn start(&mut self, seq: &mut Sequence) -> Result<Option<usize>, EngineError> {
         let Some(slot) = self.slots.acquire() else { return Ok(None) };
-        seq.slot = Some(slot);
+        seq.book.slot = Some(slot);
         seq.cache = self.new_cache();
         let bs = self.block_size();
         let mut limit = seq.tokens().len().saturating_sub(1);
@@ -211,24 +218,24 @@ impl EngineCache {
                 usable = (m.blocks.len() * bs).min(limit);
             }
             let shared = self.pool.blocks_for(usable);
-            seq.table.share_prefix(&mut self.pool, &m.blocks[..shared]).map_err(cache_err)?;
+            seq.book.table.share_prefix(&mut self.pool, &m.blocks[..shared]).map_err(cache_err)?;
             nodes = m.nodes;
         }
         seq.cache.resume(usable, snapshot.as_ref())?;
         let draft_cache = self.new_draft_cache();
-        let draft_blocks = self.proposer_kv.leading(seq.table.blocks(), DRAFT);
+        let draft_blocks = self.proposer_kv.leading(seq.book.table.blocks(), DRAFT);
         seq.spec.reset(usable, draft_cache, (draft_blocks * bs).min(usable));
         Self::sync_tables(seq);
-        seq.tree_blocks = usable / bs;
-        seq.tree_node = seq.tree_blocks.checked_sub(1).and_then(|i| nodes.get(i).copied());
-        seq.checkpoints.retain(|&p| p > usable);
+        seq.book.tree_blocks = usable / bs;
+        seq.book.tree_node = seq.book.tree_blocks.checked_sub(1).and_then(|i| nodes.get(i).copied());
+        seq.book.checkpoints.retain(|&p| p > usable);
         Ok(Some(usable))
     }
 
     /// Free blocks writing the sequence's next `n` tokens takes.
     pub fn blocks_needed(&self, seq: &Sequence, n: usize) -> usize {
         let pos = seq.cache.position();
-        seq.table.blocks_needed(&self.pool, pos, pos + n)
+        seq.book.table.blocks_needed(&self.pool, pos, pos + n)
     }
 
     /// Evicts unreferenced prefix-tree blocks until `need` blocks are free; whether they are.
@@ -246,13 +253,13 @@ impl EngineCache {
     /// and hands the block table to its cache.
     pub fn reserve(&mut self, seq: &mut Sequence, n: usize) -> Result<(), CacheError> {
         let pos = seq.cache.position();
-        let copies = seq.table.prepare_write(&mut self.pool, pos, pos + n)?;
+        let copies = seq.book.table.prepare_write(&mut self.pool, pos, pos + n)?;
         // These blocks are about to be written; the proposers' part is unknown until `commit`
         // sees how far their KV goes.
         let bs = self.pool.block_size();
         let first = pos / bs;
-        let end = (pos + n).div_ceil(bs).min(seq.table.blocks().len());
-        self.proposer_kv.clear(&seq.table.blocks()[first.min(end)..end]);
+        let end = (pos + n).div_ceil(bs).min(seq.book.table.blocks().len());
+        self.proposer_kv.clear(&seq.book.table.blocks()[first.min(end)..end]);
         for c in copies {
             let draft = self.draft.as_ref().map(|(_, st)| st.copy_block(c.src, c.dst));
             if let Err(e) = self.store.copy_block(c.src, c.dst).and(draft.unwrap_or(Ok(()))) {
@@ -274,20 +281,20 @@ impl EngineCache {
             return; // a failed step left the cache ahead of the tokens: nothing to publish
         }
         if let Some(dc) = &seq.spec.draft_cache {
-            let full = (dc.position().min(pos) / bs).min(seq.table.blocks().len());
-            self.proposer_kv.mark(&seq.table.blocks()[..full], DRAFT);
+            let full = (dc.position().min(pos) / bs).min(seq.book.table.blocks().len());
+            self.proposer_kv.mark(&seq.book.table.blocks()[..full], DRAFT);
         }
         if self.mtp && seq.spec.method == SpecMethod::Mtp {
-            let full = (seq.spec.mtp_pos.min(pos) / bs).min(seq.table.blocks().len());
-            self.proposer_kv.mark(&seq.table.blocks()[..full], MTP);
+            let full = (seq.spec.mtp_pos.min(pos) / bs).min(seq.book.table.blocks().len());
+            self.proposer_kv.mark(&seq.book.table.blocks()[..full], MTP);
         }
         // Blocks are published once every model's KV in them is written.
         let written = seq.spec.written_up_to(pos);
-        while !seq.tree_stuck && seq.tree_blocks < written / bs {
-            let i = seq.tree_blocks;
+        while !seq.book.tree_stuck && seq.book.tree_blocks < written / bs {
+            let i = seq.book.tree_blocks;
             let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
-            let Some(&block) = seq.table.blocks().get(i) else { break };
-            match tree.insert(&mut self.pool, seq.tree_node, tokens, block) {
+            let Some(&block) = seq.book.table.blocks().get(i) else { break };
+            match tree.insert(&mut self.pool, seq.book.tree_node, tokens, block) {
                 Ok(Some(node)) => {
                     // The same tokens were cached by a sequence that did not run this one's
                     // proposer: the node takes this block, which holds that proposer's KV too.
@@ -296,40 +303,40 @@ impl EngineCache {
                             tracing::warn!("prefix cache block swap failed: {e}");
                         }
                     }
-                    seq.tree_node = Some(node);
-                    seq.tree_blocks += 1;
+                    seq.book.tree_node = Some(node);
+                    seq.book.tree_blocks += 1;
                 }
-                Ok(None) => seq.tree_stuck = true,
+                Ok(None) => seq.book.tree_stuck = true,
                 Err(CacheError::StaleNode) => {
                     // The node we hung below was evicted: walk again from the root.
                     let end = (i + 1) * bs;
-                    let path = tree.insert_chain(&mut self.pool, &seq.tokens()[..end], &seq.table.blocks()[..=i]);
+                    let path = tree.insert_chain(&mut self.pool, &seq.tokens()[..end], &seq.book.table.blocks()[..=i]);
                     match path {
                         Ok(p) if p.len() == i + 1 => {
-                            seq.tree_node = p.last().copied();
-                            seq.tree_blocks += 1;
+                            seq.book.tree_node = p.last().copied();
+                            seq.book.tree_blocks += 1;
                         }
-                        _ => seq.tree_stuck = true,
+                        _ => seq.book.tree_stuck = true,
                     }
                 }
                 Err(e) => {
                     tracing::warn!("prefix cache insert failed: {e}");
-                    seq.tree_stuck = true;
+                    seq.book.tree_stuck = true;
                 }
             }
         }
-        while seq.checkpoints.first().is_some_and(|&p| p < pos) {
-            seq.checkpoints.remove(0);
+        while seq.book.checkpoints.first().is_some_and(|&p| p < pos) {
+            seq.book.checkpoints.remove(0);
         }
-        let aligned = pos.is_multiple_of(bs) && !seq.tree_stuck && seq.tree_blocks == pos / bs;
+        let aligned = pos.is_multiple_of(bs) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs;
         if self.recurrent && aligned && pos > seq.prompt_len() {
-            if let Some(node) = seq.tree_node {
-                seq.decode_checkpoint = Some((node, seq.cache.snapshot()));
+            if let Some(node) = seq.book.tree_node {
+                seq.book.decode_checkpoint = Some((node, seq.cache.snapshot()));
             }
         }
-        if seq.checkpoints.first() == Some(&pos) && !seq.tree_stuck && seq.tree_blocks == pos / bs {
-            seq.checkpoints.remove(0);
-            if let Some(node) = seq.tree_node {
+        if seq.book.checkpoints.first() == Some(&pos) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs {
+            seq.book.checkpoints.remove(0);
+            if let Some(node) = seq.book.tree_node {
                 let snap = seq.cache.snapshot();
                 let bytes = snapshot_bytes(&snap);
                 if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
@@ -342,7 +349,7 @@ impl EngineCache {
     /// Keeps a finished sequence's last generated-token checkpoint (see
     /// [`Sequence::decode_checkpoint`]) in the prefix tree.
     pub fn keep_decode_checkpoint(&mut self, seq: &mut Sequence) {
-        let (Some(tree), Some((node, snap))) = (&mut self.tree, seq.decode_checkpoint.take()) else { return };
+        let (Some(tree), Some((node, snap))) = (&mut self.tree, seq.book.decode_checkpoint.take()) else { return };
         let bytes = snapshot_bytes(&snap);
         if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
             tracing::debug!("generated-token checkpoint not kept: {e}");
@@ -351,25 +358,25 @@ impl EngineCache {
 
     /// Gives back everything the sequence holds; its cache is left empty.
     pub fn release(&mut self, seq: &mut Sequence) {
-        if let Err(e) = seq.table.release(&mut self.pool) {
+        if let Err(e) = seq.book.table.release(&mut self.pool) {
             tracing::error!("releasing KV blocks failed: {e}");
         }
-        if let Some(slot) = seq.slot.take() {
+        if let Some(slot) = seq.book.slot.take() {
             if let Err(e) = self.slots.release(slot) {
                 tracing::error!("releasing a state slot failed: {e}");
             }
         }
         seq.cache = self.new_cache();
         seq.spec.reset(0, None, 0);
-        seq.decode_checkpoint = None;
-        seq.tree_blocks = 0;
-        seq.tree_node = None;
-        seq.tree_stuck = false;
+        seq.book.decode_checkpoint = None;
+        seq.book.tree_blocks = 0;
+        seq.book.tree_node = None;
+        seq.book.tree_stuck = false;
     }
 
     /// Bytes of KV blocks and recurrent state a live sequence holds.
     pub fn seq_bytes(&self, seq: &Sequence) -> usize {
-        seq.table.blocks().len() * self.block_bytes + seq.cache.allocated_bytes()
+        seq.book.table.blocks().len() * self.block_bytes + seq.cache.allocated_bytes()
     }
 
     pub fn stats(&self) -> CacheStats {

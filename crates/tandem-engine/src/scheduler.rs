@@ -139,7 +139,7 @@ impl Scheduler {
         let k = over.num_draft_tokens.unwrap_or(sc.num_draft_tokens);
         let spec = SeqSpec::new(method, k, sc.adaptive);
         let mut seq = Sequence::new(sub, self.cache.new_cache(), spec);
-        seq.checkpoints = self.cache.checkpoint_positions(seq.prompt_len(), &seq.message_boundaries);
+        self.cache.plan_checkpoints(&mut seq);
         self.waiting.push_back(seq);
     }
 
@@ -176,9 +176,7 @@ impl Scheduler {
                 self.waiting.push_front(seq);
                 break;
             }
-            if !seq.admitted_before {
-                seq.admitted_before = true;
-                seq.cached_tokens = cached;
+            if seq.note_first_admission(cached) {
                 self.stats.prompt_tokens.fetch_add(seq.prompt_len(), Ordering::Relaxed);
                 self.stats.prefix_hit_tokens.fetch_add(cached, Ordering::Relaxed);
             }
@@ -257,7 +255,7 @@ impl Scheduler {
                 let mut k = k.min(budget - 1);
                 // A verification must not commit past a checkpoint position: it would skip it.
                 let pos = s.cache.position();
-                if let Some(&cp) = s.checkpoints.iter().find(|&&c| c > pos) {
+                if let Some(cp) = s.book.next_checkpoint_after(pos) {
                     k = k.min(cp - pos - 1);
                 }
                 want[i] = 1 + k;
@@ -269,7 +267,7 @@ impl Scheduler {
             if pending > 1 && budget > 0 {
                 let pos = s.cache.position();
                 let mut n = pending.min(self.cfg.prefill_chunk).min(budget);
-                if let Some(&cp) = s.checkpoints.iter().find(|&&c| c > pos) {
+                if let Some(cp) = s.book.next_checkpoint_after(pos) {
                     n = n.min(cp - pos);
                 }
                 want[i] = n;

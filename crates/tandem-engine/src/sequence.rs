@@ -7,16 +7,16 @@
 
 use std::time::Instant;
 
-use tandem_cache::{BlockTable, NodeRef, SlotId};
 use tandem_model::kv::SequenceCache;
 use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
+use crate::cache::CacheBook;
 use crate::request::{FinishReason, GenerationEvent, PositionLogprobs, Timings, TokenLogprob, Usage};
 use crate::sampler::{top_logprobs, Sampler};
 use crate::scheduler::Submission;
 use crate::spec::verify::Verdict;
-use crate::spec::SeqSpec;
+use crate::spec::{ProposerView, SeqSpec};
 use crate::stop::StopStringMatcher;
 
 pub(crate) struct Sequence {
@@ -24,26 +24,15 @@ pub(crate) struct Sequence {
     tokens: Vec<u32>,
     prompt_len: usize,
     pub cache: SequenceCache,
-    pub table: BlockTable,
-    pub slot: Option<SlotId>,
+    /// Block table, state slot, prefix-tree place and checkpoints: the cache module's.
+    pub book: CacheBook,
     /// Prompt tokens served from the prefix cache at first admission.
-    pub cached_tokens: usize,
-    pub admitted_before: bool,
-    /// Full blocks of `tokens` already in the prefix tree and the node of the last one.
-    pub tree_blocks: usize,
-    pub tree_node: Option<NodeRef>,
-    /// A hash collision stopped prefix caching for this sequence.
-    pub tree_stuck: bool,
-    /// Block-aligned positions at which to checkpoint recurrent state, ascending.
-    pub checkpoints: Vec<usize>,
+    cached_tokens: usize,
+    admitted_before: bool,
     /// Positions the prompt's chat messages end at.
-    pub message_boundaries: Vec<usize>,
+    message_boundaries: Vec<usize>,
     /// Speculative decoding state (method, drafts, proposer cache, counters).
     pub spec: SeqSpec,
-    /// Recurrent state at the last block boundary reached while generating, and the prefix
-    /// tree node of that block: kept as a checkpoint when the request finishes, so that the
-    /// next turn of a conversation resumes after the answer, not at the previous prompt's end.
-    pub decode_checkpoint: Option<(NodeRef, tandem_model::kv::RecurrentSnapshot)>,
     sampler: Sampler,
     stop_ids: Vec<u32>,
     max_tokens: usize,
@@ -65,17 +54,11 @@ impl Sequence {
             prompt_len: req.prompt_ids.len(),
             tokens: req.prompt_ids,
             cache,
-            table: BlockTable::new(),
-            slot: None,
+            book: CacheBook::new(),
             cached_tokens: 0,
             admitted_before: false,
-            tree_blocks: 0,
-            tree_node: None,
-            tree_stuck: false,
-            checkpoints: Vec::new(),
             message_boundaries: req.message_boundaries,
             spec,
-            decode_checkpoint: None,
             sampler,
             stop_ids,
             max_tokens: req.stop.max_tokens,
@@ -98,6 +81,22 @@ impl Sequence {
 
     pub fn prompt_len(&self) -> usize {
         self.prompt_len
+    }
+
+    /// Positions the prompt's chat messages end at.
+    pub fn message_boundaries(&self) -> &[usize] {
+        &self.message_boundaries
+    }
+
+    /// Records the first admission's prefix hit; `false` when it was admitted before (a
+    /// preempted sequence coming back keeps its first numbers).
+    pub fn note_first_admission(&mut self, cached: usize) -> bool {
+        if self.admitted_before {
+            return false;
+        }
+        self.admitted_before = true;
+        self.cached_tokens = cached;
+        true
     }
 
     /// The most positions this sequence can occupy.
@@ -128,16 +127,9 @@ impl Sequence {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Tokens the draft model has not seen yet, up to position `end` (at most every token, the
-    /// pending one included), and its cache. `None` without a draft model or nothing to feed.
-    pub fn draft_catch_up_input(&mut self, end: usize) -> Option<(&[u32], &mut SequenceCache)> {
-        let cache = self.spec.draft_cache.as_mut()?;
-        let start = cache.position();
-        let end = end.min(self.tokens.len());
-        if start >= end {
-            return None;
-        }
-        Some((&self.tokens[start..end], cache))
+    /// What a proposer may see and touch of this sequence.
+    pub fn proposer_view(&mut self) -> ProposerView<'_> {
+        ProposerView::new(&self.tokens, self.prompt_len, &mut self.cache, &mut self.spec)
     }
 
     /// Builds this step's verify chunk `[pending token, drafts..]`; its length.

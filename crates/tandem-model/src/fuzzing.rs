@@ -36,8 +36,24 @@ fn scratch() -> Option<PathBuf> {
     })
 }
 
+/// Panics inside [`crate::loader::contain`] (a library's, on a hostile file) are errors the
+/// loader returns, not crashes: the harness's panic hook (libFuzzer's aborts on any panic) is
+/// wrapped once to let those unwind. Every other panic still aborts.
+fn contain_library_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !crate::loader::panic_is_contained() {
+                prev(info)
+            }
+        }));
+    });
+}
+
 /// Runs one input through the loader it selects.
 pub fn model_files(data: &[u8]) {
+    contain_library_panics();
     // The harness's self-check (fuzz/run.sh): with TANDEM_FUZZ_PLANT set, this input crashes.
     if data.starts_with(b"PLANTED") && std::env::var_os("TANDEM_FUZZ_PLANT").is_some() {
         panic!("planted crash");

@@ -14,6 +14,7 @@ use crate::spec::cost::{CostModel, DraftCost};
 use crate::spec::draft::DraftProposer;
 use crate::spec::mtp::MtpProposer;
 use crate::spec::ngram::NgramProposer;
+use crate::spec::ProposerView;
 use crate::spec::{Proposer, SpecConfig, SpecMethod};
 
 /// The proposers this engine can use, one per method.
@@ -151,12 +152,12 @@ impl Scheduler {
         let model = self.model.as_ref();
         for m in METHODS {
             let Some(p) = self.proposers.get(m) else { continue };
-            let mut batch: Vec<(&mut Sequence, usize)> = self
+            let mut batch: Vec<(ProposerView<'_>, usize)> = self
                 .running
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, s)| want[*i] > 1 && !preempted[*i] && s.pending() == 1 && s.spec.method == m)
-                .map(|(i, s)| (s, want[i] - 1))
+                .map(|(i, s)| (s.proposer_view(), want[i] - 1))
                 .collect();
             if batch.is_empty() {
                 continue;
@@ -194,7 +195,7 @@ impl Scheduler {
             for (j, e) in plan.iter().enumerate() {
                 in_plan[e.seq] = Some(j);
             }
-            let mut batch: Vec<(&mut Sequence, Option<Tensor>)> = self
+            let mut batch: Vec<(ProposerView<'_>, Option<Tensor>)> = self
                 .running
                 .iter_mut()
                 .enumerate()
@@ -203,7 +204,7 @@ impl Scheduler {
                     // A draft model mirrors the prompt even for a request that finished at its
                     // first token, so the prompt blocks it publishes hold draft KV too.
                     let wanted = !s.finished || m == SpecMethod::Draft;
-                    (s.spec.is_on() && s.spec.method == m && wanted).then(|| (s, rows[j].take()))
+                    (s.spec.is_on() && s.spec.method == m && wanted).then(|| (s.proposer_view(), rows[j].take()))
                 })
                 .collect();
             if batch.is_empty() {

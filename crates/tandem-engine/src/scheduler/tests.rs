@@ -14,8 +14,7 @@ use super::{Scheduler, Submission};
 use crate::engine::{EngineConfig, EngineStats};
 use crate::request::{GenerateRequest, GenerationEvent, StopParams};
 use crate::sampler::Sampler;
-use crate::sequence::Sequence;
-use crate::spec::{Proposer, SpecConfig, SpecMethod};
+use crate::spec::{Proposer, ProposerView, SpecConfig, SpecMethod};
 
 struct Oracle {
     prompt_len: usize,
@@ -25,7 +24,7 @@ struct Oracle {
 }
 
 impl Proposer for Oracle {
-    fn propose(&mut self, _m: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+    fn propose(&mut self, _m: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, usize)]) -> Result<(), String> {
         for (s, k) in seqs.iter_mut() {
             let at = s.tokens().len() - self.prompt_len;
             let mut d: Vec<u32> = self.truth.iter().skip(at).take(*k).copied().collect();
@@ -40,7 +39,7 @@ impl Proposer for Oracle {
         Ok(())
     }
 
-    fn catch_up(&mut self, _m: &dyn CausalLm, _s: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+    fn catch_up(&mut self, _m: &dyn CausalLm, _s: &mut [(ProposerView<'_>, Option<Tensor>)]) -> Result<(), String> {
         Ok(())
     }
 }

@@ -10,8 +10,7 @@ use candle_core::Tensor;
 use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
 
-use super::{argmax, Proposer};
-use crate::sequence::Sequence;
+use super::{argmax, Proposer, ProposerView};
 
 pub struct DraftProposer {
     pub model: Box<dyn CausalLm>,
@@ -32,7 +31,7 @@ fn rows(logits: Option<Tensor>) -> Result<Vec<f32>, String> {
 }
 
 impl Proposer for DraftProposer {
-    fn propose(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+    fn propose(&mut self, _model: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, usize)]) -> Result<(), String> {
         for (seq, _) in seqs.iter_mut() {
             seq.spec.drafts.clear();
         }
@@ -90,7 +89,11 @@ impl Proposer for DraftProposer {
         std::mem::take(&mut self.idle_catch_up)
     }
 
-    fn catch_up(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+    fn catch_up(
+        &mut self,
+        _model: &dyn CausalLm,
+        seqs: &mut [(ProposerView<'_>, Option<Tensor>)],
+    ) -> Result<(), String> {
         let mut chunks = Vec::new();
         for (seq, _) in seqs.iter_mut() {
             let main_pos = seq.cache.position();

@@ -21,12 +21,12 @@ pub mod mtp;
 pub mod ngram;
 pub mod state;
 pub mod verify;
+mod view;
+pub(crate) use view::ProposerView;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use tandem_model::arch::CausalLm;
-
-use crate::sequence::Sequence;
 
 pub use state::SeqSpec;
 
@@ -145,13 +145,14 @@ pub(crate) trait Proposer: Send {
     /// Fills `seq.spec.drafts` with up to `k` tokens for each `(seq, k)` (fewer or none when
     /// nothing good is found). Drafts follow `seq.tokens()`; the last of those is the pending
     /// token, not yet in the cache. An error leaves the sequences without drafts.
-    fn propose(&mut self, model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String>;
+    fn propose(&mut self, model: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, usize)]) -> Result<(), String>;
 
     /// After a target forward: brings the proposer's own state (draft KV, MTP KV) up to the
     /// positions the sequences have committed. `hidden` holds the target's final-normed hidden
     /// states of the committed positions fed in that forward, when [`Self::needs_hidden`].
     /// An error turns speculation off for the sequences listed.
-    fn catch_up(&mut self, model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String>;
+    fn catch_up(&mut self, model: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, Option<Tensor>)])
+        -> Result<(), String>;
 
     /// Whether [`Self::catch_up`] needs the target's hidden states.
     fn needs_hidden(&self) -> bool {

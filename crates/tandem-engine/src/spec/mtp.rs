@@ -18,8 +18,7 @@
 use candle_core::{IndexOp, Tensor};
 use tandem_model::arch::{CausalLm, MtpDraft};
 
-use super::{argmax, Proposer};
-use crate::sequence::Sequence;
+use super::{argmax, Proposer, ProposerView};
 
 /// Hidden rows a sequence that is not drafting gathers before the head consumes them (one KV
 /// block of the default size, so its blocks reach the prefix cache without much delay).
@@ -39,7 +38,7 @@ fn last_row(t: &Tensor) -> Result<Vec<f32>, String> {
 
 /// Lets the head consume the kept rows whose next token is known; returns how many it
 /// consumed.
-fn consume(mtp: &dyn MtpDraft, seq: &mut Sequence) -> Result<usize, String> {
+fn consume(mtp: &dyn MtpDraft, seq: &mut ProposerView<'_>) -> Result<usize, String> {
     let Some(rows) = seq.spec.mtp_rows.take() else { return Ok(0) };
     let err = |e: candle_core::Error| e.to_string();
     let from = seq.spec.mtp_pos;
@@ -54,7 +53,7 @@ fn consume(mtp: &dyn MtpDraft, seq: &mut Sequence) -> Result<usize, String> {
     }
     let rows = rows.narrow(0, 0, known).map_err(err)?;
     let next: Vec<u32> = seq.tokens()[from + 1..=from + known].to_vec();
-    let y = mtp.mtp_forward(&rows, &next, &mut seq.cache, from).map_err(|e| e.to_string())?;
+    let y = mtp.mtp_forward(&rows, &next, seq.cache, from).map_err(|e| e.to_string())?;
     let m = y.dim(0).map_err(err)?;
     seq.spec.mtp_last = Some(y.narrow(0, m - 1, 1).map_err(err)?);
     seq.spec.mtp_pos = from + known;
@@ -62,7 +61,7 @@ fn consume(mtp: &dyn MtpDraft, seq: &mut Sequence) -> Result<usize, String> {
 }
 
 impl Proposer for MtpProposer {
-    fn propose(&mut self, model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+    fn propose(&mut self, model: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, usize)]) -> Result<(), String> {
         let mtp = model.mtp().ok_or("the model has no MTP head")?;
         let err = |e: tandem_model::ModelError| e.to_string();
         for (seq, k) in seqs.iter_mut() {
@@ -87,13 +86,17 @@ impl Proposer for MtpProposer {
                     break;
                 }
                 // The draft after `d` sits at target position main_pos + j - 1.
-                y = mtp.mtp_forward(&y, &[d], &mut seq.cache, main_pos + j - 1).map_err(err)?;
+                y = mtp.mtp_forward(&y, &[d], seq.cache, main_pos + j - 1).map_err(err)?;
             }
         }
         Ok(())
     }
 
-    fn catch_up(&mut self, model: &dyn CausalLm, seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+    fn catch_up(
+        &mut self,
+        model: &dyn CausalLm,
+        seqs: &mut [(ProposerView<'_>, Option<Tensor>)],
+    ) -> Result<(), String> {
         let mtp = model.mtp().ok_or("the model has no MTP head")?;
         let err = |e: candle_core::Error| e.to_string();
         for (seq, hidden) in seqs.iter_mut() {

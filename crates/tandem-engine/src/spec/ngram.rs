@@ -5,8 +5,7 @@
 use candle_core::Tensor;
 use tandem_model::arch::CausalLm;
 
-use super::Proposer;
-use crate::sequence::Sequence;
+use super::{Proposer, ProposerView};
 
 /// The prompt-lookup proposer: no state beyond the sequence's tokens.
 pub struct NgramProposer {
@@ -15,7 +14,7 @@ pub struct NgramProposer {
 }
 
 impl Proposer for NgramProposer {
-    fn propose(&mut self, _model: &dyn CausalLm, seqs: &mut [(&mut Sequence, usize)]) -> Result<(), String> {
+    fn propose(&mut self, _model: &dyn CausalLm, seqs: &mut [(ProposerView<'_>, usize)]) -> Result<(), String> {
         for (seq, k) in seqs.iter_mut() {
             let drafts = propose(seq.tokens(), self.min_n, self.max_n, *k);
             seq.spec.drafts = drafts;
@@ -23,7 +22,11 @@ impl Proposer for NgramProposer {
         Ok(())
     }
 
-    fn catch_up(&mut self, _model: &dyn CausalLm, _seqs: &mut [(&mut Sequence, Option<Tensor>)]) -> Result<(), String> {
+    fn catch_up(
+        &mut self,
+        _model: &dyn CausalLm,
+        _seqs: &mut [(ProposerView<'_>, Option<Tensor>)],
+    ) -> Result<(), String> {
         Ok(())
     }
 }

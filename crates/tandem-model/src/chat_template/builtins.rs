@@ -248,7 +248,8 @@ pub(crate) fn strip_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}").map(|e| e + 2) else { break };
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap: not a tag end).
+        let Some(len) = rest[start + 2..].find("%}").map(|e| e + 4) else { break };
         let inner = rest[start + 2..start + len - 2].trim_matches(|c: char| c == '-' || c.is_whitespace());
         out.push_str(&rest[..start]);
         if inner != "generation" && inner != "endgeneration" {

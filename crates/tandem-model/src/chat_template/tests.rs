@@ -257,3 +257,14 @@ fn only_the_last_messages_get_boundaries_so_rendering_stays_linear() {
         assert!(r.text[..e].ends_with("<|im_end|>\n"), "boundary {e} is not a message end");
     }
 }
+
+#[test]
+fn overlapping_tag_delimiters_are_errors_not_panics() {
+    // Found by the model_files fuzz target: `{%}` made the generation-tag stripper slice
+    // backwards.
+    for src in ["{%}", "a{%}b{% endif %}", "{%}%}", "{% generation %}x{%- endgeneration -%}{%}"] {
+        let _ = ChatTemplate::new(src, None, None);
+    }
+    assert_eq!(builtins::strip_generation_tags("{% generation %}x{% endgeneration %}"), "x");
+    assert_eq!(builtins::strip_generation_tags("{%}"), "{%}");
+}

@@ -33,7 +33,7 @@ impl GgufSource {
         // Every size, offset and count in the header is checked against the file first
         // (hostile or truncated files are errors, never panics or huge allocations).
         super::gguf_check::check(&mmap[..]).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-        let content = std::panic::catch_unwind(|| Content::read(&mut Cursor::new(&mmap[..])))
+        let content = crate::loader::contain(|| Content::read(&mut Cursor::new(&mmap[..])))
             .map_err(|_| {
                 ModelError::Config(format!("{} is not a valid GGUF file (the reader gave up)", path.display()))
             })?

@@ -6,237 +6,16 @@ pub mod gguf;
 pub mod gguf_check;
 pub mod safetensors;
 pub mod summary;
+mod weights;
 
+use candle_core::Device;
 use std::path::Path;
-use std::sync::Arc;
-
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Device, Tensor};
 
 use crate::arch::CausalLm;
 use crate::error::{ModelError, Result};
-use crate::ops::quant::GgmlMatrix;
 use crate::tokenizer::Tokenizer;
 pub use summary::ModelSummary;
-
-/// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
-/// fast kernels for), or our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 blocks.
-#[derive(Debug, Clone)]
-pub enum LinearWeight {
-    Candle(QMatMul),
-    Ggml(Arc<GgmlMatrix>),
-}
-
-impl LinearWeight {
-    /// `x · Wᵀ` for `x` `[..., k]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            // Each row gets the same bits whatever the number of rows (decode = verify).
-            LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward(w, x)?,
-            LinearWeight::Ggml(w) => w.forward(x)?,
-        })
-    }
-}
-
-impl LinearWeight {
-    /// `(rows, cols)` of W: outputs by inputs.
-    pub fn dims(&self) -> Result<(usize, usize)> {
-        Ok(match self {
-            LinearWeight::Candle(QMatMul::QTensor(q)) => q.shape().dims2()?,
-            LinearWeight::Candle(QMatMul::Tensor(t)) | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dims2()?,
-            LinearWeight::Ggml(w) => (w.n(), w.k()),
-        })
-    }
-
-    /// The first `n` output rows of W (`n` at most its row count): a copy in the same format.
-    pub fn first_rows(&self, n: usize) -> Result<LinearWeight> {
-        let too_many = |rows: usize| ModelError::Input(format!("cannot take {n} rows of a {rows}-row weight"));
-        Ok(match self {
-            LinearWeight::Candle(QMatMul::QTensor(q)) => {
-                let (rows, k) = q.shape().dims2()?;
-                if n > rows {
-                    return Err(too_many(rows));
-                }
-                let dtype = q.dtype();
-                let row_bytes = k / dtype.block_size() * dtype.type_size();
-                let data = q.data()?;
-                let storage = candle_core::quantized::QStorage::from_data(
-                    std::borrow::Cow::Owned(data[..n * row_bytes].to_vec()),
-                    &q.device(),
-                    dtype,
-                )?;
-                LinearWeight::Candle(QMatMul::from_qtensor(QTensor::new(storage, (n, k))?)?)
-            }
-            LinearWeight::Candle(QMatMul::Tensor(t)) => {
-                if n > t.dim(0)? {
-                    return Err(too_many(t.dim(0)?));
-                }
-                LinearWeight::Candle(QMatMul::Tensor(t.narrow(0, 0, n)?.contiguous()?))
-            }
-            LinearWeight::Candle(QMatMul::TensorF16(t)) => {
-                if n > t.dim(0)? {
-                    return Err(too_many(t.dim(0)?));
-                }
-                LinearWeight::Candle(QMatMul::TensorF16(t.narrow(0, 0, n)?.contiguous()?))
-            }
-            LinearWeight::Ggml(w) => {
-                if n > w.n() {
-                    return Err(too_many(w.n()));
-                }
-                let bytes = w.to_bytes();
-                let row_bytes = bytes.len() / w.n().max(1);
-                LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(w.quant_type(), n, w.k(), &bytes[..n * row_bytes])?))
-            }
-        })
-    }
-}
-
-/// A linear layer `y = x Wᵀ (+ b)`, with W quantised or dense.
-#[derive(Debug, Clone)]
-pub struct Linear {
-    pub weight: LinearWeight,
-    pub bias: Option<Tensor>,
-}
-
-impl Linear {
-    /// `x` is `[rows, k]` (any strides), the result f32 `[rows, n]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
-    }
-}
-
-impl Linear {
-    /// Checks that W is `rows` (one of them) by `cols`, as the config says: a config that
-    /// disagrees with the tensors the file holds is an error at load, before anything is sized
-    /// from it (KV pools, recurrent state).
-    pub fn expect(self, name: &str, rows: &[usize], cols: usize) -> Result<Self> {
-        let (r, c) = self.weight.dims()?;
-        if !rows.contains(&r) || c != cols {
-            return Err(ModelError::Config(format!(
-                "{name}: shape [{r}, {c}] does not fit the config (expected [{}, {cols}])",
-                rows.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or ")
-            )));
-        }
-        Ok(self)
-    }
-
-    /// The layer restricted to its first `n` outputs.
-    pub fn first_rows(&self, n: usize) -> Result<Linear> {
-        let bias = match &self.bias {
-            Some(b) => Some(b.narrow(0, 0, n)?),
-            None => None,
-        };
-        Ok(Linear { weight: self.weight.first_rows(n)?, bias })
-    }
-}
-
-/// A token-embedding table.
-#[derive(Debug, Clone)]
-pub enum Embedding {
-    Quantized(Arc<QTensor>),
-    /// Q4_1 / Q5_0 / Q5_1 on the CPU: rows dequantised on lookup, and the same blocks serve
-    /// as a tied LM head.
-    Ggml(Arc<GgmlMatrix>),
-    Dense(Tensor),
-}
-
-impl Embedding {
-    /// `(vocabulary, hidden)`.
-    pub fn dims(&self) -> Result<(usize, usize)> {
-        Ok(match self {
-            Embedding::Quantized(q) => q.shape().dims2()?,
-            Embedding::Ggml(w) => (w.n(), w.k()),
-            Embedding::Dense(t) => t.dims2()?,
-        })
-    }
-
-    /// Checks the table is `vocab x hidden` (see [`Linear::expect`]).
-    pub fn expect(self, name: &str, vocab: usize, hidden: usize) -> Result<Self> {
-        let (v, h) = self.dims()?;
-        if v != vocab || h != hidden {
-            return Err(ModelError::Config(format!(
-                "{name}: shape [{v}, {h}] does not fit the config (expected [{vocab}, {hidden}])"
-            )));
-        }
-        Ok(self)
-    }
-
-    /// Rows for `ids` as f32, `[ids.len(), hidden]`.
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(candle_core::DType::F32)?,
-            Embedding::Ggml(w) => {
-                let ids = ids.flatten_all()?.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
-                let k = w.k();
-                let mut out = vec![0f32; ids.len() * k];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
-                    if id as usize >= w.n() {
-                        return Err(ModelError::Input(format!("token id {id} is outside the embedding table")));
-                    }
-                    w.dequantize_row(id as usize, row);
-                }
-                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)?
-            }
-            Embedding::Dense(t) => t.index_select(ids, 0)?,
-        })
-    }
-
-    /// The same table as an output projection (tied embeddings).
-    pub fn as_linear(&self) -> Result<Linear> {
-        let weight = match self {
-            Embedding::Quantized(q) => LinearWeight::Candle(QMatMul::from_arc(q.clone())?),
-            Embedding::Ggml(w) => LinearWeight::Ggml(w.clone()),
-            Embedding::Dense(t) => LinearWeight::Candle(QMatMul::Tensor(t.clone())),
-        };
-        Ok(Linear { weight, bias: None })
-    }
-}
-
-/// See [`WeightSource::stacked_experts`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StackedExperts {
-    pub storage: String,
-    pub experts: usize,
-    pub rows_per_expert: usize,
-    pub row0: usize,
-}
-
-/// Tensors by GGUF-style name, whatever the container format.
-pub trait WeightSource {
-    fn has(&self, name: &str) -> bool;
-    /// A weight for a matmul, kept quantised where the file is quantised.
-    fn qmatmul(&self, name: &str) -> Result<LinearWeight>;
-    /// Any tensor, dequantised to f32 (norm weights, biases).
-    fn tensor_f32(&self, name: &str) -> Result<Tensor>;
-    fn embedding(&self, name: &str) -> Result<Embedding>;
-    fn device(&self) -> &Device;
-
-    /// Where the file stacks projection `proj` (`gate_proj`, `up_proj`, `down_proj`) of every
-    /// expert of the MoE block at `prefix` in one tensor: its name, its rows per expert and the
-    /// row this projection starts at (gate and up fused in one tensor share a name). `None`
-    /// where the source serves experts one by one.
-    fn stacked_experts(&self, prefix: &str, proj: &str) -> Result<Option<StackedExperts>> {
-        let _ = (prefix, proj);
-        Ok(None)
-    }
-    /// The storage behind [`StackedExperts::storage`], kept as the file stores it.
-    fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
-        Err(ModelError::MissingTensor(storage.to_string()))
-    }
-
-    fn linear(&self, name: &str) -> Result<Linear> {
-        let bias_name = name.strip_suffix(".weight").map(|p| format!("{p}.bias"));
-        let bias = match bias_name {
-            Some(b) if self.has(&b) => Some(self.tensor_f32(&b)?),
-            _ => None,
-        };
-        Ok(Linear { weight: self.qmatmul(name)?, bias })
-    }
-}
+pub use weights::{Embedding, Linear, LinearWeight, StackedExperts, WeightSource};
 
 /// A model ready to run, with everything needed to talk to it.
 pub struct LoadedModel {
@@ -278,6 +57,26 @@ fn load_any(path: &Path, device: &Device) -> Result<LoadedModel> {
     } else {
         Err(ModelError::NotFound(format!("{} is neither a GGUF file nor a model directory", path.display())))
     }
+}
+
+thread_local! {
+    static CONTAINED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs a library call that may panic on a hostile file (tokenizers, candle's GGUF reader)
+/// and returns its panic as an error message. Only such calls are contained: a panic in
+/// tandem's own loading code is still a bug (`load` turns it into an error too, but the fuzz
+/// harness, which checks [`panic_is_contained`], reports it).
+pub(crate) fn contain<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    CONTAINED.with(|c| c.set(c.get() + 1));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINED.with(|c| c.set(c.get() - 1));
+    r.map_err(|p| panic_text(&p))
+}
+
+/// Whether the current thread is inside [`contain`] (for panic hooks).
+pub fn panic_is_contained() -> bool {
+    CONTAINED.with(|c| c.get() > 0)
 }
 
 /// The message of a caught panic.

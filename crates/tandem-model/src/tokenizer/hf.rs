@@ -50,8 +50,8 @@ pub(super) fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
     let path = dir.join("tokenizer.json");
     let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
     // tokenizers may panic on a hostile file rather than return an error: caught here.
-    let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
-        .map_err(|p| ModelError::Tokenizer(format!("{}: {}", path.display(), crate::loader::panic_text(&p))))?
+    let inner = crate::loader::contain(|| tokenizers::Tokenizer::from_bytes(&bytes))
+        .map_err(|p| ModelError::Tokenizer(format!("{}: {p}", path.display())))?
         .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
     let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);

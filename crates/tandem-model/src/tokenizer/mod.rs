@@ -63,7 +63,7 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(content: &candle_core::quantized::gguf_file::Content) -> Result<Self> {
-        gguf::from_gguf(content)
+        crate::loader::contain(|| gguf::from_gguf(content)).map_err(ModelError::Tokenizer)?
     }
 
     /// Loads a Hugging Face model directory: `tokenizer.json`, plus `tokenizer_config.json`

@@ -38,7 +38,7 @@ pub fn gguf_arch(path: &Path) -> Option<String> {
     // A header that fails the checks is not the family's; the plain GGUF loader reports why.
     crate::loader::gguf_check::check(&mmap[..]).ok()?;
     let mut r = BufReader::new(std::io::Cursor::new(&mmap[..]));
-    let content = std::panic::catch_unwind(move || Content::read(&mut r)).ok()?.ok()?;
+    let content = crate::loader::contain(move || Content::read(&mut r)).ok()?.ok()?;
     match content.metadata.get("general.architecture")? {
         Value::String(s) => Some(s.clone()),
         _ => None,
