@@ -51,6 +51,9 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     Ok(tensor(out, &dev, (n, row_bytes)))
 }
 
+/// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
+const SPLIT: usize = 256;
+
 /// `q: [nh, t, hd]` over the pools `[rows, nkv, hd]`; see [`super::paged_attention`].
 pub fn paged_attention(
     q: &Tensor,
@@ -85,23 +88,35 @@ pub fn paged_attention(
     let (k_pool, v_pool) = (k_pool.contiguous()?, v_pool.contiguous()?);
     let inputs = Inputs::new(&[&q, &k_pool, &v_pool, &blocks])?;
     let out = alloc_f32(&dev, nh * t * hd)?;
+    // Split-KV: segments of SPLIT keys (the kernel's), one block each; with more than one in
+    // the call, per-segment partials go to `part` and a merge kernel combines each row's.
+    let nsplit = (past + t).div_ceil(SPLIT).max(1);
+    // SAFETY: with nsplit > 1 every block writes its segment's partial (an empty one too).
+    let part = if nsplit > 1 { Some(unsafe { dev.alloc::<f32>(t * nh * nsplit * (hd + 2))? }) } else { None };
+    let null = 0u64;
     let qv = inputs.view::<f32>(0)?;
     let bv = inputs.view::<u32>(3)?;
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
     let f = dev.get_or_load_custom_func(name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
-    let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, nsplit as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     macro_rules! go {
         ($T:ty) => {{
             let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
             let mut b = f.builder();
-            b.arg(&out).arg(&qv).arg(&kv_).arg(&vv).arg(&bv);
+            b.arg(&out);
+            match &part {
+                Some(p) => b.arg(p),
+                None => b.arg(&null),
+            };
+            b.arg(&qv).arg(&kv_).arg(&vv).arg(&bv);
             for a in &args {
                 b.arg(a);
             }
             b.arg(&scale);
-            // SAFETY: arguments in the kernel's order; out holds nh*t*hd; the block table
-            // covers positions 0..past+t (checked by the caller against the pool's rows).
+            // SAFETY: arguments in the kernel's order; out holds nh*t*hd, part t*nh*nsplit*(hd+2);
+            // the block table covers positions 0..past+t (checked by the caller against the
+            // pool's rows).
             unsafe { run(&mut b, cfg, name)? };
         }};
     }
@@ -110,6 +125,16 @@ pub fn paged_attention(
         DType::F16 => go!(half::f16),
         DType::U8 => go!(u8),
         _ => go!(half::bf16),
+    }
+    if let Some(p) = &part {
+        let merge = "paged_attention_merge";
+        let f = dev.get_or_load_custom_func(merge, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
+        let (nhi, ti, hdi, pi, nsi) = (i32_of(nh)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(nsplit)?);
+        let mut b = f.builder();
+        b.arg(&out).arg(p).arg(&nhi).arg(&ti).arg(&hdi).arg(&pi).arg(&nsi);
+        let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: paged_attention_merge(out, part, nh, t, hd, past, nsplit): the buffers above.
+        unsafe { run(&mut b, cfg, merge)? };
     }
     drop(qv);
     drop(bv);
