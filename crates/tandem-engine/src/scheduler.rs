@@ -386,9 +386,28 @@ impl Scheduler {
 
     /// Runs the target forward of `plan` and everything after it; returns the milliseconds
     /// the forward itself took.
+    ///
+    /// A failed forward of several sequences is retried one sequence at a time, each first
+    /// restored to its state before the step, so a failure that one request causes (a device
+    /// allocation only it needs, an input the model refuses) fails that request alone. The
+    /// restore needs a snapshot from before the step: free for attention KV (cut back) and for
+    /// device recurrent state (never written in place, so a snapshot shares it), a copy of the
+    /// state for host recurrent state, which is therefore not taken: a CPU hybrid model fails
+    /// the whole step (where an allocation failure aborts the process anyway).
     fn forward(&mut self, plan: &[PlanEntry]) -> f64 {
         let started = Instant::now();
         let before: Vec<usize> = plan.iter().map(|e| self.running[e.seq].cache.position()).collect();
+        let cpu = self.model.device().is_cpu();
+        let snaps: Option<Vec<tandem_model::kv::RecurrentSnapshot>> = (plan.len() > 1)
+            .then(|| {
+                plan.iter()
+                    .map(|e| {
+                        let c = &self.running[e.seq].cache;
+                        (!(cpu && c.has_recurrent())).then(|| c.snapshot())
+                    })
+                    .collect()
+            })
+            .flatten();
         let hidden_wanted = self.proposers.needs_hidden(plan.iter().map(|e| &self.running[e.seq]));
         let result = {
             let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
@@ -414,14 +433,8 @@ impl Scheduler {
         let elapsed = started.elapsed().as_secs_f64();
         let (logits, hidden) = match result {
             Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
-                self.fail(plan, &format!("forward pass failed: {e}"));
-                return elapsed * 1e3;
-            }
-            Err(_) => {
-                self.fail(plan, "forward pass panicked");
-                return elapsed * 1e3;
-            }
+            Ok(Err(e)) => return self.forward_failed(plan, snaps, &format!("forward pass failed: {e}"), elapsed),
+            Err(_) => return self.forward_failed(plan, snaps, "forward pass panicked", elapsed),
         };
         for (e, l) in plan.iter().zip(logits) {
             let s = &mut self.running[e.seq];
@@ -465,6 +478,39 @@ impl Scheduler {
             self.cache.commit(&mut self.running[e.seq]);
         }
         elapsed * 1e3
+    }
+
+    /// See [`Self::forward`]: fails the plan, or with snapshots restores every sequence and
+    /// runs each alone.
+    fn forward_failed(
+        &mut self,
+        plan: &[PlanEntry],
+        snaps: Option<Vec<tandem_model::kv::RecurrentSnapshot>>,
+        msg: &str,
+        elapsed: f64,
+    ) -> f64 {
+        let Some(snaps) = snaps else {
+            self.fail(plan, msg);
+            return elapsed * 1e3;
+        };
+        tracing::warn!("{msg} for a batch of {}; running its sequences one at a time", plan.len());
+        for (e, snap) in plan.iter().zip(&snaps) {
+            let s = &mut self.running[e.seq];
+            if let Err(err) = s.cache.restore(snap) {
+                s.fail(&format!("{msg}; restoring the cache failed: {err}"));
+                continue;
+            }
+            if e.verify && s.cache.has_recurrent() {
+                s.cache.begin_verify();
+            }
+        }
+        let mut ms = elapsed * 1e3;
+        for e in plan {
+            if !self.running[e.seq].finished {
+                ms += self.forward(std::slice::from_ref(e));
+            }
+        }
+        ms
     }
 
     fn fail(&mut self, plan: &[PlanEntry], msg: &str) {

@@ -8,6 +8,8 @@
 
 #[path = "engine.rs"]
 mod engine;
+#[path = "failure_isolation.rs"]
+mod failure_isolation;
 #[path = "kv_dtype.rs"]
 mod kv_dtype;
 #[path = "memory.rs"]

@@ -99,7 +99,8 @@ pub fn paged_attention(
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
     let f = dev.get_or_load_custom_func(name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
-    let cfg = LaunchConfig { grid_dim: (t as u32, nh as u32, nsplit as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (t as u32, nh as u32, nsplit as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     macro_rules! go {
         ($T:ty) => {{
             let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
