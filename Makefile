@@ -55,7 +55,7 @@ test-sdk: build
 # the target is built without a sanitizer (fuzz/run.sh says why). The seeded in-process fuzz
 # test (crates/tandem-server/tests/abuse.rs) also runs in `cargo test`.
 FUZZ_RUNS ?= 50000
-FUZZ_MODEL_RUNS ?= 6000
+FUZZ_MODEL_RUNS ?= 4000
 test-fuzz:
 	CARGO="$(CARGO)" FUZZ_RUNS="$(FUZZ_RUNS)" FUZZ_MODEL_RUNS="$(FUZZ_MODEL_RUNS)" bash fuzz/run.sh
 

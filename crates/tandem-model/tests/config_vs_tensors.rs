@@ -43,7 +43,7 @@ fn llama_family_sizes_are_checked_against_the_tensors() {
         ("vocab_size", 100_000, "token_embd"),
         ("hidden_size", 32, "token_embd"),
     ] {
-        let dir = with_config(&src, key, |c| c[key] = value.into());
+        let dir = with_config(&src, &format!("llama-{key}"), |c| c[key] = value.into());
         let e = load_err(&dir);
         assert!(e.contains(tensor) && e.contains("does not fit the config"), "{key}: {e}");
         let _ = std::fs::remove_dir_all(&dir);
@@ -62,7 +62,7 @@ fn hybrid_sizes_are_checked_against_the_tensors() {
         }
     }
     for (key, value) in [("num_key_value_heads", 2u64), ("linear_value_head_dim", 64), ("vocab_size", 100_000)] {
-        let dir = with_config(&src, key, |c| text(c)[key] = value.into());
+        let dir = with_config(&src, &format!("hybrid-{key}"), |c| text(c)[key] = value.into());
         let e = load_err(&dir);
         assert!(e.contains("does not fit the config") || e.contains("expected"), "{key}: {e}");
         let _ = std::fs::remove_dir_all(&dir);
