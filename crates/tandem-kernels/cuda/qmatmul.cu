@@ -56,6 +56,19 @@ __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __re
             }
         }
     }
+    // Dense rows whose length is not a multiple of 32 (quantised rows always are): value
+    // units*32 + lane, after the lane's units, in the same place of every (r, c)'s chain.
+    const int tail = units * 32 + lane;
+    if (tail < k) {
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const float wt = c < cols ? decode_at<WT>(w + (size_t)c * row_bytes, tail) : 0.f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < rows) acc[r][c] = fmaf(__ldg(x + (size_t)r * k + tail), wt, acc[r][c]);
+            }
+        }
+    }
 }
 
 // w: n rows of row_bytes each. Block = WARPS warps = WARPS * TC columns.

@@ -182,3 +182,13 @@ __device__ __forceinline__ void decode8<WT_Q6_K>(const uint8_t* __restrict__ row
         w[i] = __fmul_rn(dsc, (float)q);
     }
 }
+
+// Value i of a dense row (the tail of a row whose length is not a multiple of 32); never
+// called for quantised rows, whose length always is.
+template <int WT>
+__device__ __forceinline__ float decode_at(const uint8_t* __restrict__ row, int i) {
+    if (WT == WT_F32) return reinterpret_cast<const float*>(row)[i];
+    if (WT == WT_F16) return __half2float(reinterpret_cast<const __half*>(row)[i]);
+    if (WT == WT_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[i]);
+    return 0.f;
+}

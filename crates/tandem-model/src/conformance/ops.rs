@@ -334,7 +334,7 @@ fn norms(dev: &Device, out: &mut Vec<Check>) {
 
 fn dense(dev: &Device, out: &mut Vec<Check>) {
     for dt in [DType::F32, DType::F16, DType::BF16] {
-        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048)] {
+        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (3, 64, 16)] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32
             }

@@ -58,9 +58,14 @@ impl WeightFormat {
         }
     }
 
-    /// Whether rows of `k` values fit: whole 32-value units and whole blocks.
+    /// Whether rows of `k` values fit: quantised rows of whole blocks (and 32-value units);
+    /// dense rows of a multiple of 4 values (rows start 16-byte aligned for vector loads; a
+    /// last partial unit is handled value by value).
     pub fn fits(&self, k: usize) -> bool {
-        k > 0 && k.is_multiple_of(32) && k.is_multiple_of(self.block)
+        match self.block {
+            1 => k > 0 && k.is_multiple_of(4),
+            b => k > 0 && k.is_multiple_of(32) && k.is_multiple_of(b),
+        }
     }
 
     /// Bytes of a row of `k` values.
