@@ -51,6 +51,20 @@ fn llama_family_sizes_are_checked_against_the_tensors() {
 }
 
 #[test]
+fn moe_expert_sizes_are_checked_against_the_tensors() {
+    // Qwen3-Next stores its experts one by one: each is checked at load.
+    let src = root().join("fixtures/hybrid/qwen3_next");
+    assert!(tandem_model::loader::load(&src, &Device::Cpu).is_ok());
+    let dir = with_config(&src, "moe-moe_intermediate_size", |c| {
+        let t = if c.get("text_config").is_some() { &mut c["text_config"] } else { c };
+        t["moe_intermediate_size"] = 32.into();
+    });
+    let e = load_err(&dir);
+    assert!(e.contains("experts.0.gate_proj") && e.contains("does not fit the config"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn hybrid_sizes_are_checked_against_the_tensors() {
     let src = root().join("fixtures/hybrid/qwen3_5");
     assert!(tandem_model::loader::load(&src, &Device::Cpu).is_ok());

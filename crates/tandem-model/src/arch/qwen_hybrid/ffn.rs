@@ -120,10 +120,17 @@ impl Moe {
             }
         } else {
             for e in 0..m.num_experts {
-                let w = |s: &str| -> Result<ExpertW> {
-                    Ok(ExpertW::Linear(ws.linear(&format!("{p}experts.{e}.{s}.weight"))?))
+                // Each expert's shape is checked against the config at load, like every layer's.
+                let w = |s: &str, rows: usize, cols: usize| -> Result<ExpertW> {
+                    let name = format!("{p}experts.{e}.{s}.weight");
+                    Ok(ExpertW::Linear(ws.linear(&name)?.expect(&name, &[rows], cols)?))
                 };
-                experts.push(Expert { gate: w("gate_proj")?, up: w("up_proj")?, down: w("down_proj")? });
+                let h = cfg.hidden_size;
+                experts.push(Expert {
+                    gate: w("gate_proj", i, h)?,
+                    up: w("up_proj", i, h)?,
+                    down: w("down_proj", h, i)?,
+                });
             }
         }
         let shared = if ws.has(&format!("{p}shared_expert.gate_proj.weight")) {
