@@ -171,7 +171,7 @@ impl EngineCache {
         seq.book.checkpoints = self.checkpoint_positions(seq.prompt_len(), seq.message_boundaries());
     }
 
-    pub fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
+    fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
         if !self.recurrent || self.tree.is_none() {
             return Vec::new();
         }

@@ -46,11 +46,6 @@ pub fn enable(exe: PathBuf) {
     let _ = WORKER_EXE.set(exe);
 }
 
-/// Whether [`enable`] was called.
-pub fn enabled() -> bool {
-    WORKER_EXE.get().is_some()
-}
-
 /// One worker process: its stdin, and its stdout lines arriving on a channel (a reader thread),
 /// so a reply can be awaited with a deadline.
 struct Worker {

@@ -51,7 +51,7 @@ impl GgufSource {
     /// or when `TANDEM_QUANT_KERNEL=candle` asks for candle's own kernels (for comparisons).
     fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let candle_only = std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle"));
+        let candle_only = crate::ops::quant::Kernel::candle_only();
         let (Some(ty), [n, k], true) =
             (QuantType::from_ggml(info.ggml_dtype), info.shape.dims(), self.device.is_cpu() && !candle_only)
         else {

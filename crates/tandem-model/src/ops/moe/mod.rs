@@ -62,16 +62,6 @@ impl ExpertStack {
         }
         Ok(Self { data, experts, rows_per_expert, row0, n, k })
     }
-
-    /// Expert `e`'s matrix as dense f32 `[n, k]` on the CPU (references and tests).
-    pub fn expert_f32(&self, e: usize) -> Result<Vec<f32>> {
-        let all = match &self.data {
-            StackData::Quant(q) => q.dequantize(&candle_core::Device::Cpu)?,
-            StackData::Dense(t) => t.to_device(&candle_core::Device::Cpu)?,
-        };
-        let all = all.to_dtype(candle_core::DType::F32)?.reshape((self.experts, self.rows_per_expert, self.k))?;
-        Ok(all.get(e)?.narrow(0, self.row0, self.n)?.flatten_all()?.to_vec1::<f32>()?)
-    }
 }
 
 /// The routed experts of an MoE layer on one device: `down(silu(gate(x)) ⊙ up(x))` of each

@@ -82,12 +82,7 @@ pub fn supports(q: &QTensor, x: &Tensor) -> bool {
         && x.rank() >= 2
         && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
         && q.shape().dims2().is_ok_and(|(_, k)| WeightFormat::of_ggml(q.dtype()).is_some_and(|f| f.fits(k)))
-        && enabled()
-}
-
-fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
+        && !super::Kernel::candle_only()
 }
 
 /// `x · Wᵀ` for `x` `[..., k]`, f32 out.

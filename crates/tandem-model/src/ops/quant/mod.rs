@@ -73,6 +73,13 @@ impl Kernel {
         }
     }
 
+    /// Whether `TANDEM_QUANT_KERNEL=candle` asks for candle's own quantised kernels everywhere
+    /// (for comparisons): no GgmlMatrix on the CPU, no tandem kernels on CUDA.
+    pub fn candle_only() -> bool {
+        static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *CANDLE.get_or_init(|| std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
+    }
+
     /// Every kernel, fastest last.
     pub const ALL: [Kernel; 3] = [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni];
 
