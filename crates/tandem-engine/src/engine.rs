@@ -59,6 +59,9 @@ pub struct EngineConfig {
     pub checkpoint_memory: MemoryBudget,
     /// Speculative decoding (method, draft length, n-gram sizes).
     pub speculative: SpecConfig,
+    /// On a GPU, sample from the device's top candidates where they decide the token
+    /// (`sampler/candidates.rs`); false reads every sampled row whole.
+    pub device_sampling: bool,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +80,7 @@ impl Default for EngineConfig {
             checkpoint_interval: 1024,
             checkpoint_memory: MemoryBudget::Bytes(1 << 30),
             speculative: SpecConfig::default(),
+            device_sampling: true,
         }
     }
 }
@@ -127,6 +131,8 @@ pub struct EngineStats {
     pub spec_accepted: AtomicUsize,
     pub spec_drafted_at: [AtomicUsize; MAX_DRAFT_TOKENS],
     pub spec_accepted_at: [AtomicUsize; MAX_DRAFT_TOKENS],
+    /// Sampled tokens picked from a device's top candidates (without reading the row).
+    pub candidate_samples: AtomicUsize,
 }
 
 impl EngineStats {

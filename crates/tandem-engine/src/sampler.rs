@@ -12,6 +12,8 @@ use std::cmp::Ordering;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
+use tandem_model::ops::sampling::sanitize;
+
 use crate::request::SamplingParams;
 
 /// A token candidate: (id, logit before softmax / relative probability after).
@@ -20,18 +22,6 @@ type Candidate = (u32, f32);
 /// Orders candidates by value descending, ties by the lower id (a total order).
 fn by_value_desc(a: &Candidate, b: &Candidate) -> Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-/// Maps NaN to `-inf` and `+inf` to `f32::MAX` so that softmax arithmetic stays finite.
-#[inline]
-fn sanitize(v: f32) -> f32 {
-    if v.is_nan() {
-        f32::NEG_INFINITY
-    } else if v == f32::INFINITY {
-        f32::MAX
-    } else {
-        v
-    }
 }
 
 /// Chooses the next token of one sequence.
@@ -116,6 +106,11 @@ impl Sampler {
         if !self.filter(logits) {
             return argmax(logits);
         }
+        self.draw()
+    }
+
+    /// A draw from `self.cands` (in id order), weighted by their relative probabilities.
+    fn draw(&mut self) -> u32 {
         let total: f64 = self.cands.iter().map(|c| c.1 as f64).sum();
         let mut r = self.rng.random::<f64>() * total;
         for &(id, p) in &self.cands {
@@ -177,7 +172,9 @@ impl Sampler {
     }
 
     /// Fills `self.cands` with the surviving candidates and their relative probabilities
-    /// (the most likely one has 1.0). Returns false when no logit is finite.
+    /// (the most likely one has 1.0), in id order (so that sums and draws do not depend on how
+    /// the candidates were found: [`candidates`] gets the same set from a device's top
+    /// candidates). Returns false when no logit is finite.
     ///
     /// Tokens whose probability relative to the best is below e^-88 (an f32 underflow: they
     /// could never be drawn) are dropped up front, which keeps the later steps small.
@@ -202,6 +199,7 @@ impl Sampler {
         if p.top_k > 0 && p.top_k < cands.len() {
             cands.select_nth_unstable_by(p.top_k - 1, by_value_desc);
             cands.truncate(p.top_k);
+            cands.sort_unstable_by_key(|c| c.0);
         }
 
         // top-p: keep the smallest set of most likely tokens whose mass reaches top_p.
@@ -209,6 +207,7 @@ impl Sampler {
             let total: f64 = cands.iter().map(|c| c.1 as f64).sum();
             let keep = nucleus_len(cands, p.top_p as f64 * total);
             cands.truncate(keep.max(1));
+            cands.sort_unstable_by_key(|c| c.0);
         }
 
         // min-p: keep p >= min_p * p_max; p_max is 1.0 here and always survives.
@@ -322,5 +321,6 @@ pub fn top_logprobs(logits: &[f32], id: u32, n: usize) -> (f32, Vec<(u32, f32)>)
     (chosen, top.into_iter().map(|(i, l)| (i, lp(l))).collect())
 }
 
+mod candidates;
 #[cfg(test)]
 mod tests;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
+use tandem_model::ops::sampling::DEVICE_CANDIDATES;
 use tandem_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -463,6 +464,23 @@ impl Scheduler {
                     Err(err) => s.fail(&format!("reading the argmax failed: {err}")),
                 }
                 continue;
+            }
+            if self.cfg.device_sampling && !l.device().is_cpu() {
+                if let Some(inv_t) = s.candidates_temperature() {
+                    // Sampled on a GPU: the device's top candidates, the row only if they
+                    // cannot decide the token.
+                    match tandem_model::ops::sampling::top_candidates(&l, DEVICE_CANDIDATES, inv_t) {
+                        Ok(Some(top)) if s.on_candidates(&top, &self.tokenizer, self.context_length) => {
+                            self.stats.candidate_samples.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(err) => {
+                            s.fail(&format!("reading the sampling candidates failed: {err}"));
+                            continue;
+                        }
+                    }
+                }
             }
             let row = match l.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
                 Ok(v) => v,

@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use tandem_model::kv::SequenceCache;
+use tandem_model::ops::sampling::TopCandidates;
 use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -186,6 +187,30 @@ impl Sequence {
     pub fn on_argmax(&mut self, id: u32, tok: &Tokenizer, context_length: usize) {
         if !self.finished {
             self.push_token(id, None, tok, context_length);
+        }
+    }
+
+    /// `Some(1 / temperature)` when the next token can come from a device's top candidates
+    /// (no log-probs asked for; see [`crate::sampler::Sampler::candidates_temperature`]).
+    pub fn candidates_temperature(&self) -> Option<f32> {
+        if self.finished || self.logprobs.is_some() {
+            return None;
+        }
+        self.sampler.candidates_temperature()
+    }
+
+    /// Samples from a device's top candidates and applies the stop rules; false (nothing
+    /// done) when they cannot decide the token and the row must be read.
+    pub fn on_candidates(&mut self, top: &TopCandidates, tok: &Tokenizer, context_length: usize) -> bool {
+        if self.finished {
+            return true;
+        }
+        match self.sampler.sample_top(top) {
+            Some(id) => {
+                self.push_token(id, None, tok, context_length);
+                true
+            }
+            None => false,
         }
     }
 

@@ -142,6 +142,39 @@ fn seeded_sampling_reproduces() {
     assert_ne!(a, c, "different seeds should differ on a 24-token sample");
 }
 
+/// On a GPU, sampled requests take their tokens from the device's top candidates
+/// (`sampler/candidates.rs`); they must be the tokens the full rows give, seed for seed.
+#[test]
+fn device_sampling_gives_the_rows_tokens() {
+    let (prompt, _, _) = reference("qwen3");
+    let on = engine("qwen3", EngineConfig::default());
+    let off = engine("qwen3", EngineConfig { device_sampling: false, ..Default::default() });
+    let cases = [(0.8, 20, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (0.7, 0, 1.0, 0.1), (1.2, 50, 0.95, 0.02)];
+    for (i, &(temperature, top_k, top_p, min_p)) in cases.iter().enumerate() {
+        let req = || GenerateRequest {
+            sampling: SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed: Some(7 + i as u64),
+                ..Default::default()
+            },
+            ..greedy_req(prompt.clone(), 24)
+        };
+        let a = collect(on.submit(req()).unwrap()).ids;
+        let b = collect(off.submit(req()).unwrap()).ids;
+        assert_eq!(a, b, "case {i}: candidates vs full rows");
+    }
+    assert_eq!(off.stats().candidate_samples.load(Ordering::Relaxed), 0);
+    let used = on.stats().candidate_samples.load(Ordering::Relaxed);
+    if std::env::var("TANDEM_DEVICE").is_ok_and(|d| d.starts_with("cuda")) {
+        assert!(used > 48, "only {used} of 96 tokens came from the device's candidates");
+    } else {
+        assert_eq!(used, 0, "the CPU reads its rows");
+    }
+}
+
 #[test]
 fn stop_rules() {
     let (prompt, want, _) = reference("mistral");

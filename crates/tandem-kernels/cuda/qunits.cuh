@@ -8,7 +8,9 @@
 // (22: d, 4 high-bit bytes, 16), q5_1 (24: d, m, 4, 16), q8_0 (34: d, 32 int8); the K-quants
 // work on superblocks of 256 values = 8 units: q4_k (144: d, dmin, 12 packed 6-bit scales and
 // mins, 128 nibble bytes), q5_k (176: d, dmin, 12, 32 high-bit bytes, 128), q6_k (210: 128 low
-// nibbles, 64 bytes of 2-bit highs, 16 int8 scales, f16 d).
+// nibbles, 64 bytes of 2-bit highs, 16 int8 scales, f16 d), q2_k (84: 16 bytes of 4-bit scale
+// and min pairs, 64 bytes of 2-bit values, d, dmin), q3_k (110: 32 high-bit mask bytes, 64
+// bytes of 2-bit values, 12 packed 6-bit scales, d).
 #pragma once
 #include "common.cuh"
 
@@ -23,6 +25,8 @@
 #define WT_Q4_K 8
 #define WT_Q5_K 9
 #define WT_Q6_K 10
+#define WT_Q2_K 11
+#define WT_Q3_K 12
 
 __device__ __forceinline__ float f16_at(const uint8_t* p) {
     return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
@@ -180,6 +184,44 @@ __device__ __forceinline__ void decode8<WT_Q6_K>(const uint8_t* __restrict__ row
     for (int i = 0; i < 8; i++) {
         const int q = (int)(((ql[i] >> lshift) & 15) | (((qh[i] >> hshift) & 3) << 4)) - 32;
         w[i] = __fmul_rn(dsc, (float)q);
+    }
+}
+
+// q2_k: sub-block j (32 values) takes 2-bit field j % 4 of the 32 bytes of half j / 4; each
+// 16 values have their own 4-bit scale (low nibble) and min (high nibble).
+template <>
+__device__ __forceinline__ void decode8<WT_Q2_K>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 84;
+    const int j = u & 7;
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    const int sc = b[j * 2 + (l0 >> 4)];
+    const float dl = __fmul_rn(d, (float)(sc & 15)), ml = __fmul_rn(dmin, (float)(sc >> 4));
+    const uint8_t* q = b + 16 + (j >> 2) * 32 + l0;
+    const int shift = (j & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(dl, (float)((q[i] >> shift) & 3)), ml);
+}
+
+// q3_k: as q2_k for the low two bits, the third from bit j of mask byte (value % 32); a
+// value whose mask bit is clear is 4 lower. Scale s (0..15, one per 16 values) has its low
+// nibble in byte s % 8 (high nibble when s >= 8) and its top two bits in byte 8 + s % 4 at
+// bit 2 * (s / 4); it is stored offset by 32.
+template <>
+__device__ __forceinline__ void decode8<WT_Q3_K>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 110;
+    const int j = u & 7;
+    const uint8_t* sb = b + 96;
+    const int s = j * 2 + (l0 >> 4);
+    const int lo = s < 8 ? (sb[s] & 15) : (sb[s - 8] >> 4);
+    const int hi = (sb[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    const float dl = __fmul_rn(f16_at(b + 108), __fsub_rn((float)(lo | (hi << 4)), 32.f));
+    const uint8_t* q = b + 32 + (j >> 2) * 32 + l0;
+    const uint8_t* hm = b + l0;
+    const int shift = (j & 3) * 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int x = (int)((q[i] >> shift) & 3) - (((hm[i] >> j) & 1) ? 0 : 4);
+        w[i] = __fmul_rn(dl, (float)x);
     }
 }
 

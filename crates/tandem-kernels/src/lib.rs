@@ -34,3 +34,7 @@ pub const QMATMUL: &str = include_str!(concat!(env!("OUT_DIR"), "/qmatmul.ptx"))
 /// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
 #[cfg(feature = "cuda")]
 pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));
+
+/// PTX of `cuda/sampling.cu`: the top candidates and softmax mass of logits rows (sampling).
+#[cfg(feature = "cuda")]
+pub const SAMPLING: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));

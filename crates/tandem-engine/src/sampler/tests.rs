@@ -318,3 +318,67 @@ fn logit_bias_moves_the_choice_and_ignores_ids_outside_the_vocabulary() {
     assert!(!s.argmax_only(), "a biased request cannot take the device argmax");
     assert!(sampler(params(0.0, 0)).argmax_only());
 }
+
+/// Sampling from a device's top candidates (here the reference's) picks what the full row
+/// picks, seed for seed, and refuses what it cannot decide.
+#[test]
+fn top_candidates_give_the_full_rows_tokens() {
+    use tandem_model::ops::sampling::{top_candidates_ref, DEVICE_CANDIDATES};
+    let cases: [(f32, usize, f32, f32); 7] = [
+        (0.8, 20, 1.0, 0.0),
+        (1.0, 40, 0.95, 0.0),
+        (0.7, 0, 0.8, 0.0),
+        (1.5, 0, 0.9, 0.0),
+        (0.6, 0, 1.0, 0.1),
+        (1.0, 255, 1.0, 0.05),
+        (2.0, 0, 0.5, 0.02),
+    ];
+    let mut decided = 0;
+    let mut total = 0;
+    for (ci, &(temperature, top_k, top_p, min_p)) in cases.iter().enumerate() {
+        for salt in 0..12u64 {
+            let vocab = [300, 5000, 151_936][salt as usize % 3];
+            let mut row = logits_row(vocab, salt * 31 + ci as u64);
+            // A peaked distribution (as real models give), ties at the candidate boundary in
+            // some rows, and planted NaN / inf.
+            if salt % 2 == 0 {
+                for (i, l) in row.iter_mut().enumerate().take(50) {
+                    *l += 12.0 - i as f32 * 0.2;
+                }
+            }
+            if salt % 4 == 1 {
+                for l in row.iter_mut() {
+                    *l = (*l * 2.0).round() / 2.0;
+                }
+            }
+            if salt == 5 {
+                row[7] = f32::NAN;
+                row[9] = f32::INFINITY;
+            }
+            let p = SamplingParams { temperature, top_k, top_p, min_p, seed: Some(salt), ..Default::default() };
+            let mut full = sampler(p.clone());
+            let mut cand = sampler(p);
+            let inv_t = cand.candidates_temperature().expect("these params cut the distribution");
+            let top = top_candidates_ref(&row, DEVICE_CANDIDATES, inv_t);
+            for _ in 0..4 {
+                let want = full.sample(&mut row.clone(), &[]);
+                total += 1;
+                match cand.sample_top(&top) {
+                    Some(got) => {
+                        decided += 1;
+                        assert_eq!(got, want, "case {ci} salt {salt}");
+                    }
+                    // Undecided: the caller samples the full row with the same RNG state.
+                    None => assert_eq!(cand.sample(&mut row.clone(), &[]), want),
+                }
+            }
+        }
+    }
+    assert!(decided * 10 >= total * 6, "only {decided} of {total} draws decided by the candidates");
+    assert!(decided < total, "every draw decided: the undecided path went untested");
+    // Plain temperature sampling and penalties need the whole row.
+    assert!(sampler(params(0.8, 1)).candidates_temperature().is_none());
+    let pen = SamplingParams { temperature: 0.8, top_k: 20, repetition_penalty: 1.1, ..Default::default() };
+    assert!(sampler(pen).candidates_temperature().is_none());
+    assert!(sampler(SamplingParams { top_k: 20, ..params(0.0, 1) }).candidates_temperature().is_none());
+}

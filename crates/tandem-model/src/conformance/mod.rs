@@ -19,6 +19,7 @@ use crate::error::Result;
 pub mod models;
 pub mod moe;
 pub mod ops;
+pub mod sampling;
 
 /// How a check is judged.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -134,6 +135,7 @@ impl Rng {
 pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     let mut checks = ops::run(dev);
     checks.extend(moe::run(dev));
+    checks.extend(sampling::run(dev));
     if let Some(root) = fixtures {
         checks.extend(models::run(dev, root));
     }

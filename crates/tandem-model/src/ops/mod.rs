@@ -9,6 +9,7 @@ pub mod moe;
 pub mod paged_attention;
 pub mod quant;
 pub mod rope;
+pub mod sampling;
 
 pub use attention::causal_attention;
 pub use rope::Rope;

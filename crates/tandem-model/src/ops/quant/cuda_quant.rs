@@ -1,5 +1,5 @@
 //! Row-invariant quantised matmuls on CUDA (`tandem-kernels/cuda/qmatmul.cu`) for GGML weights
-//! of every type tandem loads except Q2_K and Q3_K, at every call size.
+//! of every type tandem loads (Q4_0 .. Q8_0, Q2_K .. Q6_K, dense f32/f16/bf16), at every call size.
 //!
 //! candle's CUDA kernels pick by row count (a vector kernel up to 8 rows, a tiled one beyond)
 //! and quantise the activations to 8 bits; the tiled kernel, and for Q8_0 / Q6_K even the
@@ -43,6 +43,8 @@ impl WeightFormat {
             GgmlDType::Q4K => ("q4_k", 256, 144),
             GgmlDType::Q5K => ("q5_k", 256, 176),
             GgmlDType::Q6K => ("q6_k", 256, 210),
+            GgmlDType::Q2K => ("q2_k", 256, 84),
+            GgmlDType::Q3K => ("q3_k", 256, 110),
             _ => return None,
         };
         Some(Self { suffix, block, block_bytes })
