@@ -144,6 +144,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         checkpoint_interval: a.checkpoint_interval,
         checkpoint_memory: a.checkpoint_memory,
         speculative: a.model.spec.config(),
+        // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
+        device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
     };
     let engine = a.model.start_engine(cfg)?;
     rt.block_on(tandem_server::serve(engine, server))

@@ -10,6 +10,14 @@
 //   S <- e^g S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
 //   One thread per value column j holds S[:, j] in registers; q and k of the step are staged
 //   in shared memory. Sums run over i in order, like the CPU kernel.
+// gdn_delta_fused: the whole step after the conv in one launch. u [t, 2 nk dk + nv dv] is the
+//   conv output (q, k, v side by side), z [t, nv, dv] the output gate, b / a [t, nv] the raw
+//   beta and decay projections; per token it L2-normalises q and k (eps 1e-6 in the square
+//   root, q then scaled), takes beta = sigmoid(b) and g = -A softplus(a + dt_bias) (softplus
+//   linear above 20), runs the delta rule as gdn_delta does and writes the gated RMSNorm of
+//   the output, norm(o) * w * silu(z), per head. One block per v-head holding all dv columns
+//   (dv <= 256); the block sums (norms) go through warp_sum and then the warps in order, so a
+//   token's arithmetic is the same in every chunk it arrives in.
 #include "common.cuh"
 
 #define MAXK 8
@@ -121,3 +129,111 @@ DELTA(gdn_delta_32, 32)
 DELTA(gdn_delta_64, 64)
 DELTA(gdn_delta_128, 128)
 DELTA(gdn_delta_256, 256)
+
+// The sum of v over the block, in a fixed order (lanes by butterfly, then warps in order);
+// every thread gets it. red holds one float per warp.
+__device__ __forceinline__ float block_sum_fixed(float v, float* red) {
+    const int warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < nw; w++) s += red[w];
+    return s;
+}
+
+template <int MAXDK>
+__device__ void delta_fused(float* __restrict__ o, float* __restrict__ state_out, float* __restrict__ lanes,
+                            const float* __restrict__ u, const float* __restrict__ z, const float* __restrict__ b_raw,
+                            const float* __restrict__ a_raw, const float* __restrict__ dt_bias,
+                            const float* __restrict__ neg_a, const float* __restrict__ norm_w,
+                            const float* __restrict__ state_in, int t, int nk, int nv, int dk, int dv, float scale,
+                            float eps) {
+    const int h = blockIdx.x;
+    const int j = threadIdx.x;
+    const int kh = h / (nv / nk);
+    const int kd = nk * dk;
+    const size_t ch = (size_t)2 * kd + (size_t)nv * dv;
+    extern __shared__ float sh[];  // q, k of the step (dk each), then one float per warp
+    float* red = sh + 2 * dk;
+    float s[MAXDK];
+    const size_t sbase = (size_t)h * dk * dv;
+#pragma unroll
+    for (int i = 0; i < MAXDK; i++) s[i] = (i < dk && j < dv) ? state_in[sbase + (size_t)i * dv + j] : 0.f;
+    const float nw = norm_w[min(j, dv - 1)];
+    for (int ti = 0; ti < t; ti++) {
+        const float* ur = u + (size_t)ti * ch;
+        __syncthreads();
+        float qq = 0.f, kk = 0.f;
+        for (int i = j; i < dk; i += blockDim.x) {
+            const float qv = ur[kh * dk + i], kv = ur[kd + kh * dk + i];
+            sh[i] = qv;
+            sh[dk + i] = kv;
+            qq += qv * qv;
+            kk += kv * kv;
+        }
+        const float iq = 1.f / sqrtf(block_sum_fixed(qq, red) + 1e-6f);
+        const float ik = 1.f / sqrtf(block_sum_fixed(kk, red) + 1e-6f);
+        for (int i = j; i < dk; i += blockDim.x) {
+            sh[i] = sh[i] * iq * scale;
+            sh[dk + i] = sh[dk + i] * ik;
+        }
+        __syncthreads();
+        const float beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
+        const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
+        const float decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
+        float out = 0.f;
+        if (j < dv) {
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) s[i] *= decay;
+            }
+            float delta = ur[2 * kd + (size_t)h * dv + j];
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) delta -= s[i] * sh[dk + i];
+            }
+            delta *= beta;
+#pragma unroll
+            for (int i = 0; i < MAXDK; i++) {
+                if (i < dk) {
+                    s[i] += sh[dk + i] * delta;
+                    out += s[i] * sh[i];
+                }
+            }
+            if (lanes) {
+                float* lp = lanes + (size_t)ti * nv * dk * dv + sbase + j;
+#pragma unroll
+                for (int i = 0; i < MAXDK; i++) {
+                    if (i < dk) lp[(size_t)i * dv] = s[i];
+                }
+            }
+        }
+        const float inv = 1.f / sqrtf(block_sum_fixed(j < dv ? out * out : 0.f, red) / (float)dv + eps);
+        if (j < dv) {
+            const size_t oi = ((size_t)ti * nv + h) * dv + j;
+            o[oi] = out * inv * nw * silu_f(z[oi]);
+        }
+    }
+    if (j < dv) {
+#pragma unroll
+        for (int i = 0; i < MAXDK; i++) {
+            if (i < dk) state_out[sbase + (size_t)i * dv + j] = s[i];
+        }
+    }
+}
+
+#define DELTA_FUSED(name, MAXDK)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                            \
+        name(float* o, float* state_out, float* lanes, const float* u, const float* z, const float* b_raw,       \
+             const float* a_raw, const float* dt_bias, const float* neg_a, const float* norm_w,                  \
+             const float* state_in, int t, int nk, int nv, int dk, int dv, float scale, float eps) {             \
+        delta_fused<MAXDK>(o, state_out, lanes, u, z, b_raw, a_raw, dt_bias, neg_a, norm_w, state_in, t, nk, nv, \
+                           dk, dv, scale, eps);                                                                  \
+    }
+
+DELTA_FUSED(gdn_delta_fused_32, 32)
+DELTA_FUSED(gdn_delta_fused_64, 64)
+DELTA_FUSED(gdn_delta_fused_128, 128)
+DELTA_FUSED(gdn_delta_fused_256, 256)

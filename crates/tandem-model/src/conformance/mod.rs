@@ -16,6 +16,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
+pub mod gdn_step;
 pub mod models;
 pub mod moe;
 pub mod ops;
@@ -134,6 +135,7 @@ impl Rng {
 /// `fixtures/` folder), when it exists.
 pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     let mut checks = ops::run(dev);
+    checks.extend(gdn_step::run(dev));
     checks.extend(moe::run(dev));
     checks.extend(sampling::run(dev));
     if let Some(root) = fixtures {

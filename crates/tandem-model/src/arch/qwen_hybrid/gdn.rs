@@ -21,7 +21,7 @@ use crate::kv::RecurrentState;
 use crate::loader::{Linear, WeightSource};
 use crate::ops::gdn::{
     causal_conv_silu, device as gdn_dev, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states,
-    gated_rms_norm, l2_normalize, portable, GdnDims,
+    gated_rms_norm, l2_normalize, step::gates as gdn_gates, GdnDims,
 };
 
 use super::config::HybridConfig;
@@ -285,10 +285,9 @@ impl GdnLayer {
             for i in 0..t {
                 for hh in 0..nv {
                     let idx = (off + i) * nv + hh;
-                    beta.push(1.0 / (1.0 + (-b[idx]).exp()));
-                    let x = a[idx] + self.dt_bias[hh];
-                    let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
-                    g.push(self.neg_a[hh] * softplus);
+                    let (bt, gt) = gdn_gates(b[idx], a[idx], self.dt_bias[hh], self.neg_a[hh]);
+                    beta.push(bt);
+                    g.push(gt);
                 }
             }
             let RecurrentState::Host { ssm, .. } = &mut *part.state else {
@@ -317,17 +316,16 @@ impl GdnLayer {
     }
 
     /// The same layer with state and arithmetic on the model's device: the GDN ops of
-    /// [`gdn_dev`] per sequence, norms and gates in tensor ops, no host round trip.
+    /// [`gdn_dev`] per sequence (the conv, then the fused step: norms, gates, delta rule and
+    /// output norm), no host round trip.
     fn forward_device(&self, h: &Tensor, parts: &mut [GdnPart<'_>], p: &DeviceParams) -> Result<Tensor> {
         let d = self.dims;
-        let GdnDims { nk, nv, dk, dv } = d;
-        let kd = nk * dk;
         let dev = h.device();
         let qkv = self.qkv.forward(h)?.to_dtype(candle_core::DType::F32)?;
         let z = self.z.forward(h)?.to_dtype(candle_core::DType::F32)?;
         let b = self.b.forward(h)?.to_dtype(candle_core::DType::F32)?;
         let a = self.a.forward(h)?.to_dtype(candle_core::DType::F32)?;
-        let scale = (dk as f64).powf(-0.5);
+        let scale = (d.dk as f64).powf(-0.5);
         let mut outs = Vec::with_capacity(parts.len());
         let mut off = 0;
         for part in parts.iter_mut() {
@@ -342,16 +340,24 @@ impl GdnLayer {
             let lanes = part.lane.is_some();
             let x = qkv.narrow(0, off, t)?;
             let (u, conv_next, conv_lanes) = gdn_dev::conv_silu(&x, &conv, &p.conv_w, lanes)?;
-            let q = portable::l2_normalize(&u.narrow(1, 0, kd)?.reshape((t, nk, dk))?, 1e-6)?;
-            let q = (q * scale)?;
-            let k = portable::l2_normalize(&u.narrow(1, kd, kd)?.reshape((t, nk, dk))?, 1e-6)?;
-            let v = u.narrow(1, 2 * kd, nv * dv)?.reshape((t, nv, dv))?;
-            let beta = candle_nn::ops::sigmoid(&b.narrow(0, off, t)?.contiguous()?)?;
-            let g = portable::softplus(&a.narrow(0, off, t)?.broadcast_add(&p.dt_bias)?)?.broadcast_mul(&p.neg_a)?;
-            let (o, ssm_next, ssm_lanes) = gdn_dev::delta_rule(&q, &k, &v, &beta, &g, &ssm, d, lanes)?;
-            let zc = z.narrow(0, off, t)?.reshape((t, nv, dv))?;
-            let o = portable::gated_rms_norm(&o, &zc, &p.norm_w, self.eps as f64)?;
-            outs.push(o.reshape((t, nv * dv))?);
+            let sp = gdn_dev::StepTensors {
+                dt_bias: &p.dt_bias,
+                neg_a: &p.neg_a,
+                norm_w: &p.norm_w,
+                scale: scale as f32,
+                eps: self.eps,
+            };
+            let (o, ssm_next, ssm_lanes) = gdn_dev::step(
+                &u,
+                &z.narrow(0, off, t)?,
+                &b.narrow(0, off, t)?,
+                &a.narrow(0, off, t)?,
+                &ssm,
+                &sp,
+                d,
+                lanes,
+            )?;
+            outs.push(o);
             *part.state = RecurrentState::Device { conv: conv_next, ssm: ssm_next.flatten_all()? };
             if let (Some(lane), Some(cl), Some(sl)) = (&mut part.lane, conv_lanes, ssm_lanes) {
                 for i in 0..t {

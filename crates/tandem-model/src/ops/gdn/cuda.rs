@@ -115,3 +115,72 @@ pub fn delta_rule(
         lane_buf.map(|l| tensor(l, &dev, (t, d.nv, d.dk, d.dv))),
     ))
 }
+
+/// See [`super::step::step_reference`]: from the conv output `u` `[t, 2 nk dk + nv dv]`,
+/// the gate `z` `[t, nv dv]` and the raw `b`, `a` `[t, nv]`, the normed output `[t, nv dv]`,
+/// the next state and (with `lanes`) the state after every token.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_fused(
+    u: &Tensor,
+    z: &Tensor,
+    b: &Tensor,
+    a: &Tensor,
+    state: &Tensor,
+    p: &super::device::StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let dev = cuda_device(u).ok_or_else(|| ModelError::Input("gdn fused step: not a CUDA tensor".into()))?;
+    let t = u.dim(0)?;
+    let name = match d.dk {
+        0..=32 => "gdn_delta_fused_32",
+        33..=64 => "gdn_delta_fused_64",
+        65..=128 => "gdn_delta_fused_128",
+        129..=256 => "gdn_delta_fused_256",
+        _ => return Err(ModelError::Input(format!("gdn fused step: key dim {} (up to 256)", d.dk))),
+    };
+    if d.nk == 0 || d.nv % d.nk != 0 || d.dv == 0 || d.dv > 256 {
+        return Err(ModelError::Input(format!(
+            "gdn fused step: {} v-heads over {} k-heads, value dim {} (up to 256)",
+            d.nv, d.nk, d.dv
+        )));
+    }
+    let ts = [u, z, b, a, p.dt_bias, p.neg_a, p.norm_w, state].map(f32c);
+    let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
+    let inputs = Inputs::new(&ts.iter().collect::<Vec<_>>())?;
+    let o = alloc_f32(&dev, t * d.nv * d.dv)?;
+    let next = alloc_f32(&dev, d.state_len())?;
+    let lane_buf = if lanes { Some(alloc_f32(&dev, t * d.state_len())?) } else { None };
+    let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
+    let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
+    let null = 0u64;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let mut bld = f.builder();
+    bld.arg(&o);
+    bld.arg(&next);
+    match &lane_buf {
+        Some(l) => bld.arg(l),
+        None => bld.arg(&null),
+    };
+    for view in &views {
+        bld.arg(view);
+    }
+    bld.arg(&ti).arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale).arg(&p.eps);
+    let threads = d.dv.div_ceil(32) * 32;
+    let cfg = LaunchConfig {
+        grid_dim: (d.nv as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: ((2 * d.dk + threads / 32) * 4) as u32,
+    };
+    // SAFETY: arguments in gdn_delta_fused_*'s order; o holds t*nv*dv, next nv*dk*dv, lanes t
+    // times that; shared memory holds q, k and one float per warp.
+    unsafe { run(&mut bld, cfg, name)? };
+    drop(bld);
+    drop(views);
+    drop(inputs);
+    Ok((
+        tensor(o, &dev, (t, d.nv * d.dv)),
+        tensor(next, &dev, (d.nv, d.dk, d.dv)),
+        lane_buf.map(|l| tensor(l, &dev, (t, d.nv, d.dk, d.dv))),
+    ))
+}

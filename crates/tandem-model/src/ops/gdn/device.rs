@@ -35,3 +35,33 @@ pub fn delta_rule(
     }
     portable::delta_rule(q, k, v, beta, g, state, d, lanes)
 }
+
+/// The layer's parameters for [`step`] (f32 tensors on the model's device): `dt_bias`,
+/// `neg_a` `[nv]`, the output norm's weight `[dv]`, the q scale and the norm's eps.
+pub struct StepTensors<'a> {
+    pub dt_bias: &'a Tensor,
+    pub neg_a: &'a Tensor,
+    pub norm_w: &'a Tensor,
+    pub scale: f32,
+    pub eps: f32,
+}
+
+/// The layer's step after the conv (norms, gates, delta rule, gated output norm; see
+/// [`super::step`]): one fused kernel on CUDA, plain candle ops elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn step(
+    u: &Tensor,
+    z: &Tensor,
+    b: &Tensor,
+    a: &Tensor,
+    state: &Tensor,
+    p: &StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    #[cfg(feature = "cuda")]
+    if u.device().is_cuda() && d.dk <= 256 && d.dv <= 256 {
+        return super::cuda::delta_fused(u, z, b, a, state, p, d, lanes);
+    }
+    portable::step(u, z, b, a, state, p, d, lanes)
+}

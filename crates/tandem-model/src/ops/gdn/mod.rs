@@ -20,6 +20,7 @@ pub mod device;
 pub mod norm;
 pub mod portable;
 pub mod recurrent;
+pub mod step;
 
 pub use chunked::{gated_delta_chunked, CHUNK};
 pub use conv::causal_conv_silu;

@@ -92,6 +92,33 @@ pub fn gated_rms_norm(o: &Tensor, z: &Tensor, w: &Tensor, eps: f64) -> Result<Te
     Ok(n.broadcast_mul(w)?.mul(&candle_nn::ops::silu(z)?)?)
 }
 
+/// The layer's step after the conv on tensors (see [`super::step`]): `u` `[t, 2 nk dk + nv
+/// dv]`, `z` `[t, nv dv]`, raw `b`, `a` `[t, nv]`; `dt_bias`, `neg_a` `[nv]`, `norm_w` `[dv]`.
+/// Returns `(o [t, nv dv], next state, lanes)` like [`delta_rule`].
+#[allow(clippy::too_many_arguments)]
+pub fn step(
+    u: &Tensor,
+    z: &Tensor,
+    b: &Tensor,
+    a: &Tensor,
+    state: &Tensor,
+    p: &super::device::StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let GdnDims { nk, nv, dk, dv } = d;
+    let t = u.dim(0)?;
+    let kd = nk * dk;
+    let q = (l2_normalize(&u.narrow(1, 0, kd)?.reshape((t, nk, dk))?, 1e-6)? * p.scale as f64)?;
+    let k = l2_normalize(&u.narrow(1, kd, kd)?.reshape((t, nk, dk))?, 1e-6)?;
+    let v = u.narrow(1, 2 * kd, nv * dv)?.reshape((t, nv, dv))?;
+    let beta = candle_nn::ops::sigmoid(&b.contiguous()?)?;
+    let g = softplus(&a.broadcast_add(p.dt_bias)?)?.broadcast_mul(p.neg_a)?;
+    let (o, next, lanes) = super::device::delta_rule(&q, &k, &v, &beta, &g, state, d, lanes)?;
+    let o = gated_rms_norm(&o, &z.reshape((t, nv, dv))?, p.norm_w, p.eps as f64)?;
+    Ok((o.reshape((t, nv * dv))?, next, lanes))
+}
+
 /// `softplus(x) = max(x, 0) + ln(1 + e^-|x|)`, stable for any x.
 pub fn softplus(x: &Tensor) -> Result<Tensor> {
     Ok((x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?)?)
