@@ -1,24 +1,27 @@
-// Causal GQA attention over a paged KV pool, one thread block per (query row, query head).
+// Causal GQA attention over a paged KV pool.
 //
 // q: [nh, t, hd] f32 (rows past .. past + t - 1 of the sequence), pools [rows, nkv, hd] in T
 // (f32, f16, bf16) or [rows, nkv, row_bytes] of ggml q8_0 / q4_0 blocks (kv_quant.cuh),
 // blocks: the sequence's block table (position p is pool row blocks[p / bs] * bs + p % bs),
 // out: [nh, t, hd] f32. Query row i sees positions 0 ..= past + i.
 //
-// Split-KV: a row's keys are cut into segments of SPLIT positions (fixed boundaries), one
-// thread block per (query row, query head, segment). In a block each warp walks the segment's
-// keys j = start + warp, start + warp + W, ... with an online softmax (max, normaliser,
-// weighted sum of values, lanes owning dims lane + 32 r), then the W warps' states are merged
-// in warp order. With one segment in the call the block writes the normalised row; otherwise
-// it writes its segment's (max, normaliser, sums) and paged_attention_merge combines a row's
-// segments in order. A row's arithmetic depends only on its own query, its keys and hd (its
-// length fixes its segments), never on t or the grid: a row in a verify chunk has the bits of
-// the same row decoded alone, and long contexts spread over many multiprocessors.
+// Split-KV: a row's keys are cut into segments of SPLIT positions (fixed boundaries). A thread
+// block takes one segment of one KV head for U (query row, query head) units that read it:
+// Gb heads of the head's GQA group times U / Gb consecutive rows (Gb = min(group, U), U * NR
+// = 32, fixed by hd and the group size, never by t). Each key and value row is read once per
+// block for all its units. In a block each warp walks the segment's keys j = start + warp,
+// start + warp + W, ... keeping per unit an online softmax (max, normaliser, weighted sum of
+// values, lanes owning dims lane + 32 r), then the W warps' states are merged in warp order.
+// With one segment in the call the block writes the normalised rows; otherwise it writes each
+// unit's (max, normaliser, sums) and paged_attention_merge combines a row's segments in order.
+// A unit's arithmetic depends only on its own query, its keys and hd (its length fixes its
+// segments), never on t, the grid or the other units of its block: a row in a verify chunk or
+// a prefill chunk has the bits of the same row decoded alone, and long contexts spread over
+// many multiprocessors.
 #include "common.cuh"
 #include "kv_quant.cuh"
 
 #define WARPS 4
-#define MAXR 8  // head dims up to 256
 #define SPLIT 256
 
 // Element d of one head row of a pool, as f32.
@@ -40,83 +43,109 @@ struct Q4 {
 };
 
 // part (when non-null): [t, nh, nsplit, hd + 2] = (sums[hd], max, normaliser) per segment.
-template <typename L>
-__device__ void attend_row(float* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
-                           const typename L::elem* __restrict__ kp, const typename L::elem* __restrict__ vp,
-                           const uint32_t* __restrict__ blocks, int nh, int nkv, int t, int hd, int past, int bs,
-                           float scale) {
+// Block (tile, kv head, segment); tile = row tile * head_tiles + head tile.
+template <typename L, int NR, int U>
+__device__ void attend_units(float* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
+                             const typename L::elem* __restrict__ kp, const typename L::elem* __restrict__ vp,
+                             const uint32_t* __restrict__ blocks, int nh, int nkv, int t, int hd, int past, int bs,
+                             float scale) {
     typedef typename L::elem T;
     const size_t re = L::row_elems(hd);
-    const int qi = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, nsplit = gridDim.z;
-    const int kvh = h / (nh / nkv);
+    const int G = nh / nkv;
+    const int Gb = min(G, U), R = U / Gb, head_tiles = (G + Gb - 1) / Gb;
+    const int r0 = (blockIdx.x / head_tiles) * R, hg0 = (blockIdx.x % head_tiles) * Gb;
+    const int kvh = blockIdx.y, sp = blockIdx.z, nsplit = gridDim.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int len = past + qi + 1;
-    const int start = sp * SPLIT, end = min(len, start + SPLIT);
-    float* prow = part ? part + (((size_t)qi * nh + h) * nsplit + sp) * (hd + 2) : nullptr;
-    if (start >= len) {
-        // A segment past this row's length (a longer row set the grid): empty.
-        if (prow && threadIdx.x == 0) {
-            prow[hd] = -INFINITY;
-            prow[hd + 1] = 0.f;
+    const int start = sp * SPLIT;
+    // Unit u: query head kvh * G + hg0 + u % Gb, row r0 + u / Gb; len 0 when it is not one.
+    auto unit_len = [&](int u) {
+        const int hg = hg0 + u % Gb, qi = r0 + u / Gb;
+        return u < R * Gb && hg < G && qi < t ? past + qi + 1 : 0;
+    };
+    int len[U];
+    float qr[U][NR], acc[U][NR], m[U], l[U];
+    int end_max = start;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        len[u] = unit_len(u);
+        const bool act = len[u] > 0;
+        end_max = max(end_max, min(len[u], start + SPLIT));
+        const float* qrow = q + ((size_t)(kvh * G + hg0 + u % Gb) * t + r0 + u / Gb) * hd;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int d = lane + 32 * r;
+            qr[u][r] = act && d < hd ? qrow[d] : 0.f;
+            acc[u][r] = 0.f;
         }
-        return;
+        m[u] = -INFINITY;
+        l[u] = 0.f;
     }
-    const float* qrow = q + ((size_t)h * t + qi) * hd;
-    float qr[MAXR], acc[MAXR];
+    for (int j = start + warp; j < end_max; j += WARPS) {
+        const size_t prow_ = (size_t)blocks[j / bs] * bs + j % bs;
+        const T* krow = kp + (prow_ * nkv + kvh) * re;
+        const T* vrow = vp + (prow_ * nkv + kvh) * re;
+        float kr[NR], vr[NR];
 #pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        int d = lane + 32 * r;
-        qr[r] = d < hd ? qrow[d] : 0.f;
-        acc[r] = 0.f;
-    }
-    float m = -INFINITY, l = 0.f;
-    for (int j = start + warp; j < end; j += WARPS) {
-        size_t row = (size_t)blocks[j / bs] * bs + j % bs;
-        const T* krow = kp + (row * nkv + kvh) * re;
-        const T* vrow = vp + (row * nkv + kvh) * re;
-        float s = 0.f;
-#pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            int d = lane + 32 * r;
-            if (d < hd) s += qr[r] * L::at(krow, d);
+        for (int r = 0; r < NR; r++) {
+            const int d = lane + 32 * r;
+            kr[r] = d < hd ? L::at(krow, d) : 0.f;
+            vr[r] = d < hd ? L::at(vrow, d) : 0.f;
         }
-        s = warp_sum(s) * scale;
-        float mn = fmaxf(m, s);
-        float c = expf(m - mn), p = expf(s - mn);
-        l = l * c + p;
 #pragma unroll
-        for (int r = 0; r < MAXR; r++) {
-            int d = lane + 32 * r;
-            if (d < hd) acc[r] = acc[r] * c + p * L::at(vrow, d);
+        for (int u = 0; u < U; u++) {
+            if (j < len[u]) {
+                float s = 0.f;
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    if (lane + 32 * r < hd) s += qr[u][r] * kr[r];
+                }
+                s = warp_sum(s) * scale;
+                const float mn = fmaxf(m[u], s);
+                const float c = expf(m[u] - mn), p = expf(s - mn);
+                l[u] = l[u] * c + p;
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    if (lane + 32 * r < hd) acc[u][r] = acc[u][r] * c + p * vr[r];
+                }
+                m[u] = mn;
+            }
         }
-        m = mn;
     }
-    __shared__ float sm[WARPS], sl[WARPS];
-    __shared__ float sacc[WARPS][32 * MAXR];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
+    __shared__ float sm[U][WARPS], sl[U][WARPS];
+    __shared__ float sacc[WARPS][U][32 * NR];
 #pragma unroll
-    for (int r = 0; r < MAXR; r++) sacc[warp][lane + 32 * r] = acc[r];
+    for (int u = 0; u < U; u++) {
+        if (lane == 0) {
+            sm[u][warp] = m[u];
+            sl[u][warp] = l[u];
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) sacc[warp][u][lane + 32 * r] = acc[u][r];
+    }
     __syncthreads();
-    float gm = -INFINITY;
-    for (int w = 0; w < WARPS; w++) gm = fmaxf(gm, sm[w]);
-    float gl = 0.f;
-    for (int w = 0; w < WARPS; w++) gl += sm[w] == -INFINITY ? 0.f : sl[w] * expf(sm[w] - gm);
-    float* orow = out + ((size_t)h * t + qi) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.f;
-        for (int w = 0; w < WARPS; w++) a += sm[w] == -INFINITY ? 0.f : sacc[w][d] * expf(sm[w] - gm);
-        if (prow) {
-            prow[d] = a;
-        } else {
-            orow[d] = a / gl;
+    for (int u = 0; u < U; u++) {
+        if (unit_len(u) == 0) continue;
+        const int h = kvh * G + hg0 + u % Gb, qi = r0 + u / Gb;
+        float gm = -INFINITY;
+        for (int w = 0; w < WARPS; w++) gm = fmaxf(gm, sm[u][w]);
+        float gl = 0.f;
+        for (int w = 0; w < WARPS; w++) gl += sm[u][w] == -INFINITY ? 0.f : sl[u][w] * expf(sm[u][w] - gm);
+        float* prow = part ? part + (((size_t)qi * nh + h) * nsplit + sp) * (hd + 2) : nullptr;
+        float* orow = out + ((size_t)h * t + qi) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float a = 0.f;
+            for (int w = 0; w < WARPS; w++) a += sm[u][w] == -INFINITY ? 0.f : sacc[w][u][d] * expf(sm[u][w] - gm);
+            if (prow) {
+                prow[d] = a;
+            } else {
+                orow[d] = a / gl;
+            }
         }
-    }
-    if (prow && threadIdx.x == 0) {
-        prow[hd] = gm;
-        prow[hd + 1] = gl;
+        if (prow && threadIdx.x == 0) {
+            // A segment past this row's length (a longer row set the grid) stays empty.
+            prow[hd] = gm;
+            prow[hd + 1] = gl;
+        }
     }
 }
 
@@ -149,12 +178,17 @@ extern "C" __global__ void paged_attention_merge(float* __restrict__ out, const 
     }
 }
 
-#define PAGED(name, L)                                                                                        \
+#define PAGED_ONE(name, L, NR, U)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
         name(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,                    \
              const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale) {          \
-        attend_row<L>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale);                         \
+        attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale);              \
     }
+// Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4).
+#define PAGED(name, L)                     \
+    PAGED_ONE(name##_d64, L, 2, 16)        \
+    PAGED_ONE(name##_d128, L, 4, 8)        \
+    PAGED_ONE(name##_d256, L, 8, 4)
 
 PAGED(paged_attention_f32, Plain<float>)
 PAGED(paged_attention_f16, Plain<__half>)

@@ -1,6 +1,7 @@
 //! Launcher of the paged-attention CUDA kernel (`tandem-kernels/cuda/paged_attention.cu`): one
-//! thread block per (query row, query head), so a row's bits never depend on how many rows
-//! share the launch (decode and verify chunks agree exactly). f32, f16, bf16 pools and the
+//! thread block per (KV head, 256-key segment, tile of query rows x the heads of its GQA
+//! group), each key row read once for the tile; a row's bits never depend on how many rows
+//! share the launch (decode, verify and prefill chunks agree exactly). f32, f16, bf16 pools and the
 //! q8_0 / q4_0 byte rows (decoded in the kernel), and [`encode_rows`], which writes those
 //! byte rows with the CPU encoder's exact arithmetic.
 
@@ -67,16 +68,30 @@ pub fn paged_attention(
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
     let (nh, t, hd) = q.dims3()?;
     let (_, nkv, _) = k_pool.dims3()?;
-    let name = match (kv.dtype, k_pool.dtype()) {
-        (KvDtype::Q8_0, DType::U8) => "paged_attention_q8_0",
-        (KvDtype::Q4_0, DType::U8) => "paged_attention_q4_0",
-        (_, DType::F32) => "paged_attention_f32",
-        (_, DType::F16) => "paged_attention_f16",
-        (_, DType::BF16) => "paged_attention_bf16",
+    let format = match (kv.dtype, k_pool.dtype()) {
+        (KvDtype::Q8_0, DType::U8) => "q8_0",
+        (KvDtype::Q4_0, DType::U8) => "q4_0",
+        (_, DType::F32) => "f32",
+        (_, DType::F16) => "f16",
+        (_, DType::BF16) => "bf16",
         (f, other) => {
             return Err(ModelError::Input(format!("paged attention on CUDA: {other:?} pools for a {f} cache")))
         }
     };
+    if nkv == 0 || nh % nkv != 0 || hd == 0 || hd > 256 {
+        return Err(ModelError::Input(format!("paged attention on CUDA: {nh} heads over {nkv} KV heads of dim {hd}")));
+    }
+    // Units (query row, query head) per block, fixed by the head dim (the kernel's U).
+    let (class, units) = match hd {
+        0..=64 => ("d64", 16),
+        65..=128 => ("d128", 8),
+        _ => ("d256", 4),
+    };
+    let name = format!("paged_attention_{format}_{class}");
+    let group = nh / nkv;
+    let heads_per_block = group.min(units);
+    let rows_per_block = units / heads_per_block;
+    let tiles = t.div_ceil(rows_per_block) * group.div_ceil(heads_per_block);
     let need = (past + t).div_ceil(kv.block_size).min(kv.blocks.len());
     // An upload from pageable memory synchronises the stream: use the table the sequence
     // uploaded once for this step when there is one.
@@ -98,9 +113,12 @@ pub fn paged_attention(
     let bv = inputs.view::<u32>(3)?;
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
-    let f = dev.get_or_load_custom_func(name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
-    let cfg =
-        LaunchConfig { grid_dim: (t as u32, nh as u32, nsplit as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let f = dev.get_or_load_custom_func(&name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
     macro_rules! go {
         ($T:ty) => {{
             let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
@@ -118,7 +136,7 @@ pub fn paged_attention(
             // SAFETY: arguments in the kernel's order; out holds nh*t*hd, part t*nh*nsplit*(hd+2);
             // the block table covers positions 0..past+t (checked by the caller against the
             // pool's rows).
-            unsafe { run(&mut b, cfg, name)? };
+            unsafe { run(&mut b, cfg, &name)? };
         }};
     }
     match k_pool.dtype() {
