@@ -135,15 +135,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         for _ in 0..a.reps.max(1) {
             if a.prompt_tokens > 0 {
                 let mut cache = cache_at_depth(&context, a.prompt_tokens)?;
+                // A GPU runs asynchronously: the untimed depth prefill must be done before the
+                // clock starts, and the timed one before it stops.
+                device.synchronize()?;
                 let t = Instant::now();
                 for piece in prompt.chunks(chunk) {
                     let mut chunks = [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }];
                     model.forward(&mut chunks)?;
                 }
+                device.synchronize()?;
                 pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
             }
             // Decode after `depth` tokens of context (none by default, as llama-bench's tg test).
             let mut cache = cache_at_depth(&context, a.gen_tokens)?;
+            device.synchronize()?;
             let mut tok = [1u32];
             let t = Instant::now();
             for _ in 0..a.gen_tokens {
