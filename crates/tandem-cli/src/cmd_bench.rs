@@ -63,6 +63,8 @@ pub enum BenchWhat {
     /// Decode speed with speculative decoding off and on (`--speculative`), e.g. the MTP
     /// mechanism on `--random-hybrid 0.8b-mtp`.
     Spec(crate::cmd_bench_spec::SpecBenchArgs),
+    /// TTFT of a long shared prefix after a restart, served from the prefix cache's disk tier.
+    Restart(crate::cmd_bench_restart::RestartBenchArgs),
     /// Redraws reports from raw JSON; merges agent runs of several systems into one report.
     Report(crate::cmd_bench_report::ReportArgs),
     /// Runs one sweep cell in this process and prints its result as JSON (used by `sweep`).
@@ -78,6 +80,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(BenchWhat::Cell(c)) => return crate::cmd_bench_sweep::run_cell(c),
         Some(BenchWhat::Report(r)) => return crate::cmd_bench_report::run(r),
         Some(BenchWhat::Spec(s)) => return crate::cmd_bench_spec::run(s),
+        Some(BenchWhat::Restart(r)) => return crate::cmd_bench_restart::run(r),
         None => {}
     }
     crate::args::set_threads(a.model.threads);

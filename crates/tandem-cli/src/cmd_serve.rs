@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tandem_engine::{EngineConfig, MemoryBudget};
+use tandem_engine::{DiskCacheConfig, EngineConfig, MemoryBudget};
 use tandem_server::config::ToolParserChoice;
 use tandem_server::ServerConfig;
 
@@ -52,6 +52,15 @@ pub struct ServeArgs {
     /// Memory for recurrent-state checkpoints: bytes or a fraction of RAM.
     #[arg(long, default_value = "1GiB")]
     pub checkpoint_memory: MemoryBudget,
+    /// Directory of the prefix cache's disk tier, which keeps KV blocks and recurrent
+    /// checkpoints across restarts (one namespace per model and cache format below it).
+    /// Default: $TANDEM_HOME/prefix-cache.
+    #[arg(long, env = "TANDEM_CACHE_DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Bytes the disk tier may hold for this model (least recently used entries go first);
+    /// 0 turns it off.
+    #[arg(long, default_value = "4GiB")]
+    pub disk_cache_size: MemoryBudget,
     /// Default max_tokens when a request does not set one.
     #[arg(long, default_value_t = 1024)]
     pub default_max_tokens: usize,
@@ -146,7 +155,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         speculative: a.model.spec.config(),
         // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
         device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
+        disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
     };
     let engine = a.model.start_engine(cfg)?;
     rt.block_on(tandem_server::serve(engine, server))
+}
+
+/// The disk tier's settings from `--cache-dir` / `--disk-cache-size` (`None`: off).
+pub fn disk_cache(dir: Option<std::path::PathBuf>, size: MemoryBudget) -> anyhow::Result<Option<DiskCacheConfig>> {
+    let MemoryBudget::Bytes(budget) = size else {
+        anyhow::bail!("--disk-cache-size takes bytes (e.g. 4GiB or 0), not a fraction");
+    };
+    if budget == 0 {
+        return Ok(None);
+    }
+    let dir = dir.unwrap_or_else(|| tandem_model::catalogue::tandem_home().join("prefix-cache"));
+    Ok(Some(DiskCacheConfig { dir, budget }))
 }

@@ -5,8 +5,10 @@ mod cmd_bench;
 mod cmd_bench_agent;
 mod cmd_bench_kernels;
 mod cmd_bench_report;
+mod cmd_bench_restart;
 mod cmd_bench_spec;
 mod cmd_bench_sweep;
+mod cmd_cache;
 mod cmd_chat;
 mod cmd_check_device;
 mod cmd_inspect;
@@ -51,6 +53,8 @@ enum Command {
     /// Check every op and the fixture models on the selected device against the CPU
     /// references; exits non-zero on any failure.
     CheckDevice(cmd_check_device::CheckDeviceArgs),
+    /// The prefix cache's disk tier: `stats`, `ls`, `clear`.
+    Cache(cmd_cache::CacheArgs),
 }
 
 fn main() {
@@ -82,6 +86,7 @@ fn main() {
         Command::Pull(a) => cmd_pull::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::CheckDevice(a) => cmd_check_device::run(a),
+        Command::Cache(a) => cmd_cache::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

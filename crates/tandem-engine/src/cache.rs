@@ -19,7 +19,9 @@ use crate::sequence::Sequence;
 use crate::spec::SpecMethod;
 
 mod book;
+pub mod disk;
 mod proposer_kv;
+mod tiering;
 pub(crate) use book::CacheBook;
 use proposer_kv::{ProposerKv, DRAFT, MTP};
 
@@ -53,6 +55,8 @@ pub(crate) struct EngineCache {
     block_bytes: usize,
     /// Tokens between interval checkpoints (a multiple of the block size; 0 = none).
     checkpoint_interval: usize,
+    /// The tier below memory (`--cache-dir`), when on.
+    disk: Option<disk::DiskTier>,
 }
 
 fn snapshot_bytes(s: &RecurrentSnapshot) -> usize {
@@ -67,6 +71,7 @@ impl EngineCache {
         cfg: &EngineConfig,
         context_length: usize,
         device: &Device,
+        disk: Option<disk::DiskTier>,
     ) -> Result<Self, EngineError> {
         let bs = cfg.block_size;
         if bs == 0 {
@@ -128,6 +133,7 @@ impl EngineCache {
             recurrent,
             block_bytes,
             checkpoint_interval: cfg.checkpoint_interval.div_ceil(bs) * bs,
+            disk: if cfg.prefix_cache { disk } else { None },
         })
     }
 
@@ -204,6 +210,9 @@ impl EngineCache {
         let bs = self.block_size();
         let mut limit = seq.tokens().len().saturating_sub(1);
         let (mut usable, mut snapshot, mut nodes) = (0, None, Vec::new());
+        // An MTP request cannot use blocks without the head's KV, which disk blocks lack.
+        let mtp_request = self.mtp && seq.spec.method == SpecMethod::Mtp;
+        let from_disk = if mtp_request { 0 } else { self.promote_from_disk(seq.tokens(), limit) };
         if let Some(tree) = &mut self.tree {
             let m = tree.lookup(seq.tokens());
             if self.mtp && seq.spec.method == SpecMethod::Mtp {
@@ -229,6 +238,10 @@ impl EngineCache {
         seq.book.tree_blocks = usable / bs;
         seq.book.tree_node = seq.book.tree_blocks.checked_sub(1).and_then(|i| nodes.get(i).copied());
         seq.book.checkpoints.retain(|&p| p > usable);
+        seq.book.disk_tokens = from_disk.min(usable);
+        if let (Some(d), true) = (&self.disk, from_disk > 0) {
+            d.count_hit(seq.book.disk_tokens);
+        }
         Ok(Some(usable))
     }
 
@@ -290,6 +303,7 @@ impl EngineCache {
         }
         // Blocks are published once every model's KV in them is written.
         let written = seq.spec.written_up_to(pos);
+        let mut persist = Vec::new();
         while !seq.book.tree_stuck && seq.book.tree_blocks < written / bs {
             let i = seq.book.tree_blocks;
             let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
@@ -305,6 +319,7 @@ impl EngineCache {
                     }
                     seq.book.tree_node = Some(node);
                     seq.book.tree_blocks += 1;
+                    persist.push((i, block));
                 }
                 Ok(None) => seq.book.tree_stuck = true,
                 Err(CacheError::StaleNode) => {
@@ -325,6 +340,9 @@ impl EngineCache {
                 }
             }
         }
+        for (i, block) in persist {
+            self.persist_block(&mut seq.book, &seq.tokens, i, block);
+        }
         while seq.book.checkpoints.first().is_some_and(|&p| p < pos) {
             seq.book.checkpoints.remove(0);
         }
@@ -339,6 +357,8 @@ impl EngineCache {
             if let Some(node) = seq.book.tree_node {
                 let snap = seq.cache.snapshot();
                 let bytes = snapshot_bytes(&snap);
+                self.persist_checkpoint(&mut seq.book, &seq.tokens, &snap);
+                let Some(tree) = &mut self.tree else { return };
                 if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
                     tracing::warn!("checkpoint at position {pos} not kept: {e}");
                 }
@@ -349,7 +369,9 @@ impl EngineCache {
     /// Keeps a finished sequence's last generated-token checkpoint (see
     /// [`Sequence::decode_checkpoint`]) in the prefix tree.
     pub fn keep_decode_checkpoint(&mut self, seq: &mut Sequence) {
-        let (Some(tree), Some((node, snap))) = (&mut self.tree, seq.book.decode_checkpoint.take()) else { return };
+        let Some((node, snap)) = seq.book.decode_checkpoint.take() else { return };
+        self.persist_checkpoint(&mut seq.book, &seq.tokens, &snap);
+        let Some(tree) = &mut self.tree else { return };
         let bytes = snapshot_bytes(&snap);
         if let Err(e) = tree.attach_checkpoint(node, snap, bytes) {
             tracing::debug!("generated-token checkpoint not kept: {e}");
@@ -372,6 +394,8 @@ impl EngineCache {
         seq.book.tree_blocks = 0;
         seq.book.tree_node = None;
         seq.book.tree_stuck = false;
+        seq.book.disk_keys.clear();
+        seq.book.disk_tokens = 0;
     }
 
     /// Bytes of KV blocks and recurrent state a live sequence holds.

@@ -11,6 +11,8 @@ use tandem_model::chat_template::ChatTemplate;
 use tandem_model::kv::KvDtype;
 use tandem_model::loader::{LoadedModel, ModelSummary};
 use tandem_model::tokenizer::Tokenizer;
+
+use crate::cache::disk::{DiskCacheConfig, DiskStats};
 use tokio::sync::mpsc;
 
 use crate::request::{GenerateRequest, GenerationEvent, SubmitError};
@@ -62,6 +64,9 @@ pub struct EngineConfig {
     /// On a GPU, sample from the device's top candidates where they decide the token
     /// (`sampler/candidates.rs`); false reads every sampled row whole.
     pub device_sampling: bool,
+    /// The prefix cache's disk tier (`--cache-dir`, `--disk-cache-size`); `None` keeps prefix
+    /// state in memory only.
+    pub disk_cache: Option<DiskCacheConfig>,
 }
 
 impl Default for EngineConfig {
@@ -81,6 +86,7 @@ impl Default for EngineConfig {
             checkpoint_memory: MemoryBudget::Bytes(1 << 30),
             speculative: SpecConfig::default(),
             device_sampling: true,
+            disk_cache: None,
         }
     }
 }
@@ -133,6 +139,8 @@ pub struct EngineStats {
     pub spec_accepted_at: [AtomicUsize; MAX_DRAFT_TOKENS],
     /// Sampled tokens picked from a device's top candidates (without reading the row).
     pub candidate_samples: AtomicUsize,
+    /// The prefix cache's disk tier (all zero when it is off).
+    pub disk: Arc<DiskStats>,
 }
 
 impl EngineStats {
@@ -302,10 +310,14 @@ impl EngineHandle {
         let tokenizer = Arc::new(tokenizer);
         let eos_ids = tokenizer.eos_ids().to_vec();
         let stats = Arc::new(EngineStats::default());
+        let disk = match (&cfg.disk_cache, cfg.prefix_cache) {
+            (Some(d), true) => open_disk_tier(d, &cfg, &summary, model.as_ref(), &tokenizer, stats.disk.clone()),
+            _ => None,
+        };
         let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
         let device = model.device().clone();
         let scheduler =
-            Scheduler::new(model, draft_model, tokenizer.clone(), cfg.clone(), context_length, stats.clone())?;
+            Scheduler::new(model, draft_model, tokenizer.clone(), cfg.clone(), context_length, stats.clone(), disk)?;
         std::thread::Builder::new()
             .name("tandem-engine".into())
             .spawn(move || {
@@ -392,4 +404,35 @@ impl EngineHandle {
     pub fn spec_methods(&self) -> &[SpecMethod] {
         &self.inner.spec_methods
     }
+}
+
+/// The disk tier of this model's prefix cache, in the namespace its fingerprint names.
+fn open_disk_tier(
+    d: &DiskCacheConfig,
+    cfg: &EngineConfig,
+    summary: &tandem_model::loader::ModelSummary,
+    model: &dyn tandem_model::arch::CausalLm,
+    tokenizer: &tandem_model::tokenizer::Tokenizer,
+    stats: Arc<DiskStats>,
+) -> Option<crate::cache::disk::DiskTier> {
+    use crate::cache::disk::fingerprint;
+    let started = std::time::Instant::now();
+    let weights = match fingerprint::weights(summary) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("prefix disk cache off: cannot fingerprint {}: {e}", summary.path);
+            return None;
+        }
+    };
+    let ns = fingerprint::namespace(
+        weights,
+        summary,
+        &model.cache_spec(),
+        model.vocab_size(),
+        tokenizer.eos_ids(),
+        cfg.kv_dtype,
+        cfg.block_size,
+    );
+    tracing::debug!(ms = started.elapsed().as_millis() as u64, "fingerprinted the model for the disk cache");
+    crate::cache::disk::DiskTier::open(d, ns, &cfg.model_id, stats)
 }

@@ -9,7 +9,7 @@
 //! youngest sequence is preempted and later recomputed. Nothing here knows about HTTP or
 //! file formats.
 
-mod cache;
+pub(crate) mod cache;
 pub mod engine;
 pub mod request;
 pub mod sampler;
@@ -18,6 +18,7 @@ mod sequence;
 pub mod spec;
 pub mod stop;
 
+pub use cache::disk::{namespaces as disk_cache_namespaces, DiskCacheConfig, DiskStats, NamespaceInfo};
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};
 pub use request::*;
 pub use sampler::Sampler;

@@ -117,6 +117,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache (0 until the prefix cache exists).
     pub cached_tokens: usize,
+    /// Of those, the tokens read back from the prefix cache's disk tier.
+    #[serde(default)]
+    pub disk_cached_tokens: usize,
     /// Speculative decoding: drafted and accepted tokens.
     #[serde(default)]
     pub speculative: crate::spec::SpecUsage,

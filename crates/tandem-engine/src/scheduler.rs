@@ -76,6 +76,7 @@ impl Scheduler {
         cfg: EngineConfig,
         context_length: usize,
         stats: Arc<EngineStats>,
+        disk: Option<crate::cache::disk::DiskTier>,
     ) -> Result<Self, EngineError> {
         let draft_spec = draft_model.as_ref().map(|d| d.cache_spec());
         let cache = EngineCache::new(
@@ -85,6 +86,7 @@ impl Scheduler {
             &cfg,
             context_length,
             model.device(),
+            disk,
         )?;
         let proposers = Proposers::new(&cfg.speculative, draft_model, model.mtp().is_some());
         let s = Self {

@@ -21,14 +21,15 @@ use crate::spec::{ProposerView, SeqSpec};
 use crate::stop::StopStringMatcher;
 
 pub(crate) struct Sequence {
-    /// Prompt followed by generated tokens.
-    tokens: Vec<u32>,
+    /// Prompt followed by generated tokens (read-only outside this module).
+    pub(crate) tokens: Vec<u32>,
     prompt_len: usize,
     pub cache: SequenceCache,
     /// Block table, state slot, prefix-tree place and checkpoints: the cache module's.
     pub book: CacheBook,
     /// Prompt tokens served from the prefix cache at first admission.
     cached_tokens: usize,
+    disk_cached_tokens: usize,
     admitted_before: bool,
     /// Positions the prompt's chat messages end at.
     message_boundaries: Vec<usize>,
@@ -57,6 +58,7 @@ impl Sequence {
             cache,
             book: CacheBook::new(),
             cached_tokens: 0,
+            disk_cached_tokens: 0,
             admitted_before: false,
             message_boundaries: req.message_boundaries,
             spec,
@@ -97,6 +99,7 @@ impl Sequence {
         }
         self.admitted_before = true;
         self.cached_tokens = cached;
+        self.disk_cached_tokens = self.book.disk_tokens();
         true
     }
 
@@ -283,6 +286,7 @@ impl Sequence {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated(),
             cached_tokens: self.cached_tokens,
+            disk_cached_tokens: self.disk_cached_tokens,
             speculative: self.spec.usage,
         };
         // A stop string that completed (possibly in the flushed tail) cut the text: report it.

@@ -19,6 +19,7 @@ use crate::error::{ModelError, Result};
 
 pub mod dtype;
 pub mod paged;
+mod persist;
 pub use dtype::KvDtype;
 pub use paged::{LayerKv, PagedKvStore};
 

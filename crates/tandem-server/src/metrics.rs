@@ -84,7 +84,40 @@ pub fn render(stats: Option<&EngineStats>) -> String {
         s.prefix_hit_ratio(),
     );
     speculative(&mut out, s);
+    disk(&mut out, s);
     out
+}
+
+/// The prefix cache's disk tier.
+fn disk(out: &mut String, s: &EngineStats) {
+    use Kind::{Counter, Gauge};
+    let d = &s.disk;
+    let v = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    let rows: [(&str, Kind, &str, f64); 10] = [
+        ("tandem_disk_cache_enabled", Gauge, "1 while the prefix cache's disk tier is on.", v(&d.enabled)),
+        ("tandem_disk_cache_entries", Gauge, "KV blocks and checkpoints on disk.", v(&d.entries)),
+        ("tandem_disk_cache_bytes", Gauge, "Bytes of entries on disk.", v(&d.bytes)),
+        ("tandem_disk_cache_hit_tokens_total", Counter, "Prompt tokens served from the disk tier.", v(&d.hit_tokens)),
+        ("tandem_disk_cache_read_bytes_total", Counter, "Bytes read from the disk tier.", v(&d.read_bytes)),
+        ("tandem_disk_cache_written_bytes_total", Counter, "Bytes written to the disk tier.", v(&d.written_bytes)),
+        ("tandem_disk_cache_evictions_total", Counter, "Entries evicted to stay within the budget.", v(&d.evictions)),
+        (
+            "tandem_disk_cache_rejected_total",
+            Counter,
+            "Entries refused by a check (checksum, truncated, foreign, renamed) and deleted.",
+            v(&d.rejected),
+        ),
+        (
+            "tandem_disk_cache_dropped_writes_total",
+            Counter,
+            "Entries not written: the writer's queue was full.",
+            v(&d.dropped_writes),
+        ),
+        ("tandem_disk_cache_writes_total", Counter, "Entries written.", v(&d.writes)),
+    ];
+    for (name, kind, help, value) in rows {
+        metric(out, name, kind, help, value);
+    }
 }
 
 /// Speculative decoding: drafted/accepted counters, acceptance rate, mean accepted length and

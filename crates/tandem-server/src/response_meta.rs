@@ -33,6 +33,8 @@ pub fn unix_now() -> u64 {
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct PromptTokensDetails {
     pub cached_tokens: usize,
+    /// tandem: of `cached_tokens`, those read back from the prefix cache's disk tier.
+    pub disk_cached_tokens: usize,
 }
 
 /// tandem's extension of `usage`: speculative decoding numbers of the request (present when
@@ -63,7 +65,10 @@ impl From<&Usage> for UsageBody {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+                disk_cached_tokens: u.disk_cached_tokens,
+            },
             speculative: (u.speculative.drafted_tokens > 0).then(|| SpeculativeUsage {
                 drafted_tokens: u.speculative.drafted_tokens,
                 accepted_tokens: u.speculative.accepted_tokens,

@@ -101,7 +101,8 @@ fn scheduler(name: &str, method: SpecMethod, k: usize) -> Scheduler {
         ..Default::default()
     };
     let ctx = loaded.model.context_length().min(4096);
-    Scheduler::new(loaded.model, None, Arc::new(loaded.tokenizer), cfg, ctx, Arc::new(EngineStats::default())).unwrap()
+    Scheduler::new(loaded.model, None, Arc::new(loaded.tokenizer), cfg, ctx, Arc::new(EngineStats::default()), None)
+        .unwrap()
 }
 
 #[test]
@@ -165,7 +166,8 @@ fn a_one_token_draft_request_leaves_draft_kv_in_the_prefix_cache() {
         ..Default::default()
     };
     let stats = Arc::new(EngineStats::default());
-    let mut s = Scheduler::new(target.model, Some(draft.model), Arc::new(target.tokenizer), cfg, 512, stats).unwrap();
+    let mut s =
+        Scheduler::new(target.model, Some(draft.model), Arc::new(target.tokenizer), cfg, 512, stats, None).unwrap();
     let prompt: Vec<u32> = (0..70).map(|i| (i * 7 + 3) % 300).collect();
     assert_eq!(generate(&mut s, &prompt, 1).len(), 1);
     // The same prompt again: admitted on a prefix-cache hit.

@@ -31,19 +31,19 @@ fn force_tiled() -> bool {
     *TILED.get_or_init(|| std::env::var("TANDEM_ATTENTION").is_ok_and(|v| v == "tiled"))
 }
 
-struct PoolLayer {
-    k: Tensor,
-    v: Tensor,
+pub(super) struct PoolLayer {
+    pub(super) k: Tensor,
+    pub(super) v: Tensor,
     head_dim: usize,
 }
 
 /// The KV pools of every attention layer of a model.
 pub struct PagedKvStore {
-    block_size: usize,
+    pub(super) block_size: usize,
     num_blocks: usize,
     dtype: KvDtype,
-    layers: Vec<Option<PoolLayer>>,
-    device: Device,
+    pub(super) layers: Vec<Option<PoolLayer>>,
+    pub(super) device: Device,
 }
 
 impl std::fmt::Debug for PagedKvStore {
@@ -148,7 +148,7 @@ impl PagedKvStore {
             .ok_or_else(|| ModelError::Input(format!("layer {li} has no paged KV")))
     }
 
-    fn check_block(&self, b: u32) -> Result<()> {
+    pub(super) fn check_block(&self, b: u32) -> Result<()> {
         if (b as usize) < self.num_blocks {
             Ok(())
         } else {
@@ -212,8 +212,8 @@ impl PagedKvStore {
     }
 
     /// [`Self::attend`] with the block table also on the pools' device (see
-    /// [`SequenceCache::set_block_table`](crate::kv::SequenceCache::set_block_table)). On CUDA the
-    /// quantised formats always take the kernel (gathering them would decode on the host).
+    /// [`SequenceCache::set_block_table`](crate::kv::SequenceCache::set_block_table)). On CUDA
+    /// every chunk takes the kernel.
     pub fn attend_with_table(
         &self,
         li: usize,
@@ -227,7 +227,9 @@ impl PagedKvStore {
         let kv = self.paged(blocks);
         let (n_heads, t, _) = q.dims3()?;
         let len = past + t;
-        let kernel_only = self.dtype.is_quantized() && self.device.is_cuda();
+        // On CUDA every chunk takes the kernel: as fast as gathering for cuBLAS (measured on
+        // the H200, docs/PERFORMANCE.md) and row-invariant, so chunked prefill is exact there.
+        let kernel_only = self.device.is_cuda();
         if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() && !kernel_only {
             let (k, v) = (gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?);
             return causal_attention(&q.contiguous()?, &k, &v, scale);

@@ -1,0 +1,208 @@
+//! Cache contents as bytes, for the engine's disk tier: one KV block of every attention layer
+//! of a [`PagedKvStore`] ([`PagedKvStore::read_block`] / [`PagedKvStore::write_block`], in the
+//! store's own format, so a block read back has the bits it was written with) and a
+//! [`RecurrentSnapshot`] ([`RecurrentSnapshot::to_bytes`] / [`RecurrentSnapshot::from_bytes`],
+//! checked against the model's layer specs, restored on the host or on the model's device).
+//! Nothing here trusts its input: a wrong length or layer shape is an error, never a panic.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{LayerCacheSpec, PagedKvStore, RecurrentSnapshot, RecurrentState};
+use crate::error::{ModelError, Result};
+
+fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+    let flat = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::U8 => flat.to_vec1::<u8>()?,
+        DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 => flat.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        other => return Err(ModelError::Input(format!("no byte view of a {other:?} KV pool"))),
+    })
+}
+
+impl PagedKvStore {
+    /// Bytes of one block over all attention layers (K then V per layer, in layer order).
+    pub fn block_len(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                2 * self.block_size * l.k.dim(1).unwrap_or(0) * l.k.dim(2).unwrap_or(0) * l.k.dtype().size_in_bytes()
+            })
+            .sum()
+    }
+
+    /// Block `b` of every attention layer as bytes in the store's format.
+    pub fn read_block(&self, b: u32) -> Result<Vec<u8>> {
+        self.check_block(b)?;
+        let bs = self.block_size;
+        let mut out = Vec::with_capacity(self.block_len());
+        for l in self.layers.iter().flatten() {
+            for pool in [&l.k, &l.v] {
+                out.extend(bytes_of(&pool.narrow(0, b as usize * bs, bs)?)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `bytes` (as [`Self::read_block`] returns them) into block `b`.
+    pub fn write_block(&self, b: u32, bytes: &[u8]) -> Result<()> {
+        self.check_block(b)?;
+        if bytes.len() != self.block_len() {
+            return Err(ModelError::Input(format!(
+                "a KV block of this cache has {} bytes, got {}",
+                self.block_len(),
+                bytes.len()
+            )));
+        }
+        let bs = self.block_size;
+        let mut off = 0;
+        for l in self.layers.iter().flatten() {
+            for pool in [&l.k, &l.v] {
+                let (_, heads, row) = pool.dims3()?;
+                let n = bs * heads * row * pool.dtype().size_in_bytes();
+                let part =
+                    Tensor::from_raw_buffer(&bytes[off..off + n], pool.dtype(), &[bs, heads, row], &Device::Cpu)?
+                        .to_device(&self.device)?;
+                pool.slice_set(&part, 0, b as usize * bs)?;
+                off += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn f32_bytes(v: &[f32], out: &mut Vec<u8>) {
+    out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+}
+
+fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
+    if bytes.len() < n {
+        return Err(ModelError::Input("a recurrent checkpoint ends early".into()));
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Ok(head)
+}
+
+fn take_u64(bytes: &mut &[u8]) -> Result<u64> {
+    let b = take(bytes, 8)?;
+    Ok(u64::from_le_bytes(b.try_into().map_err(|_| ModelError::Input("short read".into()))?))
+}
+
+fn take_f32s(bytes: &mut &[u8], n: usize) -> Result<Vec<f32>> {
+    let b = take(bytes, n.checked_mul(4).ok_or_else(|| ModelError::Input("checkpoint length overflows".into()))?)?;
+    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+impl RecurrentSnapshot {
+    /// The snapshot as bytes: position, layer count, then per layer a tag (0: attention, 1:
+    /// recurrent) and for recurrent layers the conv and SSM lengths and values (f32 LE).
+    /// Device states are copied to the host.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        out.extend((self.position as u64).to_le_bytes());
+        out.extend((self.layers.len() as u64).to_le_bytes());
+        for l in &self.layers {
+            match l {
+                None => out.push(0),
+                Some(s) => {
+                    out.push(1);
+                    let (conv, ssm) = (s.conv_values()?, s.ssm_values()?);
+                    out.extend((conv.len() as u64).to_le_bytes());
+                    out.extend((ssm.len() as u64).to_le_bytes());
+                    f32_bytes(&conv, &mut out);
+                    f32_bytes(&ssm, &mut out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads [`Self::to_bytes`]'s output for a model whose layers are `spec`, with states on
+    /// `device` (host vectors on the CPU). Every length is checked against the spec.
+    pub fn from_bytes(mut bytes: &[u8], spec: &[LayerCacheSpec], device: &Device) -> Result<Self> {
+        let b = &mut bytes;
+        let position = take_u64(b)? as usize;
+        let n = take_u64(b)? as usize;
+        if n != spec.len() {
+            return Err(ModelError::Input(format!("a checkpoint of {n} layers for a model of {}", spec.len())));
+        }
+        let mut layers = Vec::with_capacity(n);
+        for (i, s) in spec.iter().enumerate() {
+            let tag = take(b, 1)?[0];
+            match (tag, s) {
+                (0, LayerCacheSpec::Attention { .. }) => layers.push(None),
+                (1, LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim }) => {
+                    let (cl, sl) = (take_u64(b)? as usize, take_u64(b)? as usize);
+                    let want_c = conv_channels * conv_kernel.saturating_sub(1);
+                    let want_s = state_heads * key_dim * value_dim;
+                    if cl != want_c || sl != want_s {
+                        return Err(ModelError::Input(format!(
+                            "checkpoint layer {i}: {cl} + {sl} values, the model has {want_c} + {want_s}"
+                        )));
+                    }
+                    let (conv, ssm) = (take_f32s(b, cl)?, take_f32s(b, sl)?);
+                    layers.push(Some(if device.is_cpu() {
+                        RecurrentState::Host { conv, ssm }
+                    } else {
+                        RecurrentState::Device {
+                            conv: Tensor::from_vec(conv, (conv_kernel.saturating_sub(1), *conv_channels), device)?,
+                            ssm: Tensor::from_vec(ssm, sl, device)?,
+                        }
+                    }));
+                }
+                _ => return Err(ModelError::Input(format!("checkpoint layer {i} does not match the model's layer"))),
+            }
+        }
+        if !bytes.is_empty() {
+            return Err(ModelError::Input("a recurrent checkpoint has trailing bytes".into()));
+        }
+        Ok(Self { position, layers })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvDtype;
+
+    #[test]
+    fn blocks_and_snapshots_round_trip_and_reject_bad_bytes() {
+        let spec = vec![
+            LayerCacheSpec::Attention { kv_heads: 2, head_dim: 32 },
+            LayerCacheSpec::Recurrent { conv_channels: 6, conv_kernel: 4, state_heads: 2, key_dim: 3, value_dim: 5 },
+        ];
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0] {
+            let store = PagedKvStore::new(&spec, 4, 16, dtype, &Device::Cpu).unwrap();
+            let k = Tensor::randn(0f32, 1.0, (2, 16, 32), &Device::Cpu).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (2, 16, 32), &Device::Cpu).unwrap();
+            store.write(0, &[2], 0, &k, &v).unwrap();
+            let bytes = store.read_block(2).unwrap();
+            assert_eq!(bytes.len(), store.block_len());
+            assert_eq!(bytes.len(), PagedKvStore::bytes_per_block(&spec, 16, dtype));
+            store.write_block(1, &bytes).unwrap();
+            assert_eq!(store.read_block(1).unwrap(), bytes, "{dtype}");
+            assert!(store.write_block(1, &bytes[1..]).is_err());
+            assert!(store.write_block(9, &bytes).is_err());
+        }
+        let snap = RecurrentSnapshot {
+            position: 48,
+            layers: vec![
+                None,
+                Some(RecurrentState::Host { conv: (0..18).map(|i| i as f32).collect(), ssm: vec![0.5; 30] }),
+            ],
+        };
+        let bytes = snap.to_bytes().unwrap();
+        assert_eq!(RecurrentSnapshot::from_bytes(&bytes, &spec, &Device::Cpu).unwrap(), snap);
+        assert!(RecurrentSnapshot::from_bytes(&bytes[..bytes.len() - 1], &spec, &Device::Cpu).is_err());
+        assert!(RecurrentSnapshot::from_bytes(&[bytes.clone(), vec![0]].concat(), &spec, &Device::Cpu).is_err());
+        assert!(RecurrentSnapshot::from_bytes(&bytes, &spec[..1], &Device::Cpu).is_err());
+        let other = vec![
+            spec[0].clone(),
+            LayerCacheSpec::Recurrent { conv_channels: 6, conv_kernel: 4, state_heads: 2, key_dim: 3, value_dim: 6 },
+        ];
+        assert!(RecurrentSnapshot::from_bytes(&bytes, &other, &Device::Cpu).is_err());
+    }
+}
