@@ -103,3 +103,30 @@ fn inspect_hybrid_gguf_and_bench_hybrid_kernels() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("pp70") && text.contains("tg2"), "{text}");
 }
+
+/// `tandem cache stats|ls|clear` over a cache directory holding one namespace.
+#[test]
+fn cache_stats_ls_and_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = "0123456789abcdef0123456789abcdef";
+    let sub = dir.path().join(ns).join("ab");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(dir.path().join(ns).join("meta.json"), r#"{"model":"tiny","hits":3}"#).unwrap();
+    std::fs::write(sub.join("ab0000000000000000000000000000ff.kvb"), vec![0u8; 1000]).unwrap();
+    std::fs::write(sub.join("ab0000000000000000000000000000fe.ckp"), vec![0u8; 500]).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = tandem(&["cache", "--cache-dir", d, "stats", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["namespace"], ns);
+    assert_eq!(v[0]["model"], "tiny");
+    assert_eq!((v[0]["blocks"].as_u64(), v[0]["checkpoints"].as_u64()), (Some(1), Some(1)));
+    assert_eq!((v[0]["bytes"].as_u64(), v[0]["hits"].as_u64()), (Some(1500), Some(3)));
+    let ls = tandem(&["cache", "--cache-dir", d, "ls"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains(ns));
+    let wrong = tandem(&["cache", "--cache-dir", d, "clear", "--namespace", "feed"]);
+    assert!(!wrong.status.success());
+    assert!(dir.path().join(ns).exists());
+    assert!(tandem(&["cache", "--cache-dir", d, "clear"]).status.success());
+    assert!(!dir.path().join(ns).exists());
+}

@@ -444,7 +444,7 @@ impl Scheduler {
             s.consumed(e.n, elapsed);
             let Some(l) = l else { continue };
             if e.verify {
-                let rows = match l.to_vec2::<f32>() {
+                let rows = match own_rows(&l).and_then(|l| l.to_vec2::<f32>()) {
                     Ok(v) => v,
                     Err(err) => {
                         s.fail(&format!("reading logits failed: {err}"));
@@ -484,7 +484,7 @@ impl Scheduler {
                     }
                 }
             }
-            let row = match l.flatten_all().and_then(|t| t.to_vec1::<f32>()) {
+            let row = match own_rows(&l).and_then(|t| t.flatten_all()?.to_vec1::<f32>()) {
                 Ok(v) => v,
                 Err(err) => {
                     s.fail(&format!("reading logits failed: {err}"));
@@ -538,6 +538,16 @@ impl Scheduler {
         for e in plan {
             self.running[e.seq].fail(msg);
         }
+    }
+}
+
+/// A sequence's logits rows in a buffer of their own on a GPU: they are a view into the whole
+/// batch's logits, and reading a view back copies its entire buffer.
+fn own_rows(l: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    if l.device().is_cpu() {
+        Ok(l.clone())
+    } else {
+        l.force_contiguous()
     }
 }
 

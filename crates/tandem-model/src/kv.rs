@@ -430,7 +430,7 @@ impl SequenceCache {
                     // Lanes are views of one buffer per layer: keep a copy of the chosen one,
                     // not the whole buffer.
                     RecurrentState::Device { conv, ssm } => {
-                        RecurrentState::Device { conv: conv.copy()?, ssm: ssm.copy()? }
+                        RecurrentState::Device { conv: conv.force_contiguous()?, ssm: ssm.force_contiguous()? }
                     }
                 };
             }

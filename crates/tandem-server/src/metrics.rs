@@ -1,7 +1,8 @@
 //! `GET /metrics`: the engine's counters in the Prometheus text format (version 0.0.4):
 //! running and waiting requests, KV blocks used and free, state slots, recurrent-state
 //! checkpoints held, prefix-cache hit tokens and ratio, preemptions, speculative decoding
-//! (drafted/accepted tokens, acceptance per draft position). A backend without engine
+//! (drafted/accepted tokens, acceptance per draft position), the prefix cache's disk tier
+//! (entries, bytes, hits, reads, writes, evictions, refused entries). A backend without engine
 //! stats (test fakes) reports only `tandem_up`.
 
 use std::fmt::Write;
@@ -165,6 +166,8 @@ mod tests {
         s.spec_accepted.store(6, Ordering::Relaxed);
         s.spec_drafted_at[0].store(4, Ordering::Relaxed);
         s.spec_accepted_at[0].store(3, Ordering::Relaxed);
+        s.disk.hit_tokens.store(12, Ordering::Relaxed);
+        s.disk.enabled.store(1, Ordering::Relaxed);
         let text = render(Some(&s));
         for line in [
             "tandem_spec_drafted_tokens_total 10",
@@ -178,11 +181,14 @@ mod tests {
             "tandem_prefix_hit_ratio 0.25",
             "tandem_preemptions_total 2",
             "# TYPE tandem_preemptions_total counter",
+            "tandem_disk_cache_hit_tokens_total 12",
+            "tandem_disk_cache_enabled 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 25);
+        // 25 engine and speculation samples, 10 of the disk tier.
+        assert_eq!(samples.len(), 35);
         for l in &samples {
             let (name, value) = l.split_once(' ').unwrap();
             // One labelled family: acceptance per draft position.

@@ -163,7 +163,8 @@ impl PagedKvStore {
         let bs = self.block_size;
         for l in self.layers.iter().flatten() {
             for pool in [&l.k, &l.v] {
-                let block = pool.narrow(0, src as usize * bs, bs)?.copy()?;
+                // `force_contiguous`, not `copy`: candle's copy clones the whole pool buffer.
+                let block = pool.narrow(0, src as usize * bs, bs)?.force_contiguous()?;
                 pool.slice_set(&block, 0, dst as usize * bs)?;
             }
         }

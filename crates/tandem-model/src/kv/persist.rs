@@ -40,7 +40,11 @@ impl PagedKvStore {
         let mut out = Vec::with_capacity(self.block_len());
         for l in self.layers.iter().flatten() {
             for pool in [&l.k, &l.v] {
-                out.extend(bytes_of(&pool.narrow(0, b as usize * bs, bs)?)?);
+                let block = pool.narrow(0, b as usize * bs, bs)?;
+                // Off the CPU, a copy of the block alone first: reading a view back copies its
+                // whole buffer (the layer's entire pool) to the host.
+                let block = if self.device.is_cpu() { block } else { block.force_contiguous()? };
+                out.extend(bytes_of(&block)?);
             }
         }
         Ok(out)

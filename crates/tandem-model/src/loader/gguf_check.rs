@@ -186,6 +186,11 @@ pub fn check(bytes: &[u8]) -> Result<Header> {
             if alignment == 0 || !alignment.is_power_of_two() {
                 return Err(bad(format!("general.alignment = {alignment} (must be a non-zero power of two)")));
             }
+            // Tensors are read in place as f32 / f16 / i32 slices: an alignment below 8 lets a
+            // file place them at addresses those types cannot start at (found by fuzzing).
+            if alignment < 8 {
+                return Err(bad(format!("general.alignment = {alignment} (tandem needs at least 8; writers use 32)")));
+            }
         }
     }
     let mut tensors = Vec::with_capacity(n_tensors.min(4096) as usize);
@@ -205,6 +210,11 @@ pub fn check(bytes: &[u8]) -> Result<Header> {
     let mut spans = Vec::with_capacity(tensors.len());
     for t in &tensors {
         let size = tensor_bytes(&t.name, &t.dims, t.dtype)?;
+        // An empty tensor would be read into an empty buffer whose dangling address is not
+        // aligned for its element type (undefined behaviour in the reader; found by fuzzing).
+        if size == 0 || t.dims.contains(&0) {
+            return Err(bad(format!("tensor `{}` has no elements (shape {:?})", t.name, t.dims)));
+        }
         if t.offset % alignment != 0 {
             return Err(bad(format!("tensor `{}` at offset {} is not aligned to {alignment}", t.name, t.offset)));
         }
@@ -289,6 +299,10 @@ mod tests {
         assert!(err(&align0).contains("alignment = 0"), "{}", err(&align0));
         let align3 = gguf(&[("general.alignment", 4, 3u32.to_le_bytes().to_vec())], &[], 0);
         assert!(err(&align3).contains("power of two"));
+        let align2 = gguf(&[("general.alignment", 4, 2u32.to_le_bytes().to_vec())], &[("a", &[8], F32, 2)], 32);
+        assert!(err(&align2).contains("at least 8"), "{}", err(&align2));
+        let empty = gguf(&[], &[("a", &[8, 0], F32, 0)], 32);
+        assert!(err(&empty).contains("no elements"), "{}", err(&empty));
         let offset = gguf(&[], &[("a", &[8], F32, u64::MAX - 31)], 32);
         assert!(err(&offset).contains("overflows") || err(&offset).contains("aligned"), "{}", err(&offset));
         let offset = gguf(&[], &[("a", &[8], F32, (u64::MAX / 32) * 32)], 32);

@@ -113,7 +113,9 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     let m = x.elem_count() / k;
     let mut x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
     if !x.layout().start_offset().is_multiple_of(4) {
-        x = x.copy()?; // float4 loads need rows on 16-byte boundaries
+        // float4 loads need rows on 16-byte boundaries: a compact copy starts at offset 0
+        // (`copy` would keep the offset, and the whole buffer).
+        x = x.force_contiguous()?;
     }
     let name = format!("qmatmul_{}", fmt.suffix);
     let f = dev.get_or_load_custom_func(&name, "tandem_qmatmul", tandem_kernels::QMATMUL)?;
