@@ -21,66 +21,64 @@ pub(super) fn run(shared: &Shared, rx: Receiver<Job>) {
 }
 
 fn write_one(shared: &Shared, job: Job, serial: &mut u64) {
-    {
-        let (kind, key, file) = match job {
-            Job::Flush(done) => {
-                let _ = done.send(());
-                return;
-            }
-            _ if !shared.enabled.load(Ordering::Relaxed) => return,
-            Job::Block { key, parent, position, tokens, bytes } => {
-                let h = Header { kind: Kind::Block, fingerprint: shared.fingerprint, key, parent, position };
-                (Kind::Block, key, format::encode(&h, &tokens, &bytes))
-            }
-            Job::Checkpoint { key, tokens, snapshot } => {
-                let payload = match snapshot.to_bytes() {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::warn!("prefix disk cache: checkpoint not written: {e}");
-                        return;
-                    }
-                };
-                let h = Header {
-                    kind: Kind::Checkpoint,
-                    fingerprint: shared.fingerprint,
-                    key,
-                    parent: 0,
-                    position: snapshot.position as u64,
-                };
-                (Kind::Checkpoint, key, format::encode(&h, &tokens, &payload))
-            }
-        };
-        if shared.index.lock().is_ok_and(|ix| ix.entries.contains_key(&(kind, key))) {
+    let (kind, key, file) = match job {
+        Job::Flush(done) => {
+            let _ = done.send(());
             return;
         }
-        let bytes = file.len() as u64;
-        {
-            let Ok(mut ix) = shared.index.lock() else { return };
-            if bytes > ix.budget {
-                return;
-            }
-            evict_to_budget(shared, &mut ix, bytes);
+        _ if !shared.enabled.load(Ordering::Relaxed) => return,
+        Job::Block { key, parent, position, tokens, bytes } => {
+            let h = Header { kind: Kind::Block, fingerprint: shared.fingerprint, key, parent, position };
+            (Kind::Block, key, format::encode(&h, &tokens, &bytes))
         }
-        *serial += 1;
-        match write_atomically(shared, kind, key, &file, *serial) {
-            Ok(()) => {
-                shared.stats.written_bytes.fetch_add(bytes, Ordering::Relaxed);
-                shared.stats.writes.fetch_add(1, Ordering::Relaxed);
-                let Ok(mut ix) = shared.index.lock() else { return };
-                ix.tick += 1;
-                let tick = ix.tick;
-                if let Some(old) = ix.entries.insert((kind, key), Meta { bytes, tick }) {
-                    ix.total -= old.bytes;
+        Job::Checkpoint { key, tokens, snapshot } => {
+            let payload = match snapshot.to_bytes() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("prefix disk cache: checkpoint not written: {e}");
+                    return;
                 }
-                ix.total += bytes;
-                shared.publish_sizes(&ix);
+            };
+            let h = Header {
+                kind: Kind::Checkpoint,
+                fingerprint: shared.fingerprint,
+                key,
+                parent: 0,
+                position: snapshot.position as u64,
+            };
+            (Kind::Checkpoint, key, format::encode(&h, &tokens, &payload))
+        }
+    };
+    if shared.index.lock().is_ok_and(|ix| ix.entries.contains_key(&(kind, key))) {
+        return;
+    }
+    let bytes = file.len() as u64;
+    {
+        let Ok(mut ix) = shared.index.lock() else { return };
+        if bytes > ix.budget {
+            return;
+        }
+        evict_to_budget(shared, &mut ix, bytes);
+    }
+    *serial += 1;
+    match write_atomically(shared, kind, key, &file, *serial) {
+        Ok(()) => {
+            shared.stats.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            shared.stats.writes.fetch_add(1, Ordering::Relaxed);
+            let Ok(mut ix) = shared.index.lock() else { return };
+            ix.tick += 1;
+            let tick = ix.tick;
+            if let Some(old) = ix.entries.insert((kind, key), Meta { bytes, tick }) {
+                ix.total -= old.bytes;
             }
-            Err(e) => {
-                if fatal(&e) {
-                    shared.disable(&format!("writing failed: {e}"));
-                } else {
-                    tracing::warn!("prefix disk cache: an entry was not written: {e}");
-                }
+            ix.total += bytes;
+            shared.publish_sizes(&ix);
+        }
+        Err(e) => {
+            if fatal(&e) {
+                shared.disable(&format!("writing failed: {e}"));
+            } else {
+                tracing::warn!("prefix disk cache: an entry was not written: {e}");
             }
         }
     }
