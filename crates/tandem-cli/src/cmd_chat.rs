@@ -3,7 +3,7 @@
 use std::io::{BufRead, Write};
 
 use clap::Args;
-use tandem_engine::{EngineConfig, GenerateRequest, StopParams};
+use tandem_engine::{EngineConfig, MemoryBudget, GenerateRequest, StopParams};
 
 use crate::args::{ModelArgs, SamplingArgs};
 use crate::cmd_run::{render_chat, stream_to_stdout};
@@ -14,13 +14,18 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Memory for the paged KV cache: bytes (2GiB, 512MiB) or a fraction (0.25, 25%) of RAM, or
+    /// on a GPU of the device memory free after loading the weights. It never takes more
+    /// than two full contexts (the conversation's and one of cached prefixes).
+    #[arg(long, default_value = "20%")]
+    pub kv_memory: MemoryBudget,
     /// System prompt placed before the conversation.
     #[arg(long)]
     pub system: Option<String>,
 }
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
-    let engine = a.model.start_engine(EngineConfig::default())?;
+    let engine = a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
     let mut history = Vec::new();
     if let Some(s) = &a.system {
         history.push(serde_json::json!({"role": "system", "content": s}));

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::{anyhow, bail};
 use clap::Args;
-use tandem_engine::{EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, StopParams};
+use tandem_engine::{EngineConfig, MemoryBudget, EngineHandle, GenerateRequest, GenerationEvent, StopParams};
 
 use crate::args::{ModelArgs, SamplingArgs};
 
@@ -23,12 +23,17 @@ pub struct RunArgs {
     /// Print the generated token ids after the text.
     #[arg(long)]
     pub print_ids: bool,
+    /// Memory for the paged KV cache: bytes (2GiB, 512MiB) or a fraction (0.25, 25%) of RAM, or
+    /// on a GPU of the device memory free after loading the weights. It never takes more
+    /// than two full contexts (the conversation's and one of cached prefixes).
+    #[arg(long, default_value = "20%")]
+    pub kv_memory: MemoryBudget,
     /// The prompt text.
     pub prompt: String,
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let engine = a.model.start_engine(EngineConfig::default())?;
+    let engine = a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
     let text = if a.chat {
         let msgs = vec![serde_json::json!({"role": "user", "content": a.prompt})];
         render_chat(&engine, &msgs)?

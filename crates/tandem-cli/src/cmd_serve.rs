@@ -156,8 +156,18 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
         device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
+        threads: 0,
     };
     let engine = a.model.start_engine(cfg)?;
+    let st = engine.stats();
+    let blocks = st.kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(
+        "the KV cache holds {} tokens ({blocks} blocks of {}, {}, at most --max-running + 1 full contexts of {}); --kv-memory changes it",
+        blocks * a.kv_block_size,
+        a.kv_block_size,
+        a.model.kv_cache_dtype,
+        engine.info().context_length,
+    );
     rt.block_on(tandem_server::serve(engine, server))
 }
 

@@ -90,11 +90,15 @@ impl EngineCache {
                 )));
             }
         }
+        // The most the configuration can fill: every running sequence at the full context,
+        // plus one context more of cached prefixes. A bigger pool only holds memory no
+        // request can use (`tandem run` holds one sequence).
+        let useful = (cfg.max_running.max(1) + 1).saturating_mul(context_length.div_ceil(bs).max(1));
         let num_blocks = if block_bytes == 0 {
             // No attention layers: blocks are bookkeeping only.
             cfg.max_running * context_length.div_ceil(bs)
         } else {
-            (budget / block_bytes as u64).min(u32::MAX as u64) as usize
+            ((budget / block_bytes as u64).min(u32::MAX as u64) as usize).min(useful)
         };
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(

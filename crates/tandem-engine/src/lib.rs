@@ -17,6 +17,7 @@ mod scheduler;
 mod sequence;
 pub mod spec;
 pub mod stop;
+pub mod threads;
 
 pub use cache::disk::{namespaces as disk_cache_namespaces, DiskCacheConfig, DiskStats, NamespaceInfo};
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};

@@ -100,7 +100,8 @@ fn speculation_is_lossless_with_a_quantised_cache() {
 fn smaller_formats_hold_more_blocks_in_the_same_memory() {
     let budget = MemoryBudget::Bytes(4 << 20);
     let blocks = |kv: KvDtype| {
-        let e = engine("tiny/qwen3", EngineConfig { kv_memory: budget, ..cfg(kv) });
+        // Enough running sequences that the budget, not the context, bounds the pool.
+        let e = engine("tiny/qwen3", EngineConfig { kv_memory: budget, max_running: 256, ..cfg(kv) });
         e.stats().kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed)
     };
     let f32_blocks = blocks(KvDtype::F32);

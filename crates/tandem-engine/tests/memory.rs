@@ -146,3 +146,22 @@ fn a_request_larger_than_the_pool_is_refused() {
         "a pool without a single block is a config error"
     );
 }
+
+/// The pool never takes more than the configuration can fill: with one running sequence and
+/// a 64-token context, two contexts' blocks (the sequence's and one of cached prefixes) out of
+/// a budget that would allow thousands; a long request still runs to the end of its context.
+#[test]
+fn the_pool_is_sized_from_the_context_and_the_running_sequences() {
+    let path = "tiny/llama";
+    let big = MemoryBudget::Bytes(1 << 30);
+    let cfg = EngineConfig { max_running: 1, context_length: 64, kv_memory: big, ..Default::default() };
+    let e = engine(path, cfg);
+    let bs = EngineConfig::default().block_size;
+    assert_eq!(e.stats().kv_blocks_total.load(Ordering::Relaxed), 2 * 64usize.div_ceil(bs));
+    let p = long_prompt(path, 40);
+    let got = run(&e, greedy(p, 24));
+    assert_eq!(got.usage.completion_tokens, 24);
+    let wide = engine(path, EngineConfig { max_running: 3, context_length: 64, kv_memory: big, ..Default::default() });
+    assert_eq!(wide.stats().kv_blocks_total.load(Ordering::Relaxed), 4 * 64usize.div_ceil(bs));
+    assert_no_leaks(&e);
+}

@@ -12,6 +12,10 @@
 // decoded exactly (the CPU's dequantisation bits); activations stay f32 (candle's kernels
 // quantise them to 8 bits).
 //
+// qmatmul_tiled_* / qmatmul_tiled2_*: the same per-element arithmetic for calls of 16+ rows
+// (shared-memory staging of x; the two differ only in the register budget, 1 or 2 blocks per
+// SM).
+//
 // moe_*: the same arithmetic over stacked expert weights [E, n, k]: a slot s (a token's j-th
 // chosen expert) reads x row s / x_div and expert ids[s]; slots come in expert-sorted order
 // (`order`) so that the blocks running together read the same expert.
@@ -101,6 +105,101 @@ __device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, cons
     }
 }
 
+// The same products for calls of many rows (prefill), faster: a block of TT_W warps takes TT_R
+// rows x TT_W * TT_C columns, and the rows' activations for the step's 32 units are staged in
+// shared memory eight values per unit at a time (each value read from global memory once per
+// block instead of once per warp). Every (r, c) is still lane l's chain over units l, l + 32,
+// ... and values in order, then the same butterfly: the bits of qmatmul's (and so of a row
+// computed alone).
+#define TT_R 16
+#define TT_C 4
+#define TT_W 8
+#define XPAD 12  // floats per unit slot: 8 values + 4 of padding (conflict-free 16-byte reads)
+
+template <int WT>
+__device__ void qmatmul_tiled(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                              int m, int n, int k, long long row_bytes) {
+    __shared__ __align__(16) float xs[TT_R][32 * XPAD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col0 = (blockIdx.x * TT_W + warp) * TT_C;
+    const int r0 = blockIdx.y * TT_R;
+    const int rows = min(TT_R, m - r0);
+    const int cols = max(0, min(TT_C, n - col0));  // warps past the last column still load x
+    const uint8_t* wr = w + (size_t)min(col0, n - 1) * row_bytes;
+    const float* xr = x + (size_t)r0 * k;
+    const int units = k >> 5;
+    float acc[TT_R][TT_C];
+#pragma unroll
+    for (int r = 0; r < TT_R; r++)
+#pragma unroll
+        for (int c = 0; c < TT_C; c++) acc[r][c] = 0.f;
+    for (int s = 0; s < units; s += 32) {
+        const int u = s + lane;
+#pragma unroll 1
+        for (int l0 = 0; l0 < 32; l0 += 8) {
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < TT_R * 64; idx += blockDim.x) {
+                const int r = idx >> 6, uu = (idx >> 1) & 31, half = idx & 1;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r < rows && s + uu < units)
+                    v = __ldg(reinterpret_cast<const float4*>(xr + (size_t)r * k + (s + uu) * 32 + l0) + half);
+                *reinterpret_cast<float4*>(&xs[r][uu * XPAD + half * 4]) = v;
+            }
+            __syncthreads();
+            if (u < units && cols > 0) {
+                float wv[TT_C][8];
+#pragma unroll
+                for (int c = 0; c < TT_C; c++) {
+                    if (c < cols) {
+                        decode8<WT>(wr + (size_t)c * row_bytes, u, l0, wv[c]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < TT_R; r++) {
+                    if (r < rows) {
+                        const float4 a = *reinterpret_cast<const float4*>(&xs[r][lane * XPAD]);
+                        const float4 b = *reinterpret_cast<const float4*>(&xs[r][lane * XPAD + 4]);
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int c = 0; c < TT_C; c++) {
+                            float t = acc[r][c];
+#pragma unroll
+                            for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
+                            acc[r][c] = t;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (cols == 0) return;
+    // Dense rows whose length is not a multiple of 32: as in dot_tile.
+    const int tail = units * 32 + lane;
+    if (tail < k) {
+#pragma unroll
+        for (int c = 0; c < TT_C; c++) {
+            const float wt = c < cols ? decode_at<WT>(wr + (size_t)c * row_bytes, tail) : 0.f;
+#pragma unroll
+            for (int r = 0; r < TT_R; r++) {
+                if (r < rows) acc[r][c] = fmaf(__ldg(xr + (size_t)r * k + tail), wt, acc[r][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < TT_R; r++) {
+#pragma unroll
+        for (int c = 0; c < TT_C; c++) {
+            if (r < rows && c < cols) {
+                const float s = warp_sum(acc[r][c]);
+                if (lane == 0) y[(size_t)(r0 + r) * n + col0 + c] = s;
+            }
+        }
+    }
+}
+
 // Slot order[blockIdx.y]; y [S, n]. One column per warp.
 template <int WT>
 __device__ void moe_matmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
@@ -140,6 +239,16 @@ __device__ void moe_gate_up(float* __restrict__ h, const float* __restrict__ x, 
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
         qmatmul_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k, long long row_bytes) { \
         qmatmul<WT>(y, x, w, m, n, k, row_bytes);                                                                \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TT_W * 32, 1)                                                    \
+        qmatmul_tiled_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k,                  \
+                               long long row_bytes) {                                                            \
+        qmatmul_tiled<WT>(y, x, w, m, n, k, row_bytes);                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TT_W * 32, 2)                                                    \
+        qmatmul_tiled2_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k,                 \
+                                long long row_bytes) {                                                           \
+        qmatmul_tiled<WT>(y, x, w, m, n, k, row_bytes);                                                          \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
         moe_matmul_##suffix(float* y, const float* x, const uint8_t* w, const int* order, const int* ids, int n, \

@@ -38,3 +38,8 @@ pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));
 /// PTX of `cuda/sampling.cu`: the top candidates and softmax mass of logits rows (sampling).
 #[cfg(feature = "cuda")]
 pub const SAMPLING: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));
+
+/// PTX of `cuda/gdn_chunked.cu`: the GDN step after the conv for prefill chunks, in the chunked
+/// WY form (gates and norms included).
+#[cfg(feature = "cuda")]
+pub const GDN_CHUNKED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdn_chunked.ptx"));

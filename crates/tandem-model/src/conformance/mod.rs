@@ -20,6 +20,7 @@ pub mod gdn_step;
 pub mod models;
 pub mod moe;
 pub mod ops;
+pub mod rope;
 pub mod sampling;
 
 /// How a check is judged.
@@ -136,6 +137,7 @@ impl Rng {
 pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     let mut checks = ops::run(dev);
     checks.extend(gdn_step::run(dev));
+    checks.extend(rope::run(dev));
     checks.extend(moe::run(dev));
     checks.extend(sampling::run(dev));
     if let Some(root) = fixtures {

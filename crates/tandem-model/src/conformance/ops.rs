@@ -20,6 +20,7 @@ pub fn run(dev: &Device) -> Vec<Check> {
     norms(dev, &mut out);
     dense(dev, &mut out);
     quantised(dev, &mut out);
+    embedding(dev, &mut out);
     out
 }
 
@@ -334,7 +335,7 @@ fn norms(dev: &Device, out: &mut Vec<Check>) {
 
 fn dense(dev: &Device, out: &mut Vec<Check>) {
     for dt in [DType::F32, DType::F16, DType::BF16] {
-        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (3, 64, 16)] {
+        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (33, 301, 100), (3, 64, 16)] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32
             }
@@ -415,7 +416,8 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
         let storage = candle_core::quantized::QStorage::from_data(data, dev, q)?;
         QTensor::new(storage, (n, k))
     })?)?;
-    let x = tensor(&mut rng, &[12, k], &Device::Cpu)?;
+    // 40 rows: calls of 16+ rows take the tiled kernel on CUDA, fewer the small-row one.
+    let x = tensor(&mut rng, &[40, k], &Device::Cpu)?;
     let want = x.to_dtype(DType::F64)?.matmul(&deq.to_dtype(DType::F64)?.t()?)?;
     let xd = x.to_device(dev)?;
     let (got, ms) = timed(dev, || Ok(row_stable::forward(&on_dev, &xd)?))?;
@@ -431,7 +433,32 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     let in5 = last(5)?;
     let judge = if dev.is_cpu() || own { Judge::Exact } else { Judge::Info };
     checks.push(Check::new("quant_matmul rows 1 vs 5", shape.into(), fmt, bits_err(&in5, &alone)?, judge, 0.0));
-    let in12 = row_stable::forward(&on_dev, &xd)?.narrow(0, 4, 1)?;
+    let in12 = row_stable::forward(&on_dev, &xd.narrow(0, 0, 12)?)?.narrow(0, 4, 1)?;
     checks.push(Check::new("quant_matmul rows 1 vs 12", shape.into(), fmt, bits_err(&in12, &alone)?, judge, 0.0));
+    let in40 = got.narrow(0, 4, 1)?;
+    checks.push(Check::new("quant_matmul rows 1 vs 40", shape.into(), fmt, bits_err(&in40, &alone)?, judge, 0.0));
     Ok(checks)
+}
+
+/// Quantised token-embedding lookup (`Embedding::Quantized`: candle's embedding kernels) on
+/// the device vs the CPU's dequantised rows, every type, ids repeated and at both ends.
+fn embedding(dev: &Device, out: &mut Vec<Check>) {
+    for q in QTYPES {
+        let fmt = format!("{q:?}").to_lowercase();
+        let shape = "vocab 300 x 512, 6 ids".to_string();
+        let r = (|| -> Result<Vec<Check>> {
+            let mut rng = Rng(q as u64 + 77);
+            let w = tensor(&mut rng, &[300, 512], &Device::Cpu)?;
+            let qt = QTensor::quantize(&w, q)?;
+            let ids = [7u32, 299, 0, 150, 7, 42];
+            let deq = qt.dequantize(&Device::Cpu)?;
+            let want = deq.index_select(&Tensor::new(&ids[..], &Device::Cpu)?, 0)?;
+            let storage = candle_core::quantized::QStorage::from_data(qt.data()?, dev, q)?;
+            let table = crate::loader::Embedding::Quantized(std::sync::Arc::new(QTensor::new(storage, (300, 512))?));
+            let idt = Tensor::new(&ids[..], dev)?;
+            let (got, ms) = timed(dev, || table.forward(&idt))?;
+            Ok(vec![Check::new("quant_embedding", shape.clone(), &fmt, rel_err(&got, &want)?, Judge::Tolerance(1e-6), ms)])
+        })();
+        push(out, "quant_embedding", shape, &fmt, r);
+    }
 }

@@ -56,6 +56,29 @@ impl std::fmt::Debug for PagedKvStore {
     }
 }
 
+/// A zero pool tensor whose pages the OS commits only when written. candle's CPU `zeros`
+/// gets that for f32 and u8 (a zeroed allocation) but fills f16 / bf16 element by element,
+/// which touched a whole default pool (gigabytes) at start; those come from a zeroed `u16`
+/// allocation instead.
+fn zeroed_pool(shape: (usize, usize, usize), dt: DType, device: &Device) -> Result<Tensor> {
+    fn lazy<T: candle_core::WithDType>(n: usize, shape: (usize, usize, usize)) -> Result<Tensor> {
+        const { assert!(std::mem::size_of::<T>() == 2 && std::mem::align_of::<T>() == 2) };
+        let mut raw = std::mem::ManuallyDrop::new(vec![0u16; n]);
+        let (ptr, len, cap) = (raw.as_mut_ptr(), raw.len(), raw.capacity());
+        // SAFETY: T is a 2-byte, 2-aligned plain value type (f16 / bf16) whose all-zero bit
+        // pattern is +0.0; the allocation keeps its layout (same size and alignment per
+        // element), ownership moves to the new Vec.
+        let v = unsafe { Vec::from_raw_parts(ptr.cast::<T>(), len, cap) };
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+    let n = shape.0 * shape.1 * shape.2;
+    match (device.is_cpu(), dt) {
+        (true, DType::F16) => lazy::<half::f16>(n, shape),
+        (true, DType::BF16) => lazy::<half::bf16>(n, shape),
+        _ => Ok(Tensor::zeros(shape, dt, device)?),
+    }
+}
+
 impl PagedKvStore {
     /// Pools of `num_blocks` blocks of `block_size` positions in format `dtype` for every
     /// attention layer of `spec`. The memory is zeroed lazily by the OS, so a large pool costs
@@ -83,8 +106,8 @@ impl PagedKvStore {
                     dtype.check_head_dim(*head_dim)?;
                     let shape = (num_blocks * block_size, *kv_heads, dtype.row_elems(*head_dim));
                     Ok(Some(PoolLayer {
-                        k: Tensor::zeros(shape, dtype.storage_dtype(), device)?,
-                        v: Tensor::zeros(shape, dtype.storage_dtype(), device)?,
+                        k: zeroed_pool(shape, dtype.storage_dtype(), device)?,
+                        v: zeroed_pool(shape, dtype.storage_dtype(), device)?,
                         head_dim: *head_dim,
                     }))
                 }
@@ -319,6 +342,31 @@ mod tests {
         assert!(store.read(1, &blocks, 4).is_err(), "recurrent layers have no pool");
         assert!(store.copy_block(8, 0).is_err());
         assert!(store.write(0, &[1], 2, &ramp((2, 3, 8), 0.0), &ramp((2, 3, 8), 0.0)).is_err());
+        Ok(())
+    }
+
+    /// A 1 GiB f16 pool costs no resident memory until written (the OS commits pages lazily),
+    /// reads as zeros, and a written block commits only its pages.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_f16_pool_takes_memory_only_where_written() -> Result<()> {
+        fn resident_bytes() -> u64 {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+            statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+        }
+        let spec = [LayerCacheSpec::Attention { kv_heads: 8, head_dim: 128 }];
+        let blocks = (1usize << 30) / PagedKvStore::bytes_per_block(&spec, 16, KvDtype::F16);
+        let before = resident_bytes();
+        let store = PagedKvStore::new(&spec, blocks, 16, KvDtype::F16, &Device::Cpu)?;
+        let grown = resident_bytes().saturating_sub(before);
+        assert!(grown < 200 << 20, "a 1 GiB pool made {} MiB resident", grown >> 20);
+        let (k, _) = store.read(0, &[blocks as u32 - 1], 16)?;
+        assert_eq!(k.abs()?.to_dtype(DType::F32)?.max_all()?.to_scalar::<f32>()?, 0.0);
+        let x = ramp((8, 16, 128), 1.0);
+        store.write(0, &[3], 0, &x, &x)?;
+        let (k, _) = store.read(0, &[3], 16)?;
+        let diff = (k.to_dtype(DType::F32)? - x)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-2, "{diff}");
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::loader::{Embedding, LinearWeight, WeightSource};
 
 /// Names of the presets [`preset`] knows.
-pub const PRESETS: [&str; 3] = ["0.8b", "0.8b-mtp", "tiny"];
+pub const PRESETS: [&str; 6] = ["0.8b", "0.8b-mtp", "9b", "9b-mtp", "27b", "tiny"];
 
 /// A named configuration:
 /// - `0.8b`: Qwen3.5-0.8B-like: 24 layers (3 GDN : 1 attention), hidden 1024, GDN nk = nv = 16,
@@ -22,6 +22,11 @@ pub const PRESETS: [&str; 3] = ["0.8b", "0.8b-mtp", "tiny"];
 ///   3584, vocab 248320, tied embeddings;
 /// - `0.8b-mtp`: the same with an MTP head (one attention layer + dense MLP), for speculative
 ///   decoding benchmarks;
+/// - `9b`: Qwen3.5-9B's shape: 32 layers (24 GDN + 8 attention), hidden 4096, GDN 16 key /
+///   32 value heads of 128, attention 16 heads / 4 KV heads of 256, dense SwiGLU 12288, vocab
+///   248320, untied (8.95 B parameters); `9b-mtp` with its MTP head;
+/// - `27b`: Qwen3.5-27B's shape: 64 layers (48 + 16), hidden 5120, GDN 16 / 48 heads,
+///   attention 24 / 4 heads of 256, SwiGLU 17408, untied;
 /// - `tiny`: 4 layers, hidden 64, MoE with 4 experts (for quick checks).
 pub fn preset(name: &str) -> Result<HybridConfig> {
     let base = HybridConfig {
@@ -53,6 +58,27 @@ pub fn preset(name: &str) -> Result<HybridConfig> {
     Ok(match name {
         "0.8b" => base,
         "0.8b-mtp" => HybridConfig { mtp_layers: 1, ..base },
+        "9b" | "9b-mtp" => HybridConfig {
+            hidden_size: 4096,
+            layer_kinds: (0..32).map(|i| if (i + 1) % 4 == 0 { LayerKind::Full } else { LayerKind::Linear }).collect(),
+            num_heads: 16,
+            num_kv_heads: 4,
+            tie_word_embeddings: false,
+            linear_num_value_heads: 32,
+            intermediate_size: 12288,
+            mtp_layers: usize::from(name == "9b-mtp"),
+            ..base
+        },
+        "27b" => HybridConfig {
+            hidden_size: 5120,
+            layer_kinds: (0..64).map(|i| if (i + 1) % 4 == 0 { LayerKind::Full } else { LayerKind::Linear }).collect(),
+            num_heads: 24,
+            num_kv_heads: 4,
+            tie_word_embeddings: false,
+            linear_num_value_heads: 48,
+            intermediate_size: 17408,
+            ..base
+        },
         "tiny" => HybridConfig {
             model_type: "qwen3_5_moe_text".into(),
             vocab_size: 512,
@@ -86,17 +112,21 @@ pub fn preset(name: &str) -> Result<HybridConfig> {
     })
 }
 
-/// A weight type by name: `f32`, `f16`, `q8_0`, `q4_0`, `q4_k`, `q6_k`.
+/// A weight type by name: `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q4_k`, `q6_k`. On a GPU f16 and
+/// bf16 matrices stay 16-bit (dense kernels); on the CPU they run as f32.
 pub fn parse_weight_type(s: &str) -> Result<GgmlDType> {
     Ok(match s.to_ascii_lowercase().as_str() {
         "f32" => GgmlDType::F32,
         "f16" => GgmlDType::F16,
+        "bf16" => GgmlDType::BF16,
         "q8_0" => GgmlDType::Q8_0,
         "q4_0" => GgmlDType::Q4_0,
         "q4_k" => GgmlDType::Q4K,
         "q6_k" => GgmlDType::Q6K,
         other => {
-            return Err(ModelError::Config(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_0, q4_k, q6_k)")))
+            return Err(ModelError::Config(format!(
+                "unknown weight type `{other}` (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)"
+            )))
         }
     })
 }
@@ -257,6 +287,16 @@ impl WeightSource for RandomSource {
     }
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
         let (t, _) = self.make(name)?;
+        let dense16 = match self.dtype {
+            GgmlDType::F16 => Some(candle_core::DType::F16),
+            GgmlDType::BF16 => Some(candle_core::DType::BF16),
+            _ => None,
+        };
+        if let (Some(dt), false) = (dense16, self.device.is_cpu()) {
+            // 16-bit dense weights as a GPU checkpoint keeps them (candle would widen a 16-bit
+            // QTensor to f32).
+            return Ok(LinearWeight::Candle(QMatMul::Tensor(t.to_dtype(dt)?)));
+        }
         Ok(LinearWeight::Candle(match self.quantised(&t)? {
             Some(q) => QMatMul::from_qtensor(q)?,
             None => QMatMul::Tensor(t),
@@ -310,6 +350,11 @@ mod tests {
         assert!(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
         let p = parameter_count(&preset("0.8b").unwrap());
         assert!((700_000_000..900_000_000).contains(&p), "0.8b preset has {p} parameters");
+        // Qwen3.5-9B: 8.95 B; Qwen3.5-27B: about 27 B.
+        let p = parameter_count(&preset("9b").unwrap());
+        assert!((8_900_000_000..9_000_000_000).contains(&p), "9b preset has {p} parameters");
+        let p = parameter_count(&preset("27b").unwrap());
+        assert!((26_000_000_000..28_500_000_000).contains(&p), "27b preset has {p} parameters");
     }
 
     #[test]

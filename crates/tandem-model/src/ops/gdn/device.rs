@@ -46,8 +46,21 @@ pub struct StepTensors<'a> {
     pub eps: f32,
 }
 
+/// Prefill chunks of at least this many tokens (without verify lanes) take the chunked WY
+/// kernels on CUDA; shorter ones, decode and verify the token-by-token fused kernel.
+pub const CHUNKED_MIN_TOKENS: usize = 64;
+
+/// Whether the chunked WY kernels are on (`TANDEM_GDN_CHUNKED=0` turns them off, for
+/// comparisons: every chunk then takes the token-by-token kernel).
+#[cfg(feature = "cuda")]
+fn chunked_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_GDN_CHUNKED").map_or(true, |v| v != "0"))
+}
+
 /// The layer's step after the conv (norms, gates, delta rule, gated output norm; see
-/// [`super::step`]): one fused kernel on CUDA, plain candle ops elsewhere.
+/// [`super::step`]): on CUDA one fused token-by-token kernel, or for prefill chunks of
+/// [`CHUNKED_MIN_TOKENS`] or more the chunked WY kernels; plain candle ops elsewhere.
 #[allow(clippy::too_many_arguments)]
 pub fn step(
     u: &Tensor,
@@ -59,6 +72,11 @@ pub fn step(
     d: GdnDims,
     lanes: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    #[cfg(feature = "cuda")]
+    if u.device().is_cuda() && !lanes && d.dk <= 256 && u.dim(0)? >= CHUNKED_MIN_TOKENS && chunked_enabled() {
+        let (o, next) = super::cuda_chunked::step_chunked(u, z, b, a, state, p, d)?;
+        return Ok((o, next, None));
+    }
     #[cfg(feature = "cuda")]
     if u.device().is_cuda() && d.dk <= 256 && d.dv <= 256 {
         return super::cuda::delta_fused(u, z, b, a, state, p, d, lanes);

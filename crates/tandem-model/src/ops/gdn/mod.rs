@@ -9,13 +9,16 @@
 //! Maths: `docs/qwen-hybrid-architecture.md` §4 of the shared brief.
 //!
 //! Models on a GPU keep their state on the device and run the same ops on tensors
-//! ([`device`]: CUDA kernels in [`cuda`], plain candle ops in [`portable`] elsewhere), each
-//! tested against these slice kernels.
+//! ([`device`]: CUDA kernels in `cuda` (token by token) and `cuda_chunked` (the WY form for
+//! prefill chunks), plain candle ops in [`portable`] elsewhere), each tested against these
+//! slice kernels.
 
 pub mod chunked;
 pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_chunked;
 pub mod device;
 pub mod norm;
 pub mod portable;

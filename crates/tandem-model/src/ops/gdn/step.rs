@@ -3,9 +3,10 @@
 //! sigmoid(b), g = -A softplus(a + dt_bias); the gated delta rule; the gated RMSNorm of the
 //! output. [`gates`] is the gate arithmetic the CPU layer uses too; [`step_reference`] the
 //! whole step on slices, the reference `tandem check-device` compares the kernel and the
-//! portable tensor version ([`super::portable::step`]) with.
+//! portable tensor version ([`super::portable::step`]) with; [`step_reference_chunked`] the
+//! same with the chunked WY delta rule, the reference of the chunked CUDA kernels.
 
-use super::{gated_delta_recurrent_states, gated_rms_norm, l2_normalize, GdnDims};
+use super::{gated_delta_chunked, gated_delta_recurrent_states, gated_rms_norm, l2_normalize, GdnDims};
 
 /// `(beta, g)` of one (token, v-head) from the raw projections: `sigmoid(b)` and
 /// `neg_a * softplus(a + dt_bias)` (softplus taken as linear above 20).
@@ -24,17 +25,10 @@ pub struct StepParams<'a> {
     pub eps: f32,
 }
 
-/// From `u` `[t, 2 nk dk + nv dv]`, `z` `[t, nv dv]`, `b`, `a` `[t, nv]` and `state`
-/// `[nv, dk, dv]` (updated): the normed output `[t, nv dv]` and the state after each token.
-pub fn step_reference(
-    u: &[f32],
-    z: &[f32],
-    b: &[f32],
-    a: &[f32],
-    state: &mut [f32],
-    p: &StepParams<'_>,
-    d: GdnDims,
-) -> (Vec<f32>, Vec<Vec<f32>>) {
+/// q, k, v split from the conv output, q and k normalised (q scaled), and beta and g.
+type Prepared = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn prepare(u: &[f32], b: &[f32], a: &[f32], p: &StepParams<'_>, d: GdnDims) -> Prepared {
     let kd = d.nk * d.dk;
     let ch = 2 * kd + d.nv * d.dv;
     let t = u.len() / ch;
@@ -54,6 +48,38 @@ pub fn step_reference(
         beta.push(bt);
         g.push(gt);
     }
+    (q, k, v, beta, g)
+}
+
+/// The same step with the delta rule in the CPU's chunked WY form (what its prefill runs), the
+/// reference of the chunked CUDA kernels: the normed output `[t, nv dv]`; `state` is updated.
+pub fn step_reference_chunked(
+    u: &[f32],
+    z: &[f32],
+    b: &[f32],
+    a: &[f32],
+    state: &mut [f32],
+    p: &StepParams<'_>,
+    d: GdnDims,
+) -> Vec<f32> {
+    let (q, k, v, beta, g) = prepare(u, b, a, p, d);
+    let mut o = gated_delta_chunked(&q, &k, &v, &beta, &g, state, d);
+    gated_rms_norm(&mut o, z, p.norm_w, p.eps);
+    o
+}
+
+/// From `u` `[t, 2 nk dk + nv dv]`, `z` `[t, nv dv]`, `b`, `a` `[t, nv]` and `state`
+/// `[nv, dk, dv]` (updated): the normed output `[t, nv dv]` and the state after each token.
+pub fn step_reference(
+    u: &[f32],
+    z: &[f32],
+    b: &[f32],
+    a: &[f32],
+    state: &mut [f32],
+    p: &StepParams<'_>,
+    d: GdnDims,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let (q, k, v, beta, g) = prepare(u, b, a, p, d);
     let (mut o, states) = gated_delta_recurrent_states(&q, &k, &v, &beta, &g, state, d);
     gated_rms_norm(&mut o, z, p.norm_w, p.eps);
     (o, states)

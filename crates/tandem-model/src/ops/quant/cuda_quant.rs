@@ -96,6 +96,24 @@ pub fn forward(q: &QTensor, x: &Tensor) -> Result<Tensor> {
     matmul_raw(fmt, ptr, n, k, x)
 }
 
+/// Rows from which a call takes `qmatmul_tiled_*` (`qmatmul.cu`).
+const TILED_MIN_ROWS: usize = 16;
+/// Rows and columns per block of the tiled kernel (`TT_R`, `TT_W * TT_C`).
+const TILED_ROWS: usize = 16;
+const TILED_COLS: usize = 32;
+
+/// Which tiled kernel calls of many rows take: `TANDEM_QMATMUL_TILED` = 1 (the default: the
+/// register budget of one block per SM), 2 (two blocks per SM) or 0 (none: every call on the
+/// small-row kernel, for comparisons). All give the same bits.
+fn tiled_variant() -> u8 {
+    static V: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match std::env::var("TANDEM_QMATMUL_TILED").as_deref() {
+        Ok("0") => 0,
+        Ok("2") => 2,
+        _ => 1,
+    })
+}
+
 /// `x · Wᵀ` for W `n` rows of `k` values in `fmt` at device address `w` (kept alive by the
 /// caller for the call; all on one stream).
 pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {
@@ -117,16 +135,27 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
         // (`copy` would keep the offset, and the whole buffer).
         x = x.force_contiguous()?;
     }
-    let name = format!("qmatmul_{}", fmt.suffix);
+    // Calls of TILED_MIN_ROWS+ rows take the tiled kernel: the same arithmetic per element,
+    // so the choice never changes a row's bits.
+    let tiled = m >= TILED_MIN_ROWS && tiled_variant() != 0;
+    let name = match (tiled, tiled_variant()) {
+        (true, 2) => format!("qmatmul_tiled2_{}", fmt.suffix),
+        (true, _) => format!("qmatmul_tiled_{}", fmt.suffix),
+        _ => format!("qmatmul_{}", fmt.suffix),
+    };
     let f = dev.get_or_load_custom_func(&name, "tandem_qmatmul", tandem_kernels::QMATMUL)?;
     let inputs = Inputs::new(&[&x])?;
     let xv = inputs.view::<f32>(0)?;
     let y = alloc_f32(&dev, m * n)?;
     let (mi, ni, ki, rb) = (i32_of(m)?, i32_of(n)?, i32_of(k)?, fmt.row_bytes(k) as i64);
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
+    let cfg = if tiled {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(TILED_COLS) as u32, m.div_ceil(TILED_ROWS) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    } else {
+        LaunchConfig { grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }
     };
     let mut b = f.builder();
     b.arg(&y).arg(&xv).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rb);
