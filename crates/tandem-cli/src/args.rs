@@ -19,7 +19,8 @@ pub struct ModelArgs {
     /// Do not fetch a missing catalogue model automatically.
     #[arg(long)]
     pub no_pull: bool,
-    /// Worker threads for the CPU kernels (0 = all cores).
+    /// Worker threads for the CPU kernels (0 = the cores other processes leave free, measured
+    /// at start; all of them on an idle machine).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// How the KV cache stores keys and values: f16 (the default, like llama.cpp's), f32
@@ -125,9 +126,22 @@ pub fn model_id(arg: &str) -> String {
 
 /// Sizes the CPU thread pool used by the kernels.
 pub fn set_threads(n: usize) {
+    // Candle's CPU kernels (its worker pool and rayon's) read this on first use.
     if n > 0 {
-        // Candle's CPU kernels use rayon's global pool, which reads this on first use.
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        return;
+    }
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    // -t 0: as many threads as other processes leave cores free (every core when idle), so a
+    // busy neighbour does not make every op wait for the worker that shares its core.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if let Some(t) = tandem_engine::threads::threads_for_free_cores(std::time::Duration::from_millis(150)) {
+        if t < cores {
+            tracing::info!("other processes keep {} of the {cores} cores busy: running on {t} thread(s) (-t N sets the count)", cores - t);
+            std::env::set_var("RAYON_NUM_THREADS", t.to_string());
+        }
     }
 }
 

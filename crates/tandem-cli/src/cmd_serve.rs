@@ -156,7 +156,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
         device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
-        threads: 0,
     };
     let engine = a.model.start_engine(cfg)?;
     let st = engine.stats();

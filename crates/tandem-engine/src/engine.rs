@@ -67,9 +67,6 @@ pub struct EngineConfig {
     /// The prefix cache's disk tier (`--cache-dir`, `--disk-cache-size`); `None` keeps prefix
     /// state in memory only.
     pub disk_cache: Option<DiskCacheConfig>,
-    /// CPU threads per step: 0 follows the cores free of other processes (`threads.rs`;
-    /// all of them unless `RAYON_NUM_THREADS` fixes the count), N runs every step on N.
-    pub threads: usize,
 }
 
 impl Default for EngineConfig {
@@ -90,7 +87,6 @@ impl Default for EngineConfig {
             speculative: SpecConfig::default(),
             device_sampling: true,
             disk_cache: None,
-            threads: 0,
         }
     }
 }

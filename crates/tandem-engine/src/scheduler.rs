@@ -56,8 +56,6 @@ pub(crate) struct Scheduler {
     /// What drafts cost, per proposer (a draft model's drafts cost far more than prompt
     /// lookup's, and requests may choose their method).
     spec_costs: speculate::CostModels,
-    /// The CPU threads each step runs on (`threads.rs`).
-    governor: crate::threads::ThreadGovernor,
 }
 
 /// One sequence's part of a step: its index in `running`, tokens fed, logits wanted, and
@@ -91,7 +89,6 @@ impl Scheduler {
             disk,
         )?;
         let proposers = Proposers::new(&cfg.speculative, draft_model, model.mtp().is_some());
-        let governor = crate::threads::ThreadGovernor::new(model.device().is_cpu(), cfg.threads);
         let s = Self {
             model,
             tokenizer,
@@ -103,7 +100,6 @@ impl Scheduler {
             running: Vec::new(),
             proposers,
             spec_costs: speculate::CostModels::new(),
-            governor,
         };
         s.publish_stats();
         Ok(s)
@@ -132,9 +128,7 @@ impl Scheduler {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             } else {
-                let mut governor = std::mem::replace(&mut self.governor, crate::threads::ThreadGovernor::off());
-                governor.install(|| self.step());
-                self.governor = governor;
+                self.step();
             }
             self.retire_finished();
             self.publish_stats();

@@ -1,19 +1,17 @@
-//! How many CPU threads a step runs on, chosen from the cores actually free.
+//! How many CPU threads to start with, chosen from the cores actually free.
 //!
-//! CPU kernels split every op across rayon's workers and wait for the slowest. When another
+//! CPU kernels split every op across worker threads and wait for the slowest. When another
 //! process keeps one of our cores busy, the worker sharing it runs only in the scheduler's
 //! time slices and every op waits for it: on the 2-core machine decode fell from 42-47 tok/s
-//! (one thread) to 5 tok/s with both. With the thread count left to us (`-t 0`, no
-//! `RAYON_NUM_THREADS`), the [`ThreadGovernor`] reads at most once a second how busy the cores
-//! this process may run on were with *other* processes (`/proc/stat` for the cores of our
-//! affinity mask, minus our own time from `/proc/self/stat`) and runs each step on a pool of
-//! about as many threads as cores were free, never fewer than one. Results do not depend on it:
-//! every kernel gives the same bits for any thread split. Elsewhere than Linux, and when
-//! `RAYON_NUM_THREADS` fixes the count, every step runs on rayon's global pool;
-//! `EngineConfig::threads` = N runs every step on a pool of N.
+//! (one thread) to 5 tok/s with both. [`threads_for_free_cores`] reads how busy the cores this
+//! process may run on are with *other* processes over a short window (`/proc/stat` for the
+//! cores of our affinity mask, minus our own time from `/proc/self/stat`) and returns a thread
+//! count for the cores that are free ([`threads_for`]); the CLI calls it at start when `-t` is
+//! not given and fixes the count for the process (candle's worker pool is sized once, at its
+//! first use). Results do not depend on it: every kernel gives the same bits for any thread
+//! split. Elsewhere than Linux there is no measurement and every core is used.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// CPU time counters of one sample, in clock ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,9 +37,13 @@ pub fn free_cores(a: CpuSample, b: CpuSample, cores: usize) -> Option<f64> {
     Some((cores as f64 - others).clamp(0.0, cores as f64))
 }
 
-/// The thread count for `free` free cores out of `cores`: rounded, at least one.
+/// The thread count for `free` free cores out of `cores`: a core counts as taken once other
+/// processes used a quarter of one, because a worker that shares a core with a busy process
+/// gets only part of it, and its share of that core is all the others' time shows (a busy loop
+/// beside two workers looks like half a core); at least one thread.
 pub fn threads_for(free: f64, cores: usize) -> usize {
-    (free.round() as usize).clamp(1, cores.max(1))
+    let taken = ((cores as f64 - free).max(0.0) + 0.75).floor() as usize;
+    cores.saturating_sub(taken).clamp(1, cores.max(1))
 }
 
 /// Parses `/proc/stat`, summing the `cpuN` lines whose N is in `cpus`: `(total, busy)` ticks
@@ -94,110 +96,27 @@ fn sample(cpus: &[usize]) -> Option<CpuSample> {
     Some(CpuSample { total, busy, own })
 }
 
-/// Picks the pool each step runs on; see the module docs.
-pub struct ThreadGovernor {
-    /// The cores of our affinity mask; empty when the governor is off.
-    cpus: Vec<usize>,
-    last: Option<(Instant, CpuSample)>,
-    threads: usize,
-    /// Pools of 1 .. cores - 1 threads, made when first needed (the full count is rayon's
-    /// global pool).
-    pools: Vec<Option<Arc<rayon::ThreadPool>>>,
-    /// Every step on a pool of `threads` threads (`EngineConfig::threads`).
-    fixed: bool,
-}
-
-const PERIOD: Duration = Duration::from_secs(1);
-
-impl ThreadGovernor {
-    /// For a CPU model with `fixed` threads (`EngineConfig::threads`): 0 follows the free
-    /// cores when nobody fixed the count (`RAYON_NUM_THREADS`) and the global pool has a
-    /// worker per core of our mask (rayon's pool otherwise); N runs every step on N threads.
-    pub fn new(cpu_model: bool, fixed: usize) -> Self {
-        let n = rayon::current_num_threads();
-        if cpu_model && fixed > 0 {
-            // A constant choice: a pool of `fixed` threads (rayon's own when it is that size).
-            return Self { cpus: Vec::new(), last: None, threads: fixed, pools: vec![None; fixed + 1], fixed: fixed != n };
+/// Threads for the cores of our affinity mask that other processes left free over `window`,
+/// or `None` where that cannot be measured (not Linux, one core, unreadable `/proc`).
+pub fn threads_for_free_cores(window: Duration) -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        let cpus = affinity();
+        if cpus.len() < 2 {
+            return None;
         }
-        let env_fixed = std::env::var_os("RAYON_NUM_THREADS").is_some();
-        #[cfg(target_os = "linux")]
-        let cpus = if cpu_model && !env_fixed { affinity() } else { Vec::new() };
-        #[cfg(not(target_os = "linux"))]
-        let cpus: Vec<usize> = {
-            let _ = (cpu_model, env_fixed);
-            Vec::new()
-        };
-        let cpus = if cpus.len() > 1 && n == cpus.len() { cpus } else { Vec::new() };
-        Self { pools: vec![None; cpus.len()], cpus, last: None, threads: n, fixed: false }
+        let a = sample(&cpus)?;
+        std::thread::sleep(window);
+        let b = sample(&cpus)?;
+        let free = free_cores(a, b, cpus.len())?;
+        let n = threads_for(free, cpus.len());
+        tracing::debug!(cores = cpus.len(), free, threads = n, "free cores at start");
+        Some(n)
     }
-
-    /// A governor that leaves every step on rayon's global pool.
-    pub fn off() -> Self {
-        Self { cpus: Vec::new(), last: None, threads: rayon::current_num_threads(), pools: Vec::new(), fixed: false }
-    }
-
-    /// Threads the next step runs on.
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Runs `f` (a step) on a pool sized from the cores free over the last second.
-    pub fn install<R: Send>(&mut self, f: impl FnOnce() -> R + Send) -> R {
-        if !self.fixed {
-            if self.cpus.is_empty() {
-                return f();
-            }
-            self.update();
-            if self.threads >= self.cpus.len() {
-                return f();
-            }
-        }
-        let n = self.threads;
-        let pool = match &self.pools[n] {
-            Some(p) => p.clone(),
-            None => match rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .thread_name(|i| format!("tandem-cpu-{i}"))
-                .build()
-            {
-                Ok(p) => {
-                    let p = Arc::new(p);
-                    self.pools[n] = Some(p.clone());
-                    p
-                }
-                Err(e) => {
-                    tracing::warn!("cannot start a {n}-thread pool ({e}); staying on rayon's pool");
-                    self.cpus.clear();
-                    self.fixed = false;
-                    return f();
-                }
-            },
-        };
-        pool.install(f)
-    }
-
-    fn update(&mut self) {
-        #[cfg(target_os = "linux")]
-        {
-            let now = Instant::now();
-            if self.last.is_some_and(|(t, _)| now.duration_since(t) < PERIOD) {
-                return;
-            }
-            let Some(s) = sample(&self.cpus) else {
-                self.cpus.clear();
-                return;
-            };
-            if let Some((_, prev)) = self.last {
-                if let Some(free) = free_cores(prev, s, self.cpus.len()) {
-                    let n = threads_for(free, self.cpus.len());
-                    if n != self.threads {
-                        tracing::debug!(free, threads = n, "CPU threads follow the free cores");
-                    }
-                    self.threads = n;
-                }
-            }
-            self.last = Some((now, s));
-        }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = window;
+        None
     }
 }
 
@@ -232,6 +151,13 @@ mod tests {
         let busy_beside = CpuSample { total: 200, busy: 200, own: 100 };
         assert_eq!(free_cores(a, busy_beside, 2), Some(1.0));
         assert_eq!(threads_for(1.0, 2), 1);
+        // A busy loop sharing a core with one of two workers: it gets half of that core.
+        let sharing = CpuSample { total: 200, busy: 200, own: 150 };
+        assert_eq!(free_cores(a, sharing, 2), Some(1.5));
+        assert_eq!(threads_for(1.5, 2), 1);
+        // Background noise (a fifth of a core) keeps both threads.
+        assert_eq!(threads_for(1.8, 2), 2);
+        assert_eq!(threads_for(6.9, 8), 7);
         // Only we were busy: both cores are free.
         let alone = CpuSample { total: 200, busy: 180, own: 180 };
         assert_eq!(free_cores(a, alone, 2), Some(2.0));

@@ -108,27 +108,6 @@ fn batch_invariance() {
     assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
 }
 
-/// A step on one thread gives the bits of the same step on every core (the thread governor,
-/// `threads.rs`, moves steps between pools when other processes take cores): same tokens and
-/// bit-identical log-probabilities, on the Llama and Qwen2 fixtures.
-#[test]
-fn one_thread_and_all_cores_give_the_same_bits() {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for name in ["llama", "qwen2"] {
-        let (prompt, _, _) = reference(name);
-        let run = |threads: usize| {
-            let e = engine(name, EngineConfig { threads, prefix_cache: false, ..Default::default() });
-            let req = GenerateRequest { logprobs: Some(3), ..greedy_req(prompt.clone(), 12) };
-            collect(e.submit(req).unwrap())
-        };
-        let (one, all) = (run(1), run(cores.max(2)));
-        assert_eq!(one.ids, all.ids, "{name}");
-        for (a, b) in one.logprobs.iter().zip(&all.logprobs) {
-            assert_eq!(a.chosen.logprob.to_bits(), b.chosen.logprob.to_bits(), "{name}: logprob bits");
-        }
-    }
-}
-
 /// Prefill chunk sizes 1, 7, 64 and 512 give the same output.
 #[test]
 fn chunk_equivalence() {

@@ -78,6 +78,13 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
             }
         }
     }
+    if let QMatMul::Tensor(t) = w {
+        if t.dtype() != x.dtype() {
+            // 16-bit dense weights on candle's path (cuBLAS comparisons): products in the
+            // weights' type, the result back in the activations'.
+            return w.forward(&x.to_dtype(t.dtype())?)?.to_dtype(x.dtype());
+        }
+    }
     w.forward(x)
 }
 
