@@ -75,29 +75,27 @@ __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __re
     }
 }
 
-// w: n rows of row_bytes each. Block = WARPS warps = WARPS * CW columns (CW = TC, or 1 for the
-// narrow variant of decode-sized calls: four times the warps in flight, the same chain per
-// element).
-template <int WT, int CW>
+// w: n rows of row_bytes each. Block = WARPS warps = WARPS * TC columns.
+template <int WT>
 __device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int m,
                         int n, int k, long long row_bytes) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col0 = (blockIdx.x * WARPS + warp) * CW;
+    const int col0 = (blockIdx.x * WARPS + warp) * TC;
     if (col0 >= n) return;
-    const int cols = min(CW, n - col0);
+    const int cols = min(TC, n - col0);
     const uint8_t* wr = w + (size_t)col0 * row_bytes;
     for (int r0 = 0; r0 < m; r0 += TR) {
         const int rows = min(TR, m - r0);
-        float acc[TR][CW];
+        float acc[TR][TC];
 #pragma unroll
         for (int r = 0; r < TR; r++)
 #pragma unroll
-            for (int c = 0; c < CW; c++) acc[r][c] = 0.f;
-        dot_tile<WT, TR, CW>(acc, wr, row_bytes, cols, x + (size_t)r0 * k, rows, k, lane);
+            for (int c = 0; c < TC; c++) acc[r][c] = 0.f;
+        dot_tile<WT, TR, TC>(acc, wr, row_bytes, cols, x + (size_t)r0 * k, rows, k, lane);
 #pragma unroll
         for (int r = 0; r < TR; r++) {
 #pragma unroll
-            for (int c = 0; c < CW; c++) {
+            for (int c = 0; c < TC; c++) {
                 if (r < rows && c < cols) {
                     const float s = warp_sum(acc[r][c]);
                     if (lane == 0) y[(size_t)(r0 + r) * n + col0 + c] = s;
@@ -240,12 +238,7 @@ __device__ void moe_gate_up(float* __restrict__ h, const float* __restrict__ x, 
 #define QMATMUL(suffix, WT)                                                                                      \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
         qmatmul_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k, long long row_bytes) { \
-        qmatmul<WT, TC>(y, x, w, m, n, k, row_bytes);                                                            \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 8)                                                  \
-        qmatmul_narrow_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k,                 \
-                                long long row_bytes) {                                                           \
-        qmatmul<WT, 1>(y, x, w, m, n, k, row_bytes);                                                             \
+        qmatmul<WT>(y, x, w, m, n, k, row_bytes);                                                                \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(TT_W * 32, 1)                                                    \
         qmatmul_tiled_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k,                  \

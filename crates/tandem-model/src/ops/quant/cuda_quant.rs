@@ -102,17 +102,6 @@ const TILED_MIN_ROWS: usize = 16;
 const TILED_ROWS: usize = 16;
 const TILED_COLS: usize = 32;
 
-/// Rows up to which a call takes `qmatmul_narrow_*`, and its columns per block (4 warps x 1).
-const NARROW_MAX_ROWS: usize = 4;
-const NARROW_COLS: usize = 4;
-
-/// Whether decode-sized calls take the narrow kernel (`TANDEM_QMATMUL_NARROW=0`: the 4-column
-/// one, for comparisons; the same bits either way).
-fn narrow_enabled() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("TANDEM_QMATMUL_NARROW").map_or(true, |v| v != "0"))
-}
-
 /// Which tiled kernel calls of many rows take: `TANDEM_QMATMUL_TILED` = 2 (the default: the
 /// register budget of two blocks per SM; 32% faster than 1 for f32 weights on the H200, the
 /// same for quantised ones), 1 (one block per SM) or 0 (none: every call on the small-row
@@ -149,14 +138,10 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     }
     // Calls of TILED_MIN_ROWS+ rows take the tiled kernel: the same arithmetic per element,
     // so the choice never changes a row's bits.
-    // Calls of at most NARROW_MAX_ROWS rows (decode, verify) take the narrow variant: one
-    // column per warp instead of four, the same chain per element.
     let tiled = m >= TILED_MIN_ROWS && tiled_variant() != 0;
-    let narrow = !tiled && m <= NARROW_MAX_ROWS && narrow_enabled();
     let name = match (tiled, tiled_variant()) {
         (true, 2) => format!("qmatmul_tiled2_{}", fmt.suffix),
         (true, _) => format!("qmatmul_tiled_{}", fmt.suffix),
-        _ if narrow => format!("qmatmul_narrow_{}", fmt.suffix),
         _ => format!("qmatmul_{}", fmt.suffix),
     };
     let f = dev.get_or_load_custom_func(&name, "tandem_qmatmul", tandem_kernels::QMATMUL)?;
@@ -170,8 +155,6 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         }
-    } else if narrow {
-        LaunchConfig { grid_dim: (n.div_ceil(NARROW_COLS) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }
     } else {
         LaunchConfig { grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }
     };
