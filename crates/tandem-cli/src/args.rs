@@ -139,7 +139,10 @@ pub fn set_threads(n: usize) {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if let Some(t) = tandem_engine::threads::threads_for_free_cores(std::time::Duration::from_millis(150)) {
         if t < cores {
-            tracing::info!("other processes keep {} of the {cores} cores busy: running on {t} thread(s) (-t N sets the count)", cores - t);
+            tracing::info!(
+                "other processes keep {} of the {cores} cores busy: running on {t} thread(s) (-t N sets the count)",
+                cores - t
+            );
             std::env::set_var("RAYON_NUM_THREADS", t.to_string());
         }
     }

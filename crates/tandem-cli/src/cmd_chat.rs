@@ -3,7 +3,7 @@
 use std::io::{BufRead, Write};
 
 use clap::Args;
-use tandem_engine::{EngineConfig, MemoryBudget, GenerateRequest, StopParams};
+use tandem_engine::{EngineConfig, GenerateRequest, MemoryBudget, StopParams};
 
 use crate::args::{ModelArgs, SamplingArgs};
 use crate::cmd_run::{render_chat, stream_to_stdout};
@@ -25,7 +25,8 @@ pub struct ChatArgs {
 }
 
 pub fn run(a: ChatArgs) -> anyhow::Result<()> {
-    let engine = a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
+    let engine =
+        a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
     let mut history = Vec::new();
     if let Some(s) = &a.system {
         history.push(serde_json::json!({"role": "system", "content": s}));

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::{anyhow, bail};
 use clap::Args;
-use tandem_engine::{EngineConfig, MemoryBudget, EngineHandle, GenerateRequest, GenerationEvent, StopParams};
+use tandem_engine::{EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, MemoryBudget, StopParams};
 
 use crate::args::{ModelArgs, SamplingArgs};
 
@@ -33,7 +33,8 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let engine = a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
+    let engine =
+        a.model.start_engine(EngineConfig { max_running: 1, kv_memory: a.kv_memory, ..EngineConfig::default() })?;
     let text = if a.chat {
         let msgs = vec![serde_json::json!({"role": "user", "content": a.prompt})];
         render_chat(&engine, &msgs)?

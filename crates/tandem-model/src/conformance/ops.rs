@@ -335,7 +335,8 @@ fn norms(dev: &Device, out: &mut Vec<Check>) {
 
 fn dense(dev: &Device, out: &mut Vec<Check>) {
     for dt in [DType::F32, DType::F16, DType::BF16] {
-        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (33, 301, 100), (3, 64, 16)] {
+        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (33, 301, 100), (3, 64, 16)]
+        {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32
             }
@@ -457,7 +458,14 @@ fn embedding(dev: &Device, out: &mut Vec<Check>) {
             let table = crate::loader::Embedding::Quantized(std::sync::Arc::new(QTensor::new(storage, (300, 512))?));
             let idt = Tensor::new(&ids[..], dev)?;
             let (got, ms) = timed(dev, || table.forward(&idt))?;
-            Ok(vec![Check::new("quant_embedding", shape.clone(), &fmt, rel_err(&got, &want)?, Judge::Tolerance(1e-6), ms)])
+            Ok(vec![Check::new(
+                "quant_embedding",
+                shape.clone(),
+                &fmt,
+                rel_err(&got, &want)?,
+                Judge::Tolerance(1e-6),
+                ms,
+            )])
         })();
         push(out, "quant_embedding", shape, &fmt, r);
     }

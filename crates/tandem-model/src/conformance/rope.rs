@@ -57,8 +57,14 @@ fn case(
         let (c, s) = rope.tables(&positions, dev)?;
         rope.apply(&tx, &c, &s)
     })?;
-    let mut checks =
-        vec![Check::new("rope", shape.into(), fmt, rel_err_slices(&host_f32(&got)?, &want), Judge::Tolerance(1e-5), ms)];
+    let mut checks = vec![Check::new(
+        "rope",
+        shape.into(),
+        fmt,
+        rel_err_slices(&host_f32(&got)?, &want),
+        Judge::Tolerance(1e-5),
+        ms,
+    )];
     // The last position alone, against its row of the 7-row call.
     let last = t - 1;
     let (c, s) = rope.tables(&positions[last..], dev)?;

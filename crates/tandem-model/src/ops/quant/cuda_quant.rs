@@ -156,7 +156,11 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
             shared_mem_bytes: 0,
         }
     } else {
-        LaunchConfig { grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        }
     };
     let mut b = f.builder();
     b.arg(&y).arg(&xv).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rb);
