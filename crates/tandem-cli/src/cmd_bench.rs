@@ -27,9 +27,14 @@ pub struct BenchArgs {
     /// (`0.8b`: Qwen3.5-0.8B-like, 24 layers, hidden 1024, vocab 248320; `tiny`).
     #[arg(long)]
     pub random_hybrid: Option<String>,
-    /// Weight type of the random model's matrices: f32, f16, q8_0, q4_0, q4_k, q6_k.
+    /// Weight type of the random model's matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k.
     #[arg(long, default_value = "q8_0")]
     pub random_dtype: String,
+    /// With `--random-hybrid`: write the random model as a llama.cpp-style GGUF to this file
+    /// (the same weights the in-memory model has) and exit, so that `tandem bench -m FILE` and
+    /// llama.cpp's `llama-bench -m FILE` measure the same model.
+    #[arg(long, requires = "random_hybrid")]
+    pub save_gguf: Option<std::path::PathBuf>,
     /// Prompt length of the prefill test (ppN).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -84,6 +89,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     crate::args::set_threads(a.model.threads);
+    if let (Some(out), Some(p)) = (&a.save_gguf, &a.random_hybrid) {
+        return save_gguf(p, &a.random_dtype, out);
+    }
     let device = tandem_model::device::default_device()?;
     let t0 = Instant::now();
     let (label, model): (String, Box<dyn CausalLm>) = match &a.random_hybrid {
@@ -135,6 +143,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let context = tokens(depth, 1);
         let mut pp = Vec::new();
         let mut tg = Vec::new();
+        let mut host = Vec::new();
         for _ in 0..a.reps.max(1) {
             if a.prompt_tokens > 0 {
                 let mut cache = cache_at_depth(&context, a.prompt_tokens)?;
@@ -154,19 +163,44 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             device.synchronize()?;
             let mut tok = [1u32];
             let t = Instant::now();
-            for _ in 0..a.gen_tokens {
+            let mut enqueue = 0f64;
+            // `TANDEM_PROFILE_DECODE=N`: the profiler captures N decode steps (after two) of the
+            // first repetition, for `ncu --profile-from-start off`.
+            let profile = std::env::var("TANDEM_PROFILE_DECODE").ok().and_then(|v| v.parse::<usize>().ok());
+            let profile = profile.filter(|_| pp.is_empty() || pp.len() == 1).filter(|_| tg.is_empty());
+            for step in 0..a.gen_tokens {
+                if let Some(n) = profile {
+                    if step == 2 {
+                        device.synchronize()?;
+                        tandem_model::device::profiler_capture(&device, true);
+                    } else if step == 2 + n {
+                        device.synchronize()?;
+                        tandem_model::device::profiler_capture(&device, false);
+                    }
+                }
                 let mut chunks = [SeqChunk { tokens: &tok, cache: &mut cache, logits: LogitsWanted::Last }];
+                let step = Instant::now();
                 let out = model.forward(&mut chunks)?;
+                // On a GPU `forward` returns once its kernels are queued: the time until then is
+                // the host's, the rest of the step is waiting for the device (and the readback).
+                enqueue += step.elapsed().as_secs_f64();
                 let logits = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
                 tok[0] = tandem_engine::sampler::argmax(&logits);
             }
-            tg.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            let wall = t.elapsed().as_secs_f64();
+            tg.push(a.gen_tokens as f64 / wall);
+            host.push(100.0 * enqueue / wall);
         }
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
         if a.prompt_tokens > 0 {
             rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
         }
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
+        if !device.is_cpu() {
+            // Percent of the decode wall time the host spent queueing work: near 100 means the
+            // step is bound by host overhead (launches, allocations), not by the device.
+            rows.push((format!("tg host %{at}"), host));
+        }
     }
     let stat = |v: &[f64]| {
         let m = v.iter().sum::<f64>() / v.len() as f64;
@@ -181,5 +215,32 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let (m, sd) = stat(&v);
         println!("| {name:<15} | {m:>8.2} ± {sd:<6.2} |");
     }
+    Ok(())
+}
+
+/// `--save-gguf`: the random preset `preset` with `dtype` matrices, written to `out`.
+fn save_gguf(preset: &str, dtype: &str, out: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = random::preset(preset)?;
+    let dt = random::parse_weight_type(dtype)?;
+    let t = Instant::now();
+    let pb = indicatif::ProgressBar::new(0).with_message(format!("writing `{preset}` ({dt:?}) as GGUF"));
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let report = tandem_model::arch::qwen_hybrid::random_gguf::export_random(&cfg, dt, out, |done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .with_context(|| format!("cannot write {}", out.display()))?;
+    pb.finish_and_clear();
+    println!(
+        "wrote {} ({} `{}` tensors, {:.2} GB) in {:.1} s",
+        out.display(),
+        report.tensors,
+        report.architecture,
+        report.bytes as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -127,10 +127,87 @@ fn open_cuda(n: usize) -> std::result::Result<Device, String> {
     }
     // A driver that cannot start may make candle panic rather than return an error.
     match std::panic::catch_unwind(|| Device::new_cuda(n)) {
-        Ok(Ok(d)) => Ok(d),
+        Ok(Ok(d)) => {
+            tune_cuda(&d);
+            Ok(d)
+        }
         Ok(Err(e)) => Err(first_line(&e.to_string())),
         Err(_) => Err("the CUDA driver failed to start".into()),
     }
+}
+
+/// Host-side settings for a decode step's thousands of small allocations on a fresh CUDA
+/// device:
+/// - candle records two CUDA events for every buffer it allocates (created at allocation,
+///   destroyed when the buffer drops) so that buffers shared between streams are waited for.
+///   tandem issues all work on one stream, where those events are never waited on: tracking is
+///   off unless `TANDEM_CUDA_EVENT_TRACKING=1` (for comparisons);
+/// - the default memory pool keeps what it has reserved ([`keep_pool_memory`]).
+fn tune_cuda(d: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = d {
+        if std::env::var("TANDEM_CUDA_EVENT_TRACKING").as_deref() != Ok("1") {
+            // Safety: every tensor of this process is used on the device's one stream, so no
+            // cross-stream wait is ever needed (cudarc only waits on the events in its
+            // multi-stream mode, which tandem never enters).
+            unsafe { c.disable_event_tracking() };
+        }
+        keep_pool_memory(c);
+    }
+    let _ = d;
+}
+
+/// candle allocates every tensor with `cuMemAllocAsync` from the device's default memory pool,
+/// whose release threshold is 0: at every synchronisation (each decode step reads its logits)
+/// the pool hands its memory back to the driver, and the next step's thousands of small
+/// allocations map it again. Keeping what the pool has reserved (at most the peak of the
+/// temporaries, which the process needed anyway; the KV pool is allocated apart) makes them
+/// reuse. `TANDEM_CUDA_POOL_KEEP=BYTES` sets the threshold (0: candle's default behaviour).
+#[cfg(feature = "cuda")]
+fn keep_pool_memory(c: &candle_core::cuda_backend::CudaDevice) {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let keep: u64 = std::env::var("TANDEM_CUDA_POOL_KEEP").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    let ctx = c.cuda_stream().context().clone();
+    let set = || -> std::result::Result<(), result::DriverError> {
+        ctx.bind_to_thread()?;
+        // Safety: the device handle comes from the live context; the value is a u64 as the
+        // attribute requires.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device())?;
+            let mut v = keep;
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut v as *mut u64).cast(),
+            )
+        }
+    };
+    if let Err(e) = set() {
+        tracing::warn!("cannot set the CUDA memory pool's release threshold: {e}");
+    }
+}
+
+/// Starts (`true`) or stops the CUDA profiler's capture (`cuProfilerStart` / `Stop`), so that
+/// `ncu --profile-from-start off` sees only the work in between (`tandem bench` brackets decode
+/// steps with it under `TANDEM_PROFILE_DECODE=N`). A no-op without CUDA.
+pub fn profiler_capture(d: &Device, on: bool) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = d {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let _ = c.cuda_stream().context().bind_to_thread();
+        // Safety: plain driver calls on the current context, no arguments.
+        let r = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!("cuProfiler{}: {r:?}", if on { "Start" } else { "Stop" });
+        }
+    }
+    let _ = (d, on);
 }
 
 fn open_metal(n: usize) -> std::result::Result<Device, String> {

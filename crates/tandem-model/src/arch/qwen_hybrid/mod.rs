@@ -16,6 +16,7 @@ pub mod gdn;
 pub mod gguf;
 pub mod mtp;
 pub mod random;
+pub mod random_gguf;
 pub mod to_gguf;
 
 use std::path::Path;

@@ -257,27 +257,47 @@ impl RandomSource {
         Self { shapes: s, dtype, device: device.clone() }
     }
 
+    /// Tensor `name`, the same values on every device and in every run (so a model built in
+    /// memory and the GGUF [`super::random_gguf`] writes of it hold the same weights).
     fn make(&self, name: &str) -> Result<(Tensor, Kind)> {
-        let (shape, kind) = self.shapes.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let dev = &self.device;
-        let fan_in = *shape.last().unwrap_or(&1) as f64;
-        let t = match kind {
-            Kind::Matrix => Tensor::randn(0f32, (1.0 / fan_in.sqrt()) as f32, shape.as_slice(), dev)?,
-            Kind::Conv => Tensor::randn(0f32, (1.0 / fan_in.sqrt()) as f32, shape.as_slice(), dev)?,
-            Kind::ZeroNorm | Kind::Zero => Tensor::zeros(shape.as_slice(), candle_core::DType::F32, dev)?,
-            Kind::OneNorm => Tensor::ones(shape.as_slice(), candle_core::DType::F32, dev)?,
-            Kind::ALog => Tensor::rand(1f32, 16f32, shape.as_slice(), dev)?.log()?,
-        };
-        Ok((t, *kind))
+        let (t, kind) = self.make_kind(name, &Device::Cpu)?;
+        Ok((if self.device.is_cpu() { t } else { t.to_device(&self.device)? }, kind))
     }
 
-    /// The tensor quantised to the source's type when its rows split into blocks.
+    /// Tensor `name` on `dev`.
+    pub(crate) fn make_on(&self, name: &str, dev: &Device) -> Result<Tensor> {
+        Ok(self.make_kind(name, dev)?.0)
+    }
+
+    fn make_kind(&self, name: &str, dev: &Device) -> Result<(Tensor, Kind)> {
+        let (shape, kind) = self.shapes.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let n: usize = shape.iter().product();
+        let fan_in = *shape.last().unwrap_or(&1) as f32;
+        let seed = name_seed(name);
+        let values = match kind {
+            Kind::Matrix | Kind::Conv => normals(n, seed, 1.0 / fan_in.sqrt()),
+            Kind::ZeroNorm | Kind::Zero => vec![0f32; n],
+            Kind::OneNorm => vec![1f32; n],
+            Kind::ALog => normals(n, seed, 1.0).iter().map(|z| (1.0 + 15.0 * unit(*z)).ln()).collect(),
+        };
+        Ok((Tensor::from_vec(values, shape.as_slice(), dev)?, *kind))
+    }
+
+    /// Every tensor name, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.shapes.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The host tensor `t` quantised to the source's type (on all cores, placed on the
+    /// source's device) when its rows split into blocks.
     fn quantised(&self, t: &Tensor) -> Result<Option<QTensor>> {
         let k = t.dims().last().copied().unwrap_or(0);
         if self.dtype == GgmlDType::F32 || k % self.dtype.block_size() != 0 {
             return Ok(None);
         }
-        Ok(Some(QTensor::quantize(t, self.dtype)?))
+        Ok(Some(super::to_gguf::quantise_onto(t, self.dtype, 1 << 22, &self.device)?))
     }
 }
 
@@ -286,7 +306,7 @@ impl WeightSource for RandomSource {
         self.shapes.contains_key(name)
     }
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
-        let (t, _) = self.make(name)?;
+        let t = self.make_on(name, &Device::Cpu)?;
         let dense16 = match self.dtype {
             GgmlDType::F16 => Some(candle_core::DType::F16),
             GgmlDType::BF16 => Some(candle_core::DType::BF16),
@@ -295,26 +315,66 @@ impl WeightSource for RandomSource {
         if let (Some(dt), false) = (dense16, self.device.is_cpu()) {
             // 16-bit dense weights as a GPU checkpoint keeps them (candle would widen a 16-bit
             // QTensor to f32).
-            return Ok(LinearWeight::Candle(QMatMul::Tensor(t.to_dtype(dt)?)));
+            return Ok(LinearWeight::Candle(QMatMul::Tensor(t.to_device(&self.device)?.to_dtype(dt)?)));
         }
         Ok(LinearWeight::Candle(match self.quantised(&t)? {
             Some(q) => QMatMul::from_qtensor(q)?,
-            None => QMatMul::Tensor(t),
+            None => QMatMul::Tensor(t.to_device(&self.device)?),
         }))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         Ok(self.make(name)?.0)
     }
     fn embedding(&self, name: &str) -> Result<Embedding> {
-        let (t, _) = self.make(name)?;
+        let t = self.make_on(name, &Device::Cpu)?;
         Ok(match self.quantised(&t)? {
             Some(q) => Embedding::Quantized(std::sync::Arc::new(q)),
-            None => Embedding::Dense(t),
+            None => Embedding::Dense(t.to_device(&self.device)?),
         })
     }
     fn device(&self) -> &Device {
         &self.device
     }
+}
+
+/// FNV-1a of a tensor name: its stream of random values.
+fn name_seed(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `n` values from N(0, std²) (Box-Muller over splitmix64), filled in parallel pieces whose
+/// streams depend only on `seed` and the piece's index: the same values on any thread count.
+fn normals(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 16;
+    let mut v = vec![0f32; n];
+    v.par_chunks_mut(PIECE).enumerate().for_each(|(i, piece)| {
+        let mut st = seed ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        for pair in piece.chunks_mut(2) {
+            let u1 = ((splitmix(&mut st) >> 40) as f32 + 1.0) / (1u64 << 24) as f32;
+            let u2 = (splitmix(&mut st) >> 40) as f32 / (1u64 << 24) as f32;
+            let r = (-2.0 * u1.ln()).sqrt() * std;
+            let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+            pair[0] = r * c;
+            if let Some(x) = pair.get_mut(1) {
+                *x = r * s;
+            }
+        }
+    });
+    v
+}
+
+/// A normal value mapped smoothly into (0, 1) (for `A_log`'s range).
+fn unit(z: f32) -> f32 {
+    (0.5 * (1.0 + (z / std::f32::consts::SQRT_2).tanh())).clamp(1e-6, 1.0 - 1e-6)
 }
 
 /// A random-weight model of config `cfg` (weight matrices in `dtype`).

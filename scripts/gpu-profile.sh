@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Kernel times of decode steps on the GPU machine (issue 16): Nsight Compute captures
+# PROFILE_STEPS decode steps of `tandem bench` (bracketed by cuProfilerStart/Stop through
+# TANDEM_PROFILE_DECODE) and writes one CSV row per kernel launch; a summary per kernel name
+# (count, total microseconds, share) goes to $OUT/profile-*.md.
+#   CASES="9b:q8_0 9b:bf16 0.8b:q8_0" bash scripts/gpu-profile.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+res=${OUT:-target/gpu-results}
+mkdir -p "$res" /tmp/tg
+for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+[ -x /tmp/tg/tandem ] || { xz -dc target/gpu-pack/tandem.xz > /tmp/tg/tandem && chmod +x /tmp/tg/tandem; }
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for c in ${CASES:-9b:q8_0}; do
+  p=${c%%:*}; t=${c##*:}
+  csv=/tmp/tg/ncu-$p-$t.csv
+  TANDEM_PROFILE_DECODE=${PROFILE_STEPS:-1} timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum --csv /tmp/tg/tandem bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
+    -p 1 -g 6 -r 1 > "$csv" 2> /tmp/tg/ncu.err
+  echo "ncu $p $t rc=$? ($(wc -l < "$csv") lines)"
+  python3 - "$csv" "$p" "$t" > "$res/profile-$p-$t.md" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+head = next((r for r in rows if "Kernel Name" in r), None)
+if head is None:
+    print("no kernels captured"); sys.exit()
+ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+by = collections.defaultdict(lambda: [0, 0.0])
+for r in rows:
+    if r is head or r[ki] == "Kernel Name": continue
+    v = float(r[vi].replace(",", "")); unit = r[ui]
+    us = v / 1000 if unit in ("ns", "nsecond") else v * 1000 if unit in ("ms", "msecond") else v
+    name = r[ki].split("(")[0][:60]
+    by[name][0] += 1; by[name][1] += us
+tot = sum(v[1] for v in by.values())
+print(f"# {sys.argv[2]} {sys.argv[3]}: {sum(v[0] for v in by.values())} launches, {tot:.0f} us of kernels")
+print("| kernel | launches | us | share |\n|---|---|---|---|")
+for n, (c, us) in sorted(by.items(), key=lambda x: -x[1][1]):
+    print(f"| {n} | {c} | {us:.1f} | {100*us/tot:.1f}% |")
+PY
+  head -25 "$res/profile-$p-$t.md"; tail -3 /tmp/tg/ncu.err
+done
