@@ -51,7 +51,7 @@ test-sdk: build
 # cargo-fuzz over request parsing + template rendering (FUZZ_RUNS inputs) and over model files
 # through the loader (GGUF, config.json + safetensors, tokenizer.json, templates;
 # FUZZ_MODEL_RUNS inputs); a crash fails it, and a planted crash checks that it does.
-# Stable toolchain only: cargo-fuzz is installed into target/tools on first use (crates.io) and
+# Stable toolchain only: cargo-fuzz is installed into $CARGO_HOME once per machine (crates.io) and
 # the target is built without a sanitizer (fuzz/run.sh says why). The seeded in-process fuzz
 # test (crates/tandem-server/tests/abuse.rs) also runs in `cargo test`.
 FUZZ_RUNS ?= 50000

@@ -7,7 +7,8 @@
 #
 # It needs nothing beyond the stable toolchain, a C++ compiler (libfuzzer-sys builds libFuzzer)
 # and crates.io on first use:
-#   - cargo-fuzz is installed, pinned and --locked, into $target/tools unless already there;
+#   - cargo-fuzz is installed, pinned and --locked, into $CARGO_HOME (once per machine) unless
+#     that version is already there;
 #   - the target is built with `--sanitizer none`: cargo-fuzz then passes no `-Z` flag, so stable
 #     rustc builds it (AddressSanitizer would need a nightly compiler and its runtime; the code
 #     under test is safe Rust, where a panic is the bug to find);
@@ -21,12 +22,19 @@ runs="${FUZZ_RUNS:-50000}"
 model_runs="${FUZZ_MODEL_RUNS:-4000}"
 target="${CARGO_TARGET_DIR:-$root/target}"
 version="0.13.2"
-fuzz="$target/tools/bin/cargo-fuzz"
+# Installed once per machine beside cargo itself (a fresh clone's target/ would otherwise pay
+# the minute-long install on every CI run); any other copy of the pinned version is used as is.
+tools="${CARGO_HOME:-$HOME/.cargo}"
+fuzz="$tools/bin/cargo-fuzz"
 
 t0=$SECONDS
+if [ "$("$fuzz" --version 2>/dev/null)" != "cargo-fuzz $version" ] && [ -x "$target/tools/bin/cargo-fuzz" ]; then
+    fuzz="$target/tools/bin/cargo-fuzz"
+fi
 if [ "$("$fuzz" --version 2>/dev/null)" != "cargo-fuzz $version" ]; then
-    echo "test-fuzz: installing cargo-fuzz $version into $target/tools"
-    "$CARGO" install cargo-fuzz --version "$version" --locked --root "$target/tools"
+    fuzz="$tools/bin/cargo-fuzz"
+    echo "test-fuzz: installing cargo-fuzz $version into $tools"
+    "$CARGO" install cargo-fuzz --version "$version" --locked --root "$tools"
 fi
 t1=$SECONDS
 flags=(--dev --sanitizer none --target-dir "$target/fuzz")

@@ -104,6 +104,26 @@ fn inspect_hybrid_gguf_and_bench_hybrid_kernels() {
     assert!(out.status.success() && text.contains("pp70") && text.contains("tg2"), "{text}");
 }
 
+/// `--save-gguf` writes the random preset as a GGUF that `inspect` and `bench -m` read back.
+#[test]
+fn random_preset_saved_as_gguf_loads_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    let g = gguf.to_str().unwrap();
+    let out = tandem(&["bench", "--random-hybrid", "tiny", "--random-dtype", "q8_0", "--save-gguf", g]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("qwen35moe"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let out = tandem(&["inspect", g]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("qwen35moe (layers GGGA") && text.contains("Q8_0"), "{text}");
+    let out = tandem(&["bench", "-m", g, "-p", "20", "-g", "2", "-r", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("pp20") && text.contains("tg2"), "{text}");
+    // --save-gguf needs a preset.
+    let out = tandem(&["bench", "--save-gguf", g]);
+    assert!(!out.status.success());
+}
+
 /// `tandem cache stats|ls|clear` over a cache directory holding one namespace.
 #[test]
 fn cache_stats_ls_and_clear() {

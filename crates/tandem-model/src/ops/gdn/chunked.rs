@@ -22,11 +22,40 @@ pub fn gated_delta_chunked(
     state: &mut [f32],
     d: GdnDims,
 ) -> Vec<f32> {
+    use rayon::prelude::*;
+    let GdnDims { nv, dk, dv, .. } = d;
+    let t = beta.len() / nv;
+    // Heads are independent (each its own state slice and output columns): one task per head,
+    // the same arithmetic in the same order as a single thread, so the bits do not depend on
+    // the thread count.
+    let per_head: Vec<Vec<f32>> =
+        state.par_chunks_mut(dk * dv).enumerate().map(|(h, s)| head_chunked(q, k, v, beta, g, s, h, d)).collect();
+    let mut out = vec![0f32; t * nv * dv];
+    for (h, o) in per_head.iter().enumerate() {
+        for ti in 0..t {
+            out[(ti * nv + h) * dv..(ti * nv + h + 1) * dv].copy_from_slice(&o[ti * dv..(ti + 1) * dv]);
+        }
+    }
+    out
+}
+
+/// Head `h`'s outputs `[t, dv]` over all chunks; `s` is its state, updated in place.
+#[allow(clippy::too_many_arguments)]
+fn head_chunked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    s: &mut [f32],
+    h: usize,
+    d: GdnDims,
+) -> Vec<f32> {
     let GdnDims { nk, nv, dk, dv } = d;
     let r = d.ratio();
     let t = beta.len() / nv;
-    let mut out = vec![0f32; t * nv * dv];
-    // Per-chunk scratch, reused across heads and chunks.
+    let mut out = vec![0f32; t * dv];
+    // Per-chunk scratch, reused across chunks.
     let mut kc = vec![0f32; CHUNK * dk];
     let mut qc = vec![0f32; CHUNK * dk];
     let mut vn = vec![0f32; CHUNK * dv];
@@ -35,9 +64,8 @@ pub fn gated_delta_chunked(
     let mut tm = vec![0f32; CHUNK * CHUNK];
     let mut gam = vec![0f32; CHUNK];
     let mut bc = vec![0f32; CHUNK];
-    for h in 0..nv {
+    {
         let kh = h / r;
-        let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
         let mut start = 0;
         while start < t {
             let c = CHUNK.min(t - start);
@@ -93,7 +121,7 @@ pub fn gated_delta_chunked(
             }
             // O = diag(e^γ) Q S + (Q Kᵀ ⊙ Γ ⊙ M) V'.
             for i in 0..c {
-                let o = &mut out[((start + i) * nv + h) * dv..((start + i) * nv + h + 1) * dv];
+                let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
                 let qi = &qc[i * dk..(i + 1) * dk];
                 let e = gam[i].exp();
                 for (m, &qm) in qi.iter().enumerate() {
@@ -205,6 +233,22 @@ mod tests {
             let (eo, es) = (max_diff(&o1, &o2), max_diff(&s1, &s2));
             assert!(eo < 1e-5 && es < 1e-5, "t={t} {d:?}: output diff {eo}, state diff {es}");
         }
+    }
+
+    #[test]
+    fn heads_in_parallel_give_the_bits_of_one_thread() {
+        let d = GdnDims { nk: 2, nv: 4, dk: 16, dv: 16 };
+        let c = case(150, d, 7);
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut s = c.s0.clone();
+                let o = gated_delta_chunked(&c.q, &c.k, &c.v, &c.beta, &c.g, &mut s, d);
+                (o, s)
+            })
+        };
+        let (one, three) = (run(1), run(3));
+        assert!(one.0 == three.0 && one.1 == three.1, "outputs or states differ with the thread count");
     }
 
     #[test]
