@@ -239,16 +239,19 @@ mod tests {
     fn heads_in_parallel_give_the_bits_of_one_thread() {
         let d = GdnDims { nk: 2, nv: 4, dk: 16, dv: 16 };
         let c = case(150, d, 7);
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| {
-                let mut s = c.s0.clone();
-                let o = gated_delta_chunked(&c.q, &c.k, &c.v, &c.beta, &c.g, &mut s, d);
-                (o, s)
-            })
-        };
-        let (one, three) = (run(1), run(3));
-        assert!(one.0 == three.0 && one.1 == three.1, "outputs or states differ with the thread count");
+        type Kernel = fn(&[f32], &[f32], &[f32], &[f32], &[f32], &mut [f32], GdnDims) -> Vec<f32>;
+        for (name, kernel) in [("chunked", gated_delta_chunked as Kernel), ("recurrent", gated_delta_recurrent)] {
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| {
+                    let mut s = c.s0.clone();
+                    let o = kernel(&c.q, &c.k, &c.v, &c.beta, &c.g, &mut s, d);
+                    (o, s)
+                })
+            };
+            let (one, three) = (run(1), run(3));
+            assert!(one.0 == three.0 && one.1 == three.1, "{name}: outputs or states differ with the thread count");
+        }
     }
 
     #[test]

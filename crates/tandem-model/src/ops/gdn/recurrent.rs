@@ -7,30 +7,46 @@ use super::GdnDims;
 #[allow(clippy::too_many_arguments)]
 /// One token's update of every head, in place on `state: [nv, dk, dv]`; writes `out: [nv, dv]`.
 fn step(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f32], out: &mut [f32], d: GdnDims) {
+    use rayon::prelude::*;
+    let (dk, dv) = (d.dk, d.dv);
+    // Heads are independent (own state slice, own output row): one task per head, the same
+    // arithmetic in the same order as one thread.
+    state.par_chunks_mut(dk * dv).zip(out.par_chunks_mut(dv)).enumerate().for_each(|(h, (s, o))| {
+        head_step(q, k, v, beta, g, s, o, h, d);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn head_step(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: &[f32],
+    g: &[f32],
+    s: &mut [f32],
+    o: &mut [f32],
+    h: usize,
+    d: GdnDims,
+) {
     let (dk, dv, r) = (d.dk, d.dv, d.ratio());
-    let mut delta = vec![0f32; dv];
-    for h in 0..d.nv {
-        let kh = h / r;
-        let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
-        let vv = &v[h * dv..(h + 1) * dv];
-        let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
-        let decay = g[h].exp();
-        s.iter_mut().for_each(|x| *x *= decay);
-        delta.copy_from_slice(vv);
-        for (i, &ki) in kv.iter().enumerate() {
-            for (dj, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                *dj -= sij * ki;
-            }
+    let kh = h / r;
+    let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
+    let vv = &v[h * dv..(h + 1) * dv];
+    let decay = g[h].exp();
+    s.iter_mut().for_each(|x| *x *= decay);
+    let mut delta = vv.to_vec();
+    for (i, &ki) in kv.iter().enumerate() {
+        for (dj, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+            *dj -= sij * ki;
         }
-        delta.iter_mut().for_each(|x| *x *= beta[h]);
-        let o = &mut out[h * dv..(h + 1) * dv];
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for i in 0..dk {
-            let row = &mut s[i * dv..(i + 1) * dv];
-            for ((sij, &dj), oj) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
-                *sij += kv[i] * dj;
-                *oj += *sij * qv[i];
-            }
+    }
+    delta.iter_mut().for_each(|x| *x *= beta[h]);
+    o.iter_mut().for_each(|x| *x = 0.0);
+    for i in 0..dk {
+        let row = &mut s[i * dv..(i + 1) * dv];
+        for ((sij, &dj), oj) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+            *sij += kv[i] * dj;
+            *oj += *sij * qv[i];
         }
     }
 }
