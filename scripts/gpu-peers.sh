@@ -9,13 +9,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
-mkdir -p "$res" /tmp/tg /tmp/ll
+mkdir -p "$res" /tmp/ll
 PRESET=${PRESET:-9b}; DTYPES=${DTYPES:-q8_0 q4_k}; GEN=${GEN:-128}; REPS=${REPS:-2}; PROMPT=${PROMPT:-512}
-for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-xz -dc target/gpu-pack/tandem.xz > /tmp/tg/tandem && chmod +x /tmp/tg/tandem
-T=/tmp/tg/tandem
+. scripts/gpu-env.sh
+gpu_unpack tandem
+T=/tmp/tandem-gpu/tandem
 log() { echo "== $(date +%T) $*" | tee -a "$res/peers.md"; }
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv | tee -a "$res/peers.md"
 # The bandwidth the rooflines use: device-to-device copy, bytes read + written.

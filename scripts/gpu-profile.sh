@@ -8,16 +8,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
 mkdir -p "$res" /tmp/tg
-for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-[ -x /tmp/tg/tandem ] || { xz -dc target/gpu-pack/tandem.xz > /tmp/tg/tandem && chmod +x /tmp/tg/tandem; }
+. scripts/gpu-env.sh
+gpu_unpack tandem
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for c in ${CASES:-9b:q8_0}; do
   p=${c%%:*}; t=${c##*:}
   csv=/tmp/tg/ncu-$p-$t.csv
   TANDEM_PROFILE_DECODE=${PROFILE_STEPS:-1} timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
-    --metrics gpu__time_duration.sum --csv /tmp/tg/tandem bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
+    --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
     -p 1 -g 6 -r 1 > "$csv" 2> /tmp/tg/ncu.err
   echo "ncu $p $t rc=$? ($(wc -l < "$csv") lines)"
   python3 - "$csv" "$p" "$t" > "$res/profile-$p-$t.md" <<'PY'

@@ -7,14 +7,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=${PACK:-target/gpu-pack}
 res=${OUT:-target/gpu-results}
-mkdir -p "$res" /tmp/tandem-gpu
-for f in tandem device_suite; do
-  xz -dc "$pack/$f.xz" > /tmp/tandem-gpu/$f && chmod +x /tmp/tandem-gpu/$f
-done
-# CUDA libraries: a system toolkit, or PyTorch's wheels (cuBLAS, cudart, curand).
-for d in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
+mkdir -p "$res"
+. scripts/gpu-env.sh
+PACK=$pack gpu_unpack tandem && PACK=$pack gpu_unpack device_suite
 export TANDEM_DEVICE=cuda
 status=0
 /tmp/tandem-gpu/tandem check-device --fixtures fixtures --output "$res/check-device.md" || status=1

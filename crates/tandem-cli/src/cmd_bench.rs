@@ -164,10 +164,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut tok = [1u32];
             let t = Instant::now();
             let mut enqueue = 0f64;
-            // `TANDEM_PROFILE_DECODE=N`: the profiler captures N decode steps (after two) of the
-            // first repetition, for `ncu --profile-from-start off`.
+            // `TANDEM_PROFILE_DECODE=N`: the profiler captures N decode steps (after two) of each
+            // depth's first repetition, for `ncu --profile-from-start off`.
             let profile = std::env::var("TANDEM_PROFILE_DECODE").ok().and_then(|v| v.parse::<usize>().ok());
-            let profile = profile.filter(|_| pp.is_empty() || pp.len() == 1).filter(|_| tg.is_empty());
+            let profile = profile.filter(|_| tg.is_empty());
             for step in 0..a.gen_tokens {
                 if let Some(n) = profile {
                     if step == 2 {

@@ -257,19 +257,9 @@ impl RandomSource {
         Self { shapes: s, dtype, device: device.clone() }
     }
 
-    /// Tensor `name`, the same values on every device and in every run (so a model built in
-    /// memory and the GGUF [`super::random_gguf`] writes of it hold the same weights).
-    fn make(&self, name: &str) -> Result<(Tensor, Kind)> {
-        let (t, kind) = self.make_kind(name, &Device::Cpu)?;
-        Ok((if self.device.is_cpu() { t } else { t.to_device(&self.device)? }, kind))
-    }
-
-    /// Tensor `name` on `dev`.
+    /// Tensor `name` on `dev`: the same values on every device and in every run (so a model
+    /// built in memory and the GGUF [`super::random_gguf`] writes of it hold the same weights).
     pub(crate) fn make_on(&self, name: &str, dev: &Device) -> Result<Tensor> {
-        Ok(self.make_kind(name, dev)?.0)
-    }
-
-    fn make_kind(&self, name: &str, dev: &Device) -> Result<(Tensor, Kind)> {
         let (shape, kind) = self.shapes.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let n: usize = shape.iter().product();
         let fan_in = *shape.last().unwrap_or(&1) as f32;
@@ -280,7 +270,7 @@ impl RandomSource {
             Kind::OneNorm => vec![1f32; n],
             Kind::ALog => normals(n, seed, 1.0).iter().map(|z| (1.0 + 15.0 * unit(*z)).ln()).collect(),
         };
-        Ok((Tensor::from_vec(values, shape.as_slice(), dev)?, *kind))
+        Ok(Tensor::from_vec(values, shape.as_slice(), dev)?)
     }
 
     /// Every tensor name, sorted.
@@ -323,7 +313,7 @@ impl WeightSource for RandomSource {
         }))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
-        Ok(self.make(name)?.0)
+        self.make_on(name, &self.device)
     }
     fn embedding(&self, name: &str) -> Result<Embedding> {
         let t = self.make_on(name, &Device::Cpu)?;

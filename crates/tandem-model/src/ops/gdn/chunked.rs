@@ -6,7 +6,7 @@
 //! `S ← e^{γ_last} S + (diag(e^{γ_last − γ}) K)ᵀ V'`.
 //! A short last chunk is processed at its own length, which equals zero padding exactly.
 
-use super::GdnDims;
+use super::{GdnDims, RuleInputs};
 
 /// Chunk length.
 pub const CHUNK: usize = 64;
@@ -28,8 +28,9 @@ pub fn gated_delta_chunked(
     // Heads are independent (each its own state slice and output columns): one task per head,
     // the same arithmetic in the same order as a single thread, so the bits do not depend on
     // the thread count.
+    let inputs = RuleInputs { q, k, v, beta, g };
     let per_head: Vec<Vec<f32>> =
-        state.par_chunks_mut(dk * dv).enumerate().map(|(h, s)| head_chunked(q, k, v, beta, g, s, h, d)).collect();
+        state.par_chunks_mut(dk * dv).enumerate().map(|(h, s)| head_chunked(inputs, s, h, d)).collect();
     let mut out = vec![0f32; t * nv * dv];
     for (h, o) in per_head.iter().enumerate() {
         for ti in 0..t {
@@ -40,17 +41,8 @@ pub fn gated_delta_chunked(
 }
 
 /// Head `h`'s outputs `[t, dv]` over all chunks; `s` is its state, updated in place.
-#[allow(clippy::too_many_arguments)]
-fn head_chunked(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: &[f32],
-    g: &[f32],
-    s: &mut [f32],
-    h: usize,
-    d: GdnDims,
-) -> Vec<f32> {
+fn head_chunked(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> Vec<f32> {
+    let RuleInputs { q, k, v, beta, g } = inputs;
     let GdnDims { nk, nv, dk, dv } = d;
     let r = d.ratio();
     let t = beta.len() / nv;
@@ -64,94 +56,92 @@ fn head_chunked(
     let mut tm = vec![0f32; CHUNK * CHUNK];
     let mut gam = vec![0f32; CHUNK];
     let mut bc = vec![0f32; CHUNK];
-    {
-        let kh = h / r;
-        let mut start = 0;
-        while start < t {
-            let c = CHUNK.min(t - start);
-            // Gather this head's rows.
-            let mut acc = 0f32;
-            for i in 0..c {
-                let ti = start + i;
-                kc[i * dk..(i + 1) * dk].copy_from_slice(&k[(ti * nk + kh) * dk..(ti * nk + kh + 1) * dk]);
-                qc[i * dk..(i + 1) * dk].copy_from_slice(&q[(ti * nk + kh) * dk..(ti * nk + kh + 1) * dk]);
-                acc += g[ti * nv + h];
-                gam[i] = acc;
-                bc[i] = beta[ti * nv + h];
-            }
-            let dot = |x: &[f32], y: &[f32]| -> f32 { x.iter().zip(y).map(|(a, b)| a * b).sum() };
-            // A (strictly lower) and T = (I + A)^-1 by forward substitution.
-            for i in 0..c {
-                for j in 0..i {
-                    a[i * CHUNK + j] =
-                        bc[i] * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
-                }
-            }
-            for i in 0..c {
-                tm[i * CHUNK + i] = 1.0;
-                for j in 0..i {
-                    let mut sum = 0f32;
-                    for m in j..i {
-                        sum += a[i * CHUNK + m] * tm[m * CHUNK + j];
-                    }
-                    tm[i * CHUNK + j] = -sum;
-                }
-            }
-            // U = T diag(β) V (into vn), W = T diag(β e^γ) K; then V' = U − W S (in vn).
-            for i in 0..c {
-                let (ui, wi) = (&mut vn[i * dv..(i + 1) * dv], &mut w[i * dk..(i + 1) * dk]);
-                ui.iter_mut().for_each(|x| *x = 0.0);
-                wi.iter_mut().for_each(|x| *x = 0.0);
-                for j in 0..=i {
-                    let tij = tm[i * CHUNK + j] * bc[j];
-                    let vj = &v[((start + j) * nv + h) * dv..((start + j) * nv + h + 1) * dv];
-                    for (u, &x) in ui.iter_mut().zip(vj) {
-                        *u += tij * x;
-                    }
-                    let twj = tij * gam[j].exp();
-                    for (wv, &x) in wi.iter_mut().zip(&kc[j * dk..(j + 1) * dk]) {
-                        *wv += twj * x;
-                    }
-                }
-                for (m, &wm) in wi.iter().enumerate() {
-                    for (u, &sm) in ui.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
-                        *u -= wm * sm;
-                    }
-                }
-            }
-            // O = diag(e^γ) Q S + (Q Kᵀ ⊙ Γ ⊙ M) V'.
-            for i in 0..c {
-                let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
-                let qi = &qc[i * dk..(i + 1) * dk];
-                let e = gam[i].exp();
-                for (m, &qm) in qi.iter().enumerate() {
-                    let f = e * qm;
-                    for (oj, &sm) in o.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
-                        *oj += f * sm;
-                    }
-                }
-                for j in 0..=i {
-                    let f = dot(qi, &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
-                    for (oj, &x) in o.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                        *oj += f * x;
-                    }
-                }
-            }
-            // S ← e^{γ_last} S + Σ_j e^{γ_last − γ_j} k_j V'_jᵀ.
-            let last = gam[c - 1];
-            let e = last.exp();
-            s.iter_mut().for_each(|x| *x *= e);
-            for j in 0..c {
-                let f = (last - gam[j]).exp();
-                for m in 0..dk {
-                    let km = f * kc[j * dk + m];
-                    for (sm, &x) in s[m * dv..(m + 1) * dv].iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                        *sm += km * x;
-                    }
-                }
-            }
-            start += c;
+    let kh = h / r;
+    let mut start = 0;
+    while start < t {
+        let c = CHUNK.min(t - start);
+        // Gather this head's rows.
+        let mut acc = 0f32;
+        for i in 0..c {
+            let ti = start + i;
+            kc[i * dk..(i + 1) * dk].copy_from_slice(&k[(ti * nk + kh) * dk..(ti * nk + kh + 1) * dk]);
+            qc[i * dk..(i + 1) * dk].copy_from_slice(&q[(ti * nk + kh) * dk..(ti * nk + kh + 1) * dk]);
+            acc += g[ti * nv + h];
+            gam[i] = acc;
+            bc[i] = beta[ti * nv + h];
         }
+        let dot = |x: &[f32], y: &[f32]| -> f32 { x.iter().zip(y).map(|(a, b)| a * b).sum() };
+        // A (strictly lower) and T = (I + A)^-1 by forward substitution.
+        for i in 0..c {
+            for j in 0..i {
+                a[i * CHUNK + j] =
+                    bc[i] * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
+            }
+        }
+        for i in 0..c {
+            tm[i * CHUNK + i] = 1.0;
+            for j in 0..i {
+                let mut sum = 0f32;
+                for m in j..i {
+                    sum += a[i * CHUNK + m] * tm[m * CHUNK + j];
+                }
+                tm[i * CHUNK + j] = -sum;
+            }
+        }
+        // U = T diag(β) V (into vn), W = T diag(β e^γ) K; then V' = U − W S (in vn).
+        for i in 0..c {
+            let (ui, wi) = (&mut vn[i * dv..(i + 1) * dv], &mut w[i * dk..(i + 1) * dk]);
+            ui.iter_mut().for_each(|x| *x = 0.0);
+            wi.iter_mut().for_each(|x| *x = 0.0);
+            for j in 0..=i {
+                let tij = tm[i * CHUNK + j] * bc[j];
+                let vj = &v[((start + j) * nv + h) * dv..((start + j) * nv + h + 1) * dv];
+                for (u, &x) in ui.iter_mut().zip(vj) {
+                    *u += tij * x;
+                }
+                let twj = tij * gam[j].exp();
+                for (wv, &x) in wi.iter_mut().zip(&kc[j * dk..(j + 1) * dk]) {
+                    *wv += twj * x;
+                }
+            }
+            for (m, &wm) in wi.iter().enumerate() {
+                for (u, &sm) in ui.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
+                    *u -= wm * sm;
+                }
+            }
+        }
+        // O = diag(e^γ) Q S + (Q Kᵀ ⊙ Γ ⊙ M) V'.
+        for i in 0..c {
+            let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
+            let qi = &qc[i * dk..(i + 1) * dk];
+            let e = gam[i].exp();
+            for (m, &qm) in qi.iter().enumerate() {
+                let f = e * qm;
+                for (oj, &sm) in o.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
+                    *oj += f * sm;
+                }
+            }
+            for j in 0..=i {
+                let f = dot(qi, &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
+                for (oj, &x) in o.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                    *oj += f * x;
+                }
+            }
+        }
+        // S ← e^{γ_last} S + Σ_j e^{γ_last − γ_j} k_j V'_jᵀ.
+        let last = gam[c - 1];
+        let e = last.exp();
+        s.iter_mut().for_each(|x| *x *= e);
+        for j in 0..c {
+            let f = (last - gam[j]).exp();
+            for m in 0..dk {
+                let km = f * kc[j * dk + m];
+                for (sm, &x) in s[m * dv..(m + 1) * dv].iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                    *sm += km * x;
+                }
+            }
+        }
+        start += c;
     }
     out
 }

@@ -30,6 +30,17 @@ pub use conv::causal_conv_silu;
 pub use norm::{gated_rms_norm, l2_normalize};
 pub use recurrent::{gated_delta_recurrent, gated_delta_recurrent_states};
 
+/// One call's per-token inputs of the delta rule (`q`, `k`: `[t, nk, dk]`; `v`: `[t, nv, dv]`;
+/// `beta`, `g`: `[t, nv]`), handed whole to each head's task.
+#[derive(Clone, Copy)]
+pub(crate) struct RuleInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub beta: &'a [f32],
+    pub g: &'a [f32],
+}
+
 /// Shapes of one GDN layer's recurrence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GdnDims {

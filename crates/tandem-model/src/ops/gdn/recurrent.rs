@@ -2,7 +2,7 @@
 //! k = k̂_t, q = q̂_t of its k-head:
 //! `S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀ q` (the output reads the updated state).
 
-use super::GdnDims;
+use super::{GdnDims, RuleInputs};
 
 #[allow(clippy::too_many_arguments)]
 /// One token's update of every head, in place on `state: [nv, dk, dv]`; writes `out: [nv, dv]`.
@@ -11,23 +11,15 @@ fn step(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f
     let (dk, dv) = (d.dk, d.dv);
     // Heads are independent (own state slice, own output row): one task per head, the same
     // arithmetic in the same order as one thread.
+    let inputs = RuleInputs { q, k, v, beta, g };
     state.par_chunks_mut(dk * dv).zip(out.par_chunks_mut(dv)).enumerate().for_each(|(h, (s, o))| {
-        head_step(q, k, v, beta, g, s, o, h, d);
+        head_step(inputs, s, o, h, d);
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn head_step(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: &[f32],
-    g: &[f32],
-    s: &mut [f32],
-    o: &mut [f32],
-    h: usize,
-    d: GdnDims,
-) {
+/// Head `h`'s update of its state `s`; writes its output row `o`.
+fn head_step(inputs: RuleInputs<'_>, s: &mut [f32], o: &mut [f32], h: usize, d: GdnDims) {
+    let RuleInputs { q, k, v, beta, g } = inputs;
     let (dk, dv, r) = (d.dk, d.dv, d.ratio());
     let kh = h / r;
     let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
