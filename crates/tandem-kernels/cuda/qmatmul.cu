@@ -1,20 +1,23 @@
 // Row-invariant matmuls over GGML weight rows (dense f32/f16/bf16 or quantised blocks,
 // decoded by qunits.cuh), for every call size: y [m, n] f32 = x [m, k] f32 . W [n, k]^T.
 //
-// A warp computes a tile of TC output columns x TR rows. Lane l walks the row's 32-value
-// units u = l, l + 32, ... in order, decodes each eight values at a time for the tile's
-// columns and adds x[r, u*32 + i] * w[c, u*32 + i] for i = 0..31 in order with fused
-// multiply-adds into its (r, c) partial sum; a fixed butterfly then sums the lanes. Every
-// (r, c) is the same chain of operations whatever tile it falls in, so row r's result depends
-// only on x row r and W, never on m: a row inside a verify chunk or a ragged batch has the bits
-// of the same row computed alone. Decoding a weight chunk once for TR rows and loading an x
-// chunk once for TC columns is what makes the tile pay for prefill. Weights are
-// decoded exactly (the CPU's dequantisation bits); activations stay f32 (candle's kernels
-// quantise them to 8 bits).
+// The chain of an output (r, c): lane l owns piece p = l % 4 (values p*8 .. p*8+7) of the
+// row's 32-value units u = l / 4, l / 4 + 8, l / 4 + 16, ...; for each unit in turn it decodes
+// its eight weights and adds x[r, u*32 + p*8 + i] * w[c, u*32 + p*8 + i] for i = 0..7 in order
+// with fused multiply-adds into its partial sum; a fixed butterfly then sums the lanes. So the
+// 32 lanes of a warp read eight whole neighbouring units (one contiguous stretch of the row)
+// per step, and every (r, c) is the same chain whichever kernel and tile computes it: row r's
+// result depends only on x row r and W, never on m, and a row inside a verify chunk or a
+// ragged batch has the bits of the same row computed alone. Weights are decoded exactly (the
+// CPU's dequantisation bits); activations stay f32 (candle's kernels quantise them to 8 bits).
 //
-// qmatmul_tiled_* / qmatmul_tiled2_*: the same per-element arithmetic for calls of 16+ rows
-// (shared-memory staging of x; the two differ only in the register budget, 1 or 2 blocks per
-// SM).
+// qmatmul_<t> (calls of 2..15 rows): a warp takes TC columns x TR rows at a time, decoding a
+// weight piece once for TR rows and loading an x piece once for TC columns.
+// qmatmul1_<t> (one row: decode): a warp takes one column, so that a matrix's columns spread
+// over as many warps as possible.
+// qmatmul_tiled_<t> / qmatmul_tiled2_<t> (16+ rows): the rows' activations for eight units
+// at a time staged in shared memory; the two differ only in the register budget (1 or 2
+// blocks per SM).
 //
 // moe_*: the same arithmetic over stacked expert weights [E, n, k]: a slot s (a token's j-th
 // chosen expert) reads x row s / x_div and expert ids[s]; slots come in expert-sorted order
@@ -25,37 +28,38 @@
 #define TC 4
 #define WARPS 4
 
-// acc[r][c] += x[r] . w[c] over this lane's units, for r < rows, c < cols.
-template <int WT, int R, int C>
+// acc[r][c] += x[r] . w[c] over this lane's pieces, for r < rows, c < cols.
+template <int WT, int R, int C, int U = 2>
 __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __restrict__ w, long long row_bytes,
                                          int cols, const float* __restrict__ x, int rows, int k, int lane) {
     const int units = k >> 5;
-    for (int u = lane; u < units; u += 32) {
+    const int l0 = (lane & 3) * 8;
+    // U units in flight per lane (4 measured slower than 2 for one row: 111 against 140 tok/s,
+    // 9B Q8_0 on the H200; the registers cost more warps than the loads gain).
+#pragma unroll(U)
+    for (int u = lane >> 2; u < units; u += 8) {
+        float wv[C][8];
 #pragma unroll
-        for (int l0 = 0; l0 < 32; l0 += 8) {
-            float wv[C][8];
+        for (int c = 0; c < C; c++) {
+            if (c < cols) {
+                decode8<WT>(w + (size_t)c * row_bytes, u, l0, wv[c]);
+            } else {
 #pragma unroll
-            for (int c = 0; c < C; c++) {
-                if (c < cols) {
-                    decode8<WT>(w + (size_t)c * row_bytes, u, l0, wv[c]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
-                }
+                for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
             }
+        }
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < rows) {
-                    const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k + u * 32 + l0);
-                    const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        for (int r = 0; r < R; r++) {
+            if (r < rows) {
+                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k + u * 32 + l0);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-                    for (int c = 0; c < C; c++) {
-                        float t = acc[r][c];
+                for (int c = 0; c < C; c++) {
+                    float t = acc[r][c];
 #pragma unroll
-                        for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
-                        acc[r][c] = t;
-                    }
+                    for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
+                    acc[r][c] = t;
                 }
             }
         }
@@ -75,27 +79,27 @@ __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __re
     }
 }
 
-// w: n rows of row_bytes each. Block = WARPS warps = WARPS * TC columns.
-template <int WT>
+// w: n rows of row_bytes each. Block = WARPS warps = WARPS * C columns.
+template <int WT, int R, int C, int U = 2>
 __device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w, int m,
                         int n, int k, long long row_bytes) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col0 = (blockIdx.x * WARPS + warp) * TC;
+    const int col0 = (blockIdx.x * WARPS + warp) * C;
     if (col0 >= n) return;
-    const int cols = min(TC, n - col0);
+    const int cols = min(C, n - col0);
     const uint8_t* wr = w + (size_t)col0 * row_bytes;
-    for (int r0 = 0; r0 < m; r0 += TR) {
-        const int rows = min(TR, m - r0);
-        float acc[TR][TC];
+    for (int r0 = 0; r0 < m; r0 += R) {
+        const int rows = min(R, m - r0);
+        float acc[R][C];
 #pragma unroll
-        for (int r = 0; r < TR; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int c = 0; c < TC; c++) acc[r][c] = 0.f;
-        dot_tile<WT, TR, TC>(acc, wr, row_bytes, cols, x + (size_t)r0 * k, rows, k, lane);
+            for (int c = 0; c < C; c++) acc[r][c] = 0.f;
+        dot_tile<WT, R, C, U>(acc, wr, row_bytes, cols, x + (size_t)r0 * k, rows, k, lane);
 #pragma unroll
-        for (int r = 0; r < TR; r++) {
+        for (int r = 0; r < R; r++) {
 #pragma unroll
-            for (int c = 0; c < TC; c++) {
+            for (int c = 0; c < C; c++) {
                 if (r < rows && c < cols) {
                     const float s = warp_sum(acc[r][c]);
                     if (lane == 0) y[(size_t)(r0 + r) * n + col0 + c] = s;
@@ -106,20 +110,19 @@ __device__ void qmatmul(float* __restrict__ y, const float* __restrict__ x, cons
 }
 
 // The same products for calls of many rows (prefill), faster: a block of TT_W warps takes TT_R
-// rows x TT_W * TT_C columns, and the rows' activations for the step's 32 units are staged in
-// shared memory eight values per unit at a time (each value read from global memory once per
-// block instead of once per warp). Every (r, c) is still lane l's chain over units l, l + 32,
-// ... and values in order, then the same butterfly: the bits of qmatmul's (and so of a row
-// computed alone).
+// rows x TT_W * TT_C columns, and the rows' activations for the step's eight units are staged
+// in shared memory (each value read from global memory once per block instead of once per
+// warp, the loads contiguous). Every (r, c) is still lane l's chain over its pieces in order,
+// then the same butterfly: the bits of qmatmul's (and so of a row computed alone).
 #define TT_R 16
 #define TT_C 4
 #define TT_W 8
-#define XPAD 12  // floats per unit slot: 8 values + 4 of padding (conflict-free 16-byte reads)
+#define XPAD 36  // floats per staged unit: 32 values + 4 of padding (conflict-free 16-byte reads)
 
 template <int WT>
 __device__ void qmatmul_tiled(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
                               int m, int n, int k, long long row_bytes) {
-    __shared__ __align__(16) float xs[TT_R][32 * XPAD];
+    __shared__ __align__(16) float xs[TT_R][8 * XPAD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int col0 = (blockIdx.x * TT_W + warp) * TT_C;
     const int r0 = blockIdx.y * TT_R;
@@ -128,48 +131,48 @@ __device__ void qmatmul_tiled(float* __restrict__ y, const float* __restrict__ x
     const uint8_t* wr = w + (size_t)min(col0, n - 1) * row_bytes;
     const float* xr = x + (size_t)r0 * k;
     const int units = k >> 5;
+    const int slot = lane >> 2, l0 = (lane & 3) * 8;
     float acc[TT_R][TT_C];
 #pragma unroll
     for (int r = 0; r < TT_R; r++)
 #pragma unroll
         for (int c = 0; c < TT_C; c++) acc[r][c] = 0.f;
-    for (int s = 0; s < units; s += 32) {
-        const int u = s + lane;
 #pragma unroll 1
-        for (int l0 = 0; l0 < 32; l0 += 8) {
-            __syncthreads();
-            for (int idx = threadIdx.x; idx < TT_R * 64; idx += blockDim.x) {
-                const int r = idx >> 6, uu = (idx >> 1) & 31, half = idx & 1;
-                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (r < rows && s + uu < units)
-                    v = __ldg(reinterpret_cast<const float4*>(xr + (size_t)r * k + (s + uu) * 32 + l0) + half);
-                *reinterpret_cast<float4*>(&xs[r][uu * XPAD + half * 4]) = v;
-            }
-            __syncthreads();
-            if (u < units && cols > 0) {
-                float wv[TT_C][8];
+    for (int s = 0; s < units; s += 8) {
+        __syncthreads();
+        // 8 units x 8 float4 per row, read in order.
+        for (int idx = threadIdx.x; idx < TT_R * 64; idx += blockDim.x) {
+            const int r = idx >> 6, uu = (idx >> 3) & 7, part = idx & 7;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < rows && s + uu < units)
+                v = __ldg(reinterpret_cast<const float4*>(xr + (size_t)r * k + (s + uu) * 32) + part);
+            *reinterpret_cast<float4*>(&xs[r][uu * XPAD + part * 4]) = v;
+        }
+        __syncthreads();
+        const int u = s + slot;
+        if (u < units && cols > 0) {
+            float wv[TT_C][8];
 #pragma unroll
-                for (int c = 0; c < TT_C; c++) {
-                    if (c < cols) {
-                        decode8<WT>(wr + (size_t)c * row_bytes, u, l0, wv[c]);
-                    } else {
+            for (int c = 0; c < TT_C; c++) {
+                if (c < cols) {
+                    decode8<WT>(wr + (size_t)c * row_bytes, u, l0, wv[c]);
+                } else {
 #pragma unroll
-                        for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
-                    }
+                    for (int i = 0; i < 8; i++) wv[c][i] = 0.f;
                 }
+            }
 #pragma unroll
-                for (int r = 0; r < TT_R; r++) {
-                    if (r < rows) {
-                        const float4 a = *reinterpret_cast<const float4*>(&xs[r][lane * XPAD]);
-                        const float4 b = *reinterpret_cast<const float4*>(&xs[r][lane * XPAD + 4]);
-                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            for (int r = 0; r < TT_R; r++) {
+                if (r < rows) {
+                    const float4 a = *reinterpret_cast<const float4*>(&xs[r][slot * XPAD + l0]);
+                    const float4 b = *reinterpret_cast<const float4*>(&xs[r][slot * XPAD + l0 + 4]);
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-                        for (int c = 0; c < TT_C; c++) {
-                            float t = acc[r][c];
+                    for (int c = 0; c < TT_C; c++) {
+                        float t = acc[r][c];
 #pragma unroll
-                            for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
-                            acc[r][c] = t;
-                        }
+                        for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
+                        acc[r][c] = t;
                     }
                 }
             }
@@ -238,7 +241,11 @@ __device__ void moe_gate_up(float* __restrict__ h, const float* __restrict__ x, 
 #define QMATMUL(suffix, WT)                                                                                      \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
         qmatmul_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k, long long row_bytes) { \
-        qmatmul<WT>(y, x, w, m, n, k, row_bytes);                                                                \
+        qmatmul<WT, TR, TC>(y, x, w, m, n, k, row_bytes);                                                        \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
+        qmatmul1_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k, long long row_bytes) { \
+        qmatmul<WT, 1, 1>(y, x, w, m, n, k, row_bytes);                                                          \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(TT_W * 32, 1)                                                    \
         qmatmul_tiled_##suffix(float* y, const float* x, const uint8_t* w, int m, int n, int k,                  \

@@ -1,8 +1,11 @@
 // Decoding GGML weight rows into f32 for the row-invariant quantised matmuls (qmatmul.cu). A
 // row of k values is k / 32 units; unit u holds values u*32 .. u*32+31, decoded eight at a
-// time: decode8(row, u, l0, w) gives values u*32 + l0 .. u*32 + l0 + 7 (l0 = 0, 8, 16, 24). Each decoder reproduces ggml's / candle's `dequantize_row_*`
-// arithmetic (scale products first, no fused multiply-adds), so a decoded weight has the bits
-// the CPU's dequantisation gives it.
+// time: decode8(row, u, l0, w) gives values u*32 + l0 .. u*32 + l0 + 7 (l0 = 0, 8, 16, 24).
+// Each decoder reproduces ggml's / candle's `dequantize_row_*` arithmetic (scale products
+// first, no fused multiply-adds), so a decoded weight has the bits the CPU's dequantisation
+// gives it. Bytes come in as whole aligned 32-bit words (`bytes8`, `u16_at`), not one load per
+// byte: in qmatmul.cu's chain the lanes of a warp read neighbouring pieces of neighbouring
+// blocks, so each load instruction covers one contiguous stretch of the row.
 //
 // Layouts (bytes per block): q4_0 (18: f16 d, 16 nibble bytes), q4_1 (20: d, m, 16), q5_0
 // (22: d, 4 high-bit bytes, 16), q5_1 (24: d, m, 4, 16), q8_0 (34: d, 32 int8); the K-quants
@@ -10,7 +13,8 @@
 // mins, 128 nibble bytes), q5_k (176: d, dmin, 12, 32 high-bit bytes, 128), q6_k (210: 128 low
 // nibbles, 64 bytes of 2-bit highs, 16 int8 scales, f16 d), q2_k (84: 16 bytes of 4-bit scale
 // and min pairs, 64 bytes of 2-bit values, d, dmin), q3_k (110: 32 high-bit mask bytes, 64
-// bytes of 2-bit values, 12 packed 6-bit scales, d).
+// bytes of 2-bit values, 12 packed 6-bit scales, d). Every block size is even and rows start
+// on even addresses, so 16-bit fields are 2-byte aligned.
 #pragma once
 #include "common.cuh"
 
@@ -28,12 +32,50 @@
 #define WT_Q2_K 11
 #define WT_Q3_K 12
 
-__device__ __forceinline__ float f16_at(const uint8_t* p) {
-    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+// A 16-bit field at an even address.
+__device__ __forceinline__ unsigned int u16_at(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
-__device__ __forceinline__ unsigned int u32_at(const uint8_t* p) {
-    return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24);
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half((unsigned short)u16_at(p)));
+}
+
+// A 32-bit little-endian field at an even address.
+__device__ __forceinline__ unsigned int u32_at(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }
+
+// Eight bytes at p (any alignment) as two little-endian words, from the aligned words that
+// cover them (the third only when p is not 4-byte aligned; it never leaves p's last word).
+__device__ __forceinline__ uint2 bytes8(const uint8_t* p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const unsigned int* q = reinterpret_cast<const unsigned int*>(a & ~(uintptr_t)3);
+    const unsigned int sh = (unsigned int)(a & 3) * 8;
+    const unsigned int w0 = __ldg(q), w1 = __ldg(q + 1);
+    const unsigned int w2 = sh ? __ldg(q + 2) : 0u;
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+// The eight bytes of v minus `off`, as exact floats, without integer-to-float conversions
+// (a quarter-rate instruction that would bound the Q8_0 kernel): byte i is moved into the low
+// mantissa bits of 2^23 (one byte permute), and 2^23 + off subtracted. The same values
+// (float)(byte - off) gives, bit for bit, for every byte and the small offsets used here.
+__device__ __forceinline__ void bytes_minus(uint2 v, float off, float* q) {
+    const float base = 8388608.f + off;
+    for (int i = 0; i < 4; i++) {
+        q[i] = __fsub_rn(__int_as_float(__byte_perm(v.x, 0x4B000000u, 0x7440u | i)), base);
+        q[i + 4] = __fsub_rn(__int_as_float(__byte_perm(v.y, 0x4B000000u, 0x7440u | i)), base);
+    }
+}
+
+// Bits 0..7 of b as bytes 0..7 (0 or 1 each): four bits times 0x00204081 land at bits 0, 8,
+// 16 and 24.
+__device__ __forceinline__ uint2 spread_bits(unsigned int b) {
+    return make_uint2(((b & 15u) * 0x00204081u) & 0x01010101u, (((b >> 4) & 15u) * 0x00204081u) & 0x01010101u);
+}
+
+// Each byte of v shifted right by `shift` and masked with `mask` (per-byte fields).
+__device__ __forceinline__ uint2 fields(uint2 v, int shift, unsigned int mask) {
+    return make_uint2((v.x >> shift) & mask, (v.y >> shift) & mask);
 }
 
 // ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of a q4_k / q5_k block.
@@ -53,29 +95,29 @@ __device__ __forceinline__ void decode8(const uint8_t* __restrict__ row, int u, 
 template <>
 __device__ __forceinline__ void decode8<WT_F32>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const float4* p = reinterpret_cast<const float4*>(row) + (u * 32 + l0) / 4;
-    const float4 a = p[0], b = p[1];
+    const float4 a = __ldg(p), b = __ldg(p + 1);
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
 
 template <>
 __device__ __forceinline__ void decode8<WT_F16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
-    const __half2* p = reinterpret_cast<const __half2*>(row) + (u * 32 + l0) / 2;
-#pragma unroll
+    const uint2* p = reinterpret_cast<const uint2*>(row + (size_t)(u * 32 + l0) * 2);
+    const uint2 a = __ldg(p), b = __ldg(p + 1);
+    const unsigned int v[4] = {a.x, a.y, b.x, b.y};
     for (int i = 0; i < 4; i++) {
-        const float2 v = __half22float2(p[i]);
-        w[2 * i] = v.x;
-        w[2 * i + 1] = v.y;
+        w[2 * i] = __half2float(__ushort_as_half((unsigned short)(v[i] & 0xFFFFu)));
+        w[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(v[i] >> 16)));
     }
 }
 
 template <>
 __device__ __forceinline__ void decode8<WT_BF16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
-    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(row) + (u * 32 + l0) / 2;
-#pragma unroll
+    const uint2* p = reinterpret_cast<const uint2*>(row + (size_t)(u * 32 + l0) * 2);
+    const uint2 a = __ldg(p), b = __ldg(p + 1);
+    const unsigned int v[4] = {a.x, a.y, b.x, b.y};
     for (int i = 0; i < 4; i++) {
-        const float2 v = __bfloat1622float2(p[i]);
-        w[2 * i] = v.x;
-        w[2 * i + 1] = v.y;
+        w[2 * i] = __uint_as_float(v[i] << 16);  // a bf16 is the top half of its f32
+        w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
     }
 }
 
@@ -84,20 +126,22 @@ template <>
 __device__ __forceinline__ void decode8<WT_Q4_0>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 18;
     const float d = f16_at(b);
-    const uint8_t* q = b + 2 + (l0 & 15);
+    const uint2 q = bytes8(b + 2 + (l0 & 15));
     const int shift = l0 >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)((int)((q[i] >> shift) & 15) - 8), d);
+    float f[8];
+    bytes_minus(fields(q, shift, 0x0F0F0F0Fu), 8.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn(f[i], d);
 }
 
 template <>
 __device__ __forceinline__ void decode8<WT_Q4_1>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 20;
     const float d = f16_at(b), m = f16_at(b + 2);
-    const uint8_t* q = b + 4 + (l0 & 15);
+    const uint2 q = bytes8(b + 4 + (l0 & 15));
     const int shift = l0 >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn((float)((q[i] >> shift) & 15), d), m);
+    float f[8];
+    bytes_minus(fields(q, shift, 0x0F0F0F0Fu), 0.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn(f[i], d), m);
 }
 
 // q5: the fifth bit of value j is bit j of the 32-bit qh.
@@ -106,13 +150,12 @@ __device__ __forceinline__ void decode8<WT_Q5_0>(const uint8_t* __restrict__ row
     const uint8_t* b = row + (size_t)u * 22;
     const float d = f16_at(b);
     const unsigned int qh = u32_at(b + 2);
-    const uint8_t* q = b + 6 + (l0 & 15);
+    const uint2 q = bytes8(b + 6 + (l0 & 15));
     const int shift = l0 >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int x = (int)(((q[i] >> shift) & 15) | (((qh >> (l0 + i)) & 1) << 4)) - 16;
-        w[i] = __fmul_rn((float)x, d);
-    }
+    const uint2 lo = fields(q, shift, 0x0F0F0F0Fu), hi = spread_bits(qh >> l0);
+    float f[8];
+    bytes_minus(make_uint2(lo.x | (hi.x << 4), lo.y | (hi.y << 4)), 16.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn(f[i], d);
 }
 
 template <>
@@ -120,21 +163,22 @@ __device__ __forceinline__ void decode8<WT_Q5_1>(const uint8_t* __restrict__ row
     const uint8_t* b = row + (size_t)u * 24;
     const float d = f16_at(b), m = f16_at(b + 2);
     const unsigned int qh = u32_at(b + 4);
-    const uint8_t* q = b + 8 + (l0 & 15);
+    const uint2 q = bytes8(b + 8 + (l0 & 15));
     const int shift = l0 >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int x = (int)(((q[i] >> shift) & 15) | (((qh >> (l0 + i)) & 1) << 4));
-        w[i] = __fadd_rn(__fmul_rn((float)x, d), m);
-    }
+    const uint2 lo = fields(q, shift, 0x0F0F0F0Fu), hi = spread_bits(qh >> l0);
+    float f[8];
+    bytes_minus(make_uint2(lo.x | (hi.x << 4), lo.y | (hi.y << 4)), 0.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn(f[i], d), m);
 }
 
 template <>
 __device__ __forceinline__ void decode8<WT_Q8_0>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
     const uint8_t* b = row + (size_t)u * 34;
     const float d = f16_at(b);
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)(int8_t)b[2 + l0 + i], d);
+    const uint2 q = bytes8(b + 2 + l0);
+    float f[8];
+    bytes_minus(make_uint2(q.x ^ 0x80808080u, q.y ^ 0x80808080u), 128.f, f);  // int8 + 128, unsigned
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn(f[i], d);
 }
 
 // K-quants: unit u is sub-block j = u % 8 of superblock u / 8.
@@ -146,10 +190,11 @@ __device__ __forceinline__ void decode8<WT_Q4_K>(const uint8_t* __restrict__ row
     int sc, m;
     scale_min_k4(j, b + 4, &sc, &m);
     const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
-    const uint8_t* q = b + 16 + (j >> 1) * 32 + l0;
+    const uint2 q = bytes8(b + 16 + (j >> 1) * 32 + l0);
     const int shift = (j & 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(d1, (float)((q[i] >> shift) & 15)), m1);
+    float f[8];
+    bytes_minus(fields(q, shift, 0x0F0F0F0Fu), 0.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(d1, f[i]), m1);
 }
 
 template <>
@@ -160,14 +205,13 @@ __device__ __forceinline__ void decode8<WT_Q5_K>(const uint8_t* __restrict__ row
     int sc, m;
     scale_min_k4(j, b + 4, &sc, &m);
     const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
-    const uint8_t* qh = b + 16 + l0;
-    const uint8_t* ql = b + 48 + (j >> 1) * 32 + l0;
+    const uint2 qh = bytes8(b + 16 + l0);
+    const uint2 ql = bytes8(b + 48 + (j >> 1) * 32 + l0);
     const int shift = (j & 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int q = ((ql[i] >> shift) & 15) + ((qh[i] >> j) & 1) * 16;
-        w[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
-    }
+    const uint2 lo = fields(ql, shift, 0x0F0F0F0Fu), hi = fields(qh, j, 0x01010101u);
+    float f[8];
+    bytes_minus(make_uint2(lo.x | (hi.x << 4), lo.y | (hi.y << 4)), 0.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(d1, f[i]), m1);
 }
 
 // q6_k: a superblock is two halves of 128 values; sub-block j is part j % 4 of half j / 4.
@@ -176,15 +220,14 @@ __device__ __forceinline__ void decode8<WT_Q6_K>(const uint8_t* __restrict__ row
     const uint8_t* b = row + (size_t)(u >> 3) * 210;
     const int j = u & 7;
     const int half = j >> 2, part = j & 3;
-    const uint8_t* ql = b + half * 64 + (part & 1) * 32 + l0;
-    const uint8_t* qh = b + 128 + half * 32 + l0;
+    const uint2 ql = bytes8(b + half * 64 + (part & 1) * 32 + l0);
+    const uint2 qh = bytes8(b + 128 + half * 32 + l0);
     const float dsc = __fmul_rn(f16_at(b + 208), (float)reinterpret_cast<const int8_t*>(b + 192)[half * 8 + part * 2 + (l0 >> 4)]);
     const int lshift = (part >> 1) * 4, hshift = part * 2;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int q = (int)(((ql[i] >> lshift) & 15) | (((qh[i] >> hshift) & 3) << 4)) - 32;
-        w[i] = __fmul_rn(dsc, (float)q);
-    }
+    const uint2 lo = fields(ql, lshift, 0x0F0F0F0Fu), hi = fields(qh, hshift, 0x03030303u);
+    float f[8];
+    bytes_minus(make_uint2(lo.x | (hi.x << 4), lo.y | (hi.y << 4)), 32.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn(dsc, f[i]);
 }
 
 // q2_k: sub-block j (32 values) takes 2-bit field j % 4 of the 32 bytes of half j / 4; each
@@ -196,10 +239,11 @@ __device__ __forceinline__ void decode8<WT_Q2_K>(const uint8_t* __restrict__ row
     const float d = f16_at(b + 80), dmin = f16_at(b + 82);
     const int sc = b[j * 2 + (l0 >> 4)];
     const float dl = __fmul_rn(d, (float)(sc & 15)), ml = __fmul_rn(dmin, (float)(sc >> 4));
-    const uint8_t* q = b + 16 + (j >> 2) * 32 + l0;
+    const uint2 q = bytes8(b + 16 + (j >> 2) * 32 + l0);
     const int shift = (j & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(dl, (float)((q[i] >> shift) & 3)), ml);
+    float f[8];
+    bytes_minus(fields(q, shift, 0x03030303u), 0.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(dl, f[i]), ml);
 }
 
 // q3_k: as q2_k for the low two bits, the third from bit j of mask byte (value % 32); a
@@ -212,17 +256,17 @@ __device__ __forceinline__ void decode8<WT_Q3_K>(const uint8_t* __restrict__ row
     const int j = u & 7;
     const uint8_t* sb = b + 96;
     const int s = j * 2 + (l0 >> 4);
-    const int lo = s < 8 ? (sb[s] & 15) : (sb[s - 8] >> 4);
-    const int hi = (sb[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
-    const float dl = __fmul_rn(f16_at(b + 108), __fsub_rn((float)(lo | (hi << 4)), 32.f));
-    const uint8_t* q = b + 32 + (j >> 2) * 32 + l0;
-    const uint8_t* hm = b + l0;
+    const int slo = s < 8 ? (sb[s] & 15) : (sb[s - 8] >> 4);
+    const int shi = (sb[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    const float dl = __fmul_rn(f16_at(b + 108), __fsub_rn((float)(slo | (shi << 4)), 32.f));
+    const uint2 q = bytes8(b + 32 + (j >> 2) * 32 + l0);
+    const uint2 hm = bytes8(b + l0);
     const int shift = (j & 3) * 2;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int x = (int)((q[i] >> shift) & 3) - (((hm[i] >> j) & 1) ? 0 : 4);
-        w[i] = __fmul_rn(dl, (float)x);
-    }
+    // (low two bits | mask bit << 2) - 4: the mask bit set is +0, clear is -4.
+    const uint2 lo = fields(q, shift, 0x03030303u), hi = fields(hm, j, 0x01010101u);
+    float f[8];
+    bytes_minus(make_uint2(lo.x | (hi.x << 2), lo.y | (hi.y << 2)), 4.f, f);
+    for (int i = 0; i < 8; i++) w[i] = __fmul_rn(dl, f[i]);
 }
 
 // Value i of a dense row (the tail of a row whose length is not a multiple of 32); never

@@ -16,6 +16,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
+pub mod fused;
 pub mod gdn_step;
 pub mod models;
 pub mod moe;
@@ -139,6 +140,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     checks.extend(gdn_step::run(dev));
     checks.extend(rope::run(dev));
     checks.extend(moe::run(dev));
+    checks.extend(fused::run(dev));
     checks.extend(sampling::run(dev));
     if let Some(root) = fixtures {
         checks.extend(models::run(dev, root));

@@ -15,7 +15,7 @@ use crate::arch::CausalLm;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
 pub use summary::ModelSummary;
-pub use weights::{Embedding, Linear, LinearWeight, StackedExperts, WeightSource};
+pub use weights::{Embedding, Linear, LinearSet, LinearWeight, StackedExperts, WeightSource};
 
 /// A model ready to run, with everything needed to talk to it.
 pub struct LoadedModel {

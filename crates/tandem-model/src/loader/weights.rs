@@ -126,6 +126,48 @@ impl Linear {
     }
 }
 
+/// Linear layers that read the same input (`[q | k | v]`, `[gate | up]`): on CUDA one fused
+/// matmul where the weights allow (`ops::quant::cuda_fused`; the same bits as separate calls),
+/// otherwise each on its own. `TANDEM_FUSE_PROJECTIONS=0` keeps them separate (comparisons).
+pub enum LinearSet {
+    Each(Vec<Linear>),
+    #[cfg(feature = "cuda")]
+    Fused(crate::ops::quant::cuda_fused::FusedLinear),
+}
+
+impl LinearSet {
+    pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        if Self::fusing_enabled() {
+            let refs: Vec<&Linear> = parts.iter().collect();
+            if let Some(f) = crate::ops::quant::cuda_fused::FusedLinear::new(&refs)? {
+                return Ok(LinearSet::Fused(f));
+            }
+        }
+        Ok(LinearSet::Each(parts))
+    }
+
+    /// Each layer's output for `x` `[rows, k]`, in order.
+    pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            LinearSet::Each(ls) => ls.iter().map(|l| l.forward(x)).collect(),
+            #[cfg(feature = "cuda")]
+            LinearSet::Fused(f) => f.forward(x),
+        }
+    }
+
+    /// Whether the layers run as one matmul.
+    pub fn is_fused(&self) -> bool {
+        !matches!(self, LinearSet::Each(_))
+    }
+
+    /// Whether projections are fused where they can be (`TANDEM_FUSE_PROJECTIONS` is not `0`).
+    pub fn fusing_enabled() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("TANDEM_FUSE_PROJECTIONS").as_deref() != Ok("0"))
+    }
+}
+
 /// A token-embedding table.
 #[derive(Debug, Clone)]
 pub enum Embedding {

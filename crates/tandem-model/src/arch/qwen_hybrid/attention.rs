@@ -6,7 +6,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::kv::LayerKv;
-use crate::loader::{Linear, WeightSource};
+use crate::loader::{Linear, LinearSet, WeightSource};
 use crate::ops::Rope;
 
 /// One sequence's share of a batch for an attention layer.
@@ -18,9 +18,8 @@ pub struct AttnPart<'a> {
 }
 
 pub struct GatedAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q_proj, k_proj, v_proj (one matmul on CUDA).
+    qkv: LinearSet,
     o: Linear,
     q_norm: Tensor,
     k_norm: Tensor,
@@ -43,9 +42,11 @@ impl GatedAttention {
         let o = ws.linear(&n("o_proj.weight"))?;
         let h = o.weight.dims()?.0;
         Ok(Self {
-            q: ws.linear(&n("q_proj.weight"))?.expect(&n("q_proj.weight"), &[2 * nh * hd], h)?,
-            k: ws.linear(&n("k_proj.weight"))?.expect(&n("k_proj.weight"), &[nkv * hd], h)?,
-            v: ws.linear(&n("v_proj.weight"))?.expect(&n("v_proj.weight"), &[nkv * hd], h)?,
+            qkv: LinearSet::new(vec![
+                ws.linear(&n("q_proj.weight"))?.expect(&n("q_proj.weight"), &[2 * nh * hd], h)?,
+                ws.linear(&n("k_proj.weight"))?.expect(&n("k_proj.weight"), &[nkv * hd], h)?,
+                ws.linear(&n("v_proj.weight"))?.expect(&n("v_proj.weight"), &[nkv * hd], h)?,
+            ])?,
             o: o.expect(&n("o_proj.weight"), &[h], nh * hd)?,
             q_norm: norm_1p(ws, &n("q_norm.weight"))?,
             k_norm: norm_1p(ws, &n("k_norm.weight"))?,
@@ -59,9 +60,11 @@ impl GatedAttention {
     /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
     pub fn forward(&self, h: &Tensor, rope: &Rope, parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
-        let qg = self.q.forward(h)?;
-        let k = self.k.forward(h)?;
-        let v = self.v.forward(h)?;
+        let [qg, k, v]: [Tensor; 3] = self
+            .qkv
+            .forward(h)?
+            .try_into()
+            .map_err(|_| crate::error::ModelError::Input("attention: q/k/v projections missing".into()))?;
         let scale = 1.0 / (hd as f64).sqrt();
         let mut outs = Vec::with_capacity(parts.len());
         let mut off = 0;

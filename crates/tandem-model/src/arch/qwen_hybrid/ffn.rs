@@ -13,7 +13,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::loader::{Linear, LinearWeight, WeightSource};
+use crate::loader::{Linear, LinearSet, LinearWeight, WeightSource};
 use crate::ops::moe::{ExpertStack, RoutedExperts, StackData};
 
 use super::config::HybridConfig;
@@ -36,22 +36,28 @@ impl Dense {
 
 /// `down(silu(gate(x)) ⊙ up(x))`.
 pub struct Mlp {
-    gate: Linear,
-    up: Linear,
+    /// gate_proj, up_proj (one matmul on CUDA).
+    gate_up: LinearSet,
     down: Linear,
 }
 
 impl Mlp {
     pub fn load(ws: &dyn WeightSource, p: &str) -> Result<Self> {
         Ok(Self {
-            gate: ws.linear(&format!("{p}gate_proj.weight"))?,
-            up: ws.linear(&format!("{p}up_proj.weight"))?,
+            gate_up: LinearSet::new(vec![
+                ws.linear(&format!("{p}gate_proj.weight"))?,
+                ws.linear(&format!("{p}up_proj.weight"))?,
+            ])?,
             down: ws.linear(&format!("{p}down_proj.weight"))?,
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        self.down.forward(&(g * self.up.forward(x)?)?)
+        let gu = self.gate_up.forward(x)?;
+        let (Some(g), Some(u)) = (gu.first(), gu.get(1)) else {
+            return Err(crate::error::ModelError::Input("mlp: gate/up projections missing".into()));
+        };
+        let g = candle_nn::ops::silu(g)?;
+        self.down.forward(&(g * u)?)
     }
 }
 

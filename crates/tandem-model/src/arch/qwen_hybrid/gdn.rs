@@ -54,6 +54,70 @@ impl Proj {
     }
 }
 
+/// The four input projections: each on its own, or (CUDA) one fused matmul whose output
+/// columns are split and, for tiled V heads, gathered.
+enum Projections {
+    Each(Box<[Proj; 4]>),
+    #[cfg(feature = "cuda")]
+    Fused {
+        set: crate::ops::quant::cuda_fused::FusedLinear,
+        /// qkv, z, b, a: the fused part holding it and the columns it takes, in order.
+        picks: Vec<(usize, Option<Tensor>)>,
+    },
+}
+
+impl Projections {
+    /// One fused matmul where the stored weights allow (CUDA, one format; not the re-laid out
+    /// HF `in_proj_qkvz`), else the projections as they are.
+    fn new(projs: [Proj; 4]) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut parts: Vec<&Linear> = Vec::new();
+            let mut picks = Vec::new();
+            for p in &projs {
+                let (l, cols) = match p {
+                    Proj::Stored(l) => (l, None),
+                    Proj::Gathered(l, cols) => (&**l, Some(cols.clone())),
+                    Proj::Permuted(_) => return Ok(Projections::Each(Box::new(projs))),
+                };
+                let i = match parts.iter().position(|q| std::ptr::eq(*q, l)) {
+                    Some(i) => i,
+                    None => {
+                        parts.push(l);
+                        parts.len() - 1
+                    }
+                };
+                picks.push((i, cols));
+            }
+            if crate::loader::LinearSet::fusing_enabled() {
+                if let Some(set) = crate::ops::quant::cuda_fused::FusedLinear::new(&parts)? {
+                    return Ok(Projections::Fused { set, picks });
+                }
+            }
+        }
+        Ok(Projections::Each(Box::new(projs)))
+    }
+
+    /// qkv, z, b, a for `h`.
+    fn forward(&self, h: &Tensor) -> Result<[Tensor; 4]> {
+        let outs: Vec<Tensor> = match self {
+            Projections::Each(ps) => ps.iter().map(|p| p.forward(h)).collect::<Result<_>>()?,
+            #[cfg(feature = "cuda")]
+            Projections::Fused { set, picks } => {
+                let parts = set.forward(h)?;
+                picks
+                    .iter()
+                    .map(|(i, cols)| match cols {
+                        Some(c) => Ok(parts[*i].index_select(c, 1)?),
+                        None => Ok(parts[*i].clone()),
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
+        outs.try_into().map_err(|_| ModelError::Input("GDN: projections missing".into()))
+    }
+}
+
 /// One sequence's share of a batch for a GDN layer.
 pub struct GdnPart<'a> {
     pub len: usize,
@@ -63,10 +127,8 @@ pub struct GdnPart<'a> {
 }
 
 pub struct GdnLayer {
-    qkv: Proj,
-    z: Proj,
-    b: Proj,
-    a: Proj,
+    /// qkv, z, b, a.
+    proj: Projections,
     out: Linear,
     /// Tiled V-head order: the `out_proj` input columns, gathered from grouped order.
     out_cols: Option<Tensor>,
@@ -211,10 +273,7 @@ impl GdnLayer {
         };
         Ok(Self {
             dev: dev_params,
-            qkv,
-            z,
-            b,
-            a,
+            proj: if dev.is_cpu() { Projections::Each(Box::new([qkv, z, b, a])) } else { Projections::new([qkv, z, b, a])? },
             out: ws.linear(&n("out_proj.weight"))?,
             out_cols,
             conv_w,
@@ -241,10 +300,8 @@ impl GdnLayer {
         }
         let GdnDims { nk, nv, dk, dv } = self.dims;
         let (ch, kd) = (self.channels, nk * dk);
-        let qkv = vec_of(&self.qkv.forward(h)?)?;
-        let z = vec_of(&self.z.forward(h)?)?;
-        let b = vec_of(&self.b.forward(h)?)?;
-        let a = vec_of(&self.a.forward(h)?)?;
+        let [qkv, z, b, a] = self.proj.forward(h)?;
+        let (qkv, z, b, a) = (vec_of(&qkv)?, vec_of(&z)?, vec_of(&b)?, vec_of(&a)?);
         let total = h.dim(0)?;
         let mut y = vec![0f32; total * nv * dv];
         let scale = (dk as f32).powf(-0.5);
@@ -321,10 +378,8 @@ impl GdnLayer {
     fn forward_device(&self, h: &Tensor, parts: &mut [GdnPart<'_>], p: &DeviceParams) -> Result<Tensor> {
         let d = self.dims;
         let dev = h.device();
-        let qkv = self.qkv.forward(h)?.to_dtype(candle_core::DType::F32)?;
-        let z = self.z.forward(h)?.to_dtype(candle_core::DType::F32)?;
-        let b = self.b.forward(h)?.to_dtype(candle_core::DType::F32)?;
-        let a = self.a.forward(h)?.to_dtype(candle_core::DType::F32)?;
+        let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
+        let (qkv, z, b, a) = (qkv?, z?, b?, a?);
         let scale = (d.dk as f64).powf(-0.5);
         let mut outs = Vec::with_capacity(parts.len());
         let mut off = 0;

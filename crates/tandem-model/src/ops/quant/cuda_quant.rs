@@ -115,6 +115,15 @@ fn tiled_variant() -> u8 {
     })
 }
 
+/// Whether one-row calls take `qmatmul1_*` (one column per warp: 9B Q8_0 decode 120 tok/s on
+/// the H200 against 53 on the 2..15-row kernel, 91 with two columns per warp).
+/// `TANDEM_QMATMUL_DECODE=rows` sends them to the 2..15-row kernel, for comparisons; both give
+/// the same bits.
+fn single_row_kernel() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_QMATMUL_DECODE").as_deref() != Ok("rows"))
+}
+
 /// `x · Wᵀ` for W `n` rows of `k` values in `fmt` at device address `w` (kept alive by the
 /// caller for the call; all on one stream).
 pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {
@@ -139,9 +148,12 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     // Calls of TILED_MIN_ROWS+ rows take the tiled kernel: the same arithmetic per element,
     // so the choice never changes a row's bits.
     let tiled = m >= TILED_MIN_ROWS && tiled_variant() != 0;
+    // One row (decode) takes a kernel of one column per warp (more warps over the matrix).
+    let single = m == 1 && single_row_kernel();
     let name = match (tiled, tiled_variant()) {
         (true, 2) => format!("qmatmul_tiled2_{}", fmt.suffix),
         (true, _) => format!("qmatmul_tiled_{}", fmt.suffix),
+        _ if single => format!("qmatmul1_{}", fmt.suffix),
         _ => format!("qmatmul_{}", fmt.suffix),
     };
     let f = dev.get_or_load_custom_func(&name, "tandem_qmatmul", tandem_kernels::QMATMUL)?;
@@ -153,6 +165,12 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
         LaunchConfig {
             grid_dim: (n.div_ceil(TILED_COLS) as u32, m.div_ceil(TILED_ROWS) as u32, 1),
             block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    } else if single {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         }
     } else {

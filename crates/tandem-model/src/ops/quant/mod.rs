@@ -25,6 +25,8 @@ pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda_dense;
 #[cfg(feature = "cuda")]
+pub mod cuda_fused;
+#[cfg(feature = "cuda")]
 pub mod cuda_quant;
 pub mod dense;
 pub mod matrix;

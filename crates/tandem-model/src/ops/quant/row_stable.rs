@@ -90,7 +90,7 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
 
 /// Whether dense f32 weights go to [`super::dense`]: yes unless `TANDEM_DENSE_KERNEL=candle`
 /// (candle's own matmul, not row-invariant; for speed comparisons).
-fn dense_enabled() -> bool {
+pub(crate) fn dense_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| !std::env::var("TANDEM_DENSE_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
 }
