@@ -237,3 +237,112 @@ DELTA_FUSED(gdn_delta_fused_32, 32)
 DELTA_FUSED(gdn_delta_fused_64, 64)
 DELTA_FUSED(gdn_delta_fused_128, 128)
 DELTA_FUSED(gdn_delta_fused_256, 256)
+
+// gdn_delta_cols: the same step over many more SMs, for decode and verify (one block per
+// value head left 100 of the H200's 132 SMs idle and took 25 us a layer). A block takes 32
+// state columns of one value head (grid nv x dv/32), four threads per column, thread p holding
+// rows p, p + 4, ...: the column's sums S^T k and S^T q are each thread's rows in order, then
+// the four partials by a fixed butterfly (every thread of the four gets the same bits). The
+// output is written before its norm (o_raw); gdn_gated_norm (gdn_chunked.cu) applies norm(o)
+// * w * silu(z). q / k norms as in gdn_delta_fused (each block recomputes its head's).
+template <int MAXDK>
+__device__ void delta_cols(float* __restrict__ o_raw, float* __restrict__ state_out, float* __restrict__ lanes,
+                           const float* __restrict__ u, const float* __restrict__ b_raw,
+                           const float* __restrict__ a_raw, const float* __restrict__ dt_bias,
+                           const float* __restrict__ neg_a, const float* __restrict__ state_in, int t, int nk, int nv,
+                           int dk, int dv, float scale) {
+    constexpr int R = MAXDK / 4;
+    const int h = blockIdx.x;
+    const int p = threadIdx.x & 3;
+    const int j = blockIdx.y * 32 + (threadIdx.x >> 2);
+    const bool live = j < dv;
+    const int kh = h / (nv / nk);
+    const int kd = nk * dk;
+    const size_t ch = (size_t)2 * kd + (size_t)nv * dv;
+    extern __shared__ float sh[];  // q, k of the step (dk each), then one float per warp
+    float* red = sh + 2 * dk;
+    float s[R];
+    const size_t sbase = (size_t)h * dk * dv;
+#pragma unroll
+    for (int m = 0; m < R; m++) {
+        const int i = p + 4 * m;
+        s[m] = (i < dk && live) ? state_in[sbase + (size_t)i * dv + j] : 0.f;
+    }
+    for (int ti = 0; ti < t; ti++) {
+        const float* ur = u + (size_t)ti * ch;
+        __syncthreads();
+        float qq = 0.f, kk = 0.f;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            const float qv = ur[kh * dk + i], kv = ur[kd + kh * dk + i];
+            sh[i] = qv;
+            sh[dk + i] = kv;
+            qq += qv * qv;
+            kk += kv * kv;
+        }
+        const float iq = 1.f / sqrtf(block_sum_fixed(qq, red) + 1e-6f);
+        const float ik = 1.f / sqrtf(block_sum_fixed(kk, red) + 1e-6f);
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            sh[i] = sh[i] * iq * scale;
+            sh[dk + i] = sh[dk + i] * ik;
+        }
+        __syncthreads();
+        const float beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
+        const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
+        const float decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
+        float sk = 0.f;
+#pragma unroll
+        for (int m = 0; m < R; m++) {
+            const int i = p + 4 * m;
+            if (i < dk) {
+                s[m] *= decay;
+                sk = fmaf(s[m], sh[dk + i], sk);
+            }
+        }
+        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+        const float delta = live ? (ur[2 * kd + (size_t)h * dv + j] - sk) * beta : 0.f;
+        float out = 0.f;
+#pragma unroll
+        for (int m = 0; m < R; m++) {
+            const int i = p + 4 * m;
+            if (i < dk) {
+                s[m] = fmaf(sh[dk + i], delta, s[m]);
+                out = fmaf(s[m], sh[i], out);
+            }
+        }
+        out += __shfl_xor_sync(0xffffffffu, out, 1);
+        out += __shfl_xor_sync(0xffffffffu, out, 2);
+        if (live) {
+            if (lanes) {
+                float* lp = lanes + (size_t)ti * nv * dk * dv + sbase + j;
+#pragma unroll
+                for (int m = 0; m < R; m++) {
+                    const int i = p + 4 * m;
+                    if (i < dk) lp[(size_t)i * dv] = s[m];
+                }
+            }
+            if (p == 0) o_raw[((size_t)ti * nv + h) * dv + j] = out;
+        }
+    }
+    if (live) {
+#pragma unroll
+        for (int m = 0; m < R; m++) {
+            const int i = p + 4 * m;
+            if (i < dk) state_out[sbase + (size_t)i * dv + j] = s[m];
+        }
+    }
+}
+
+#define DELTA_COLS(name, MAXDK)                                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        name(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,                \
+             const float* a_raw, const float* dt_bias, const float* neg_a, const float* state_in, int t, int nk, \
+             int nv, int dk, int dv, float scale) {                                                           \
+        delta_cols<MAXDK>(o_raw, state_out, lanes, u, b_raw, a_raw, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, \
+                          scale);                                                                             \
+    }
+
+DELTA_COLS(gdn_delta_cols_32, 32)
+DELTA_COLS(gdn_delta_cols_64, 64)
+DELTA_COLS(gdn_delta_cols_128, 128)
+DELTA_COLS(gdn_delta_cols_256, 256)

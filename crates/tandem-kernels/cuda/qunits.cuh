@@ -32,6 +32,18 @@
 #define WT_Q2_K 11
 #define WT_Q3_K 12
 
+// Sixteen bytes at an 8-byte aligned address as four words: one 16-byte load where the address
+// allows (rows of a multiple of 8 values), else two 8-byte loads.
+__device__ __forceinline__ void load16(const uint8_t* p, unsigned int* v) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else {
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(p)), b = __ldg(reinterpret_cast<const uint2*>(p) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+    }
+}
+
 // A 16-bit field at an even address.
 __device__ __forceinline__ unsigned int u16_at(const uint8_t* p) {
     return __ldg(reinterpret_cast<const unsigned short*>(p));
@@ -101,9 +113,8 @@ __device__ __forceinline__ void decode8<WT_F32>(const uint8_t* __restrict__ row,
 
 template <>
 __device__ __forceinline__ void decode8<WT_F16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
-    const uint2* p = reinterpret_cast<const uint2*>(row + (size_t)(u * 32 + l0) * 2);
-    const uint2 a = __ldg(p), b = __ldg(p + 1);
-    const unsigned int v[4] = {a.x, a.y, b.x, b.y};
+    unsigned int v[4];
+    load16(row + (size_t)(u * 32 + l0) * 2, v);
     for (int i = 0; i < 4; i++) {
         w[2 * i] = __half2float(__ushort_as_half((unsigned short)(v[i] & 0xFFFFu)));
         w[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(v[i] >> 16)));
@@ -112,9 +123,8 @@ __device__ __forceinline__ void decode8<WT_F16>(const uint8_t* __restrict__ row,
 
 template <>
 __device__ __forceinline__ void decode8<WT_BF16>(const uint8_t* __restrict__ row, int u, int l0, float* w) {
-    const uint2* p = reinterpret_cast<const uint2*>(row + (size_t)(u * 32 + l0) * 2);
-    const uint2 a = __ldg(p), b = __ldg(p + 1);
-    const unsigned int v[4] = {a.x, a.y, b.x, b.y};
+    unsigned int v[4];
+    load16(row + (size_t)(u * 32 + l0) * 2, v);
     for (int i = 0; i < 4; i++) {
         w[2 * i] = __uint_as_float(v[i] << 16);  // a bf16 is the top half of its f32
         w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);

@@ -8,20 +8,19 @@ use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::LayerCacheSpec;
-use crate::loader::{layer_progress, Embedding, Linear, WeightSource};
+use crate::loader::{layer_progress, Embedding, Linear, LinearSet, WeightSource};
 use crate::ops::Rope;
 
 struct Layer {
     attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// attn_q, attn_k, attn_v (one matmul on CUDA).
+    qkv: LinearSet,
     o: Linear,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    gate: Linear,
-    up: Linear,
+    /// ffn_gate, ffn_up (one matmul on CUDA).
+    gate_up: LinearSet,
     down: Linear,
 }
 
@@ -61,15 +60,19 @@ impl Llama {
             }
             layers.push(Layer {
                 attn_norm: ws.tensor_f32(&n("attn_norm.weight"))?,
-                q: ws.linear(&n("attn_q.weight"))?.expect(&n("attn_q.weight"), &[qd], h)?,
-                k: ws.linear(&n("attn_k.weight"))?.expect(&n("attn_k.weight"), &[kvd], h)?,
-                v: ws.linear(&n("attn_v.weight"))?.expect(&n("attn_v.weight"), &[kvd], h)?,
+                qkv: LinearSet::new(vec![
+                    ws.linear(&n("attn_q.weight"))?.expect(&n("attn_q.weight"), &[qd], h)?,
+                    ws.linear(&n("attn_k.weight"))?.expect(&n("attn_k.weight"), &[kvd], h)?,
+                    ws.linear(&n("attn_v.weight"))?.expect(&n("attn_v.weight"), &[kvd], h)?,
+                ])?,
                 o: ws.linear(&n("attn_output.weight"))?.expect(&n("attn_output.weight"), &[h], qd)?,
                 q_norm,
                 k_norm,
                 ffn_norm: ws.tensor_f32(&n("ffn_norm.weight"))?,
-                gate: ws.linear(&n("ffn_gate.weight"))?.expect(&n("ffn_gate.weight"), &[ff], h)?,
-                up: ws.linear(&n("ffn_up.weight"))?.expect(&n("ffn_up.weight"), &[ff], h)?,
+                gate_up: LinearSet::new(vec![
+                    ws.linear(&n("ffn_gate.weight"))?.expect(&n("ffn_gate.weight"), &[ff], h)?,
+                    ws.linear(&n("ffn_up.weight"))?.expect(&n("ffn_up.weight"), &[ff], h)?,
+                ])?,
                 down: ws.linear(&n("ffn_down.weight"))?.expect(&n("ffn_down.weight"), &[h], ff)?,
             });
             pb.inc(1);
@@ -146,9 +149,11 @@ impl CausalLm for Llama {
         let scale = 1.0 / (hd as f64).sqrt();
         for (li, layer) in self.layers.iter().enumerate() {
             let h = self.rms(&x, &layer.attn_norm)?;
-            let q = layer.q.forward(&h)?;
-            let k = layer.k.forward(&h)?;
-            let v = layer.v.forward(&h)?;
+            let [q, k, v]: [Tensor; 3] = layer
+                .qkv
+                .forward(&h)?
+                .try_into()
+                .map_err(|_| crate::error::ModelError::Input("q/k/v projections missing".into()))?;
             let mut outs = Vec::with_capacity(chunks.len());
             let mut off = 0;
             for (ci, c) in chunks.iter_mut().enumerate() {
@@ -171,8 +176,12 @@ impl CausalLm for Llama {
                 if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
             x = (x + layer.o.forward(&att)?)?;
             let h = self.rms(&x, &layer.ffn_norm)?;
-            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
-            let u = layer.up.forward(&h)?;
+            let [g, u]: [Tensor; 2] = layer
+                .gate_up
+                .forward(&h)?
+                .try_into()
+                .map_err(|_| crate::error::ModelError::Input("gate/up projections missing".into()))?;
+            let g = candle_nn::ops::silu(&g)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
         for c in chunks.iter_mut() {

@@ -75,7 +75,7 @@ pub fn delta_rule(
             )))
         }
     };
-    if d.nk == 0 || d.nv % d.nk != 0 {
+    if d.nk == 0 || !d.nv.is_multiple_of(d.nk) {
         return Err(ModelError::Input(format!("gdn delta rule: {} v-heads over {} k-heads", d.nv, d.nk)));
     }
     let (q, k, v, beta, g, state) = (f32c(q)?, f32c(k)?, f32c(v)?, f32c(beta)?, f32c(g)?, f32c(state)?);
@@ -130,6 +130,9 @@ pub fn delta_fused(
     d: GdnDims,
     lanes: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    if split_columns() {
+        return delta_cols(u, z, b, a, state, p, d, lanes);
+    }
     let dev = cuda_device(u).ok_or_else(|| ModelError::Input("gdn fused step: not a CUDA tensor".into()))?;
     let t = u.dim(0)?;
     let name = match d.dk {
@@ -139,7 +142,7 @@ pub fn delta_fused(
         129..=256 => "gdn_delta_fused_256",
         _ => return Err(ModelError::Input(format!("gdn fused step: key dim {} (up to 256)", d.dk))),
     };
-    if d.nk == 0 || d.nv % d.nk != 0 || d.dv == 0 || d.dv > 256 {
+    if d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dv == 0 || d.dv > 256 {
         return Err(ModelError::Input(format!(
             "gdn fused step: {} v-heads over {} k-heads, value dim {} (up to 256)",
             d.nv, d.nk, d.dv
@@ -176,6 +179,89 @@ pub fn delta_fused(
     // times that; shared memory holds q, k and one float per warp.
     unsafe { run(&mut bld, cfg, name)? };
     drop(bld);
+    drop(views);
+    drop(inputs);
+    Ok((
+        tensor(o, &dev, (t, d.nv * d.dv)),
+        tensor(next, &dev, (d.nv, d.dk, d.dv)),
+        lane_buf.map(|l| tensor(l, &dev, (t, d.nv, d.dk, d.dv))),
+    ))
+}
+
+/// Whether the step runs as `gdn_delta_cols_*` + `gdn_gated_norm` (32 state columns per block,
+/// all SMs busy) rather than `gdn_delta_fused_*` (one block per value head):
+/// `TANDEM_GDN_STEP=block` picks the latter, for comparisons.
+fn split_columns() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("TANDEM_GDN_STEP").as_deref() != Ok("block"))
+}
+
+/// [`delta_fused`]'s contract, computed by `gdn_delta_cols_*` (the delta rule over 32-column
+/// slices of each head's state, the output before its norm) and then `gdn_gated_norm`.
+#[allow(clippy::too_many_arguments)]
+fn delta_cols(
+    u: &Tensor,
+    z: &Tensor,
+    b: &Tensor,
+    a: &Tensor,
+    state: &Tensor,
+    p: &super::device::StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let dev = cuda_device(u).ok_or_else(|| ModelError::Input("gdn step: not a CUDA tensor".into()))?;
+    let t = u.dim(0)?;
+    let name = match d.dk {
+        1..=32 => "gdn_delta_cols_32",
+        33..=64 => "gdn_delta_cols_64",
+        65..=128 => "gdn_delta_cols_128",
+        129..=256 => "gdn_delta_cols_256",
+        _ => return Err(ModelError::Input(format!("gdn step: key dim {} (1 to 256)", d.dk))),
+    };
+    if d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dv == 0 {
+        return Err(ModelError::Input(format!("gdn step: {} v-heads over {} k-heads, value dim {}", d.nv, d.nk, d.dv)));
+    }
+    let ts = [u, b, a, p.dt_bias, p.neg_a, state, z, p.norm_w].map(f32c);
+    let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
+    let inputs = Inputs::new(&ts.iter().collect::<Vec<_>>())?;
+    let o_raw = alloc_f32(&dev, t * d.nv * d.dv)?;
+    let o = alloc_f32(&dev, t * d.nv * d.dv)?;
+    let next = alloc_f32(&dev, d.state_len())?;
+    let lane_buf = if lanes { Some(alloc_f32(&dev, t * d.state_len())?) } else { None };
+    let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
+    let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
+    let null = 0u64;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let mut bld = f.builder();
+    bld.arg(&o_raw).arg(&next);
+    match &lane_buf {
+        Some(l) => bld.arg(l),
+        None => bld.arg(&null),
+    };
+    for view in &views[..6] {
+        bld.arg(view);
+    }
+    bld.arg(&ti).arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale);
+    let cfg = LaunchConfig {
+        grid_dim: (d.nv as u32, d.dv.div_ceil(32) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((2 * d.dk + 4) * 4) as u32,
+    };
+    // SAFETY: arguments in gdn_delta_cols_*'s order (o_raw, next, lanes, u, b, a, dt_bias,
+    // neg_a, state); o_raw holds t*nv*dv, next nv*dk*dv, lanes t times that; shared memory
+    // holds q, k and one float per warp of the 128-thread block.
+    unsafe { run(&mut bld, cfg, name)? };
+    drop(bld);
+    let rows = t * d.nv;
+    let (rowsi, eps) = (i32_of(rows)?, p.eps);
+    let f = dev.get_or_load_custom_func("gdn_gated_norm", "tandem_gdn_chunked", tandem_kernels::GDN_CHUNKED)?;
+    let mut bl = f.builder();
+    bl.arg(&o).arg(&o_raw).arg(&views[6]).arg(&views[7]).arg(&rowsi).arg(&dv).arg(&eps);
+    let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in gdn_gated_norm's order; o and o_raw hold rows*dv, z rows*dv, one
+    // warp per row.
+    unsafe { run(&mut bl, cfg, "gdn_gated_norm")? };
+    drop(bl);
     drop(views);
     drop(inputs);
     Ok((

@@ -116,7 +116,7 @@ fn tiled_variant() -> u8 {
 }
 
 /// Whether one-row calls take `qmatmul1_*` (one column per warp: 9B Q8_0 decode 120 tok/s on
-/// the H200 against 53 on the 2..15-row kernel, 91 with two columns per warp).
+/// the H200 against 53 on the 2..15-row kernel; 2 or 4 columns per warp were slower).
 /// `TANDEM_QMATMUL_DECODE=rows` sends them to the 2..15-row kernel, for comparisons; both give
 /// the same bits.
 fn single_row_kernel() -> bool {
