@@ -20,9 +20,19 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Name clients use in the `model` field (default: the model argument).
+    /// Name clients use in the `model` field (default: the first --served-model-name, else the
+    /// model argument).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Names the model answers to (several allowed, as vLLM's flag): the first is its id in
+    /// responses unless --model-id is given; the catalogue alias and the file name are accepted
+    /// too. `GET /v1/models` lists them all.
+    #[arg(long = "served-model-name", num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
+    /// Accept any `model` name in requests (for clients that send their own); without it an
+    /// unknown name gets 404.
+    #[arg(long)]
+    pub any_model: bool,
     /// Requests that may wait for admission before new ones get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -116,7 +126,8 @@ fn parse_tool_parser(s: &str) -> Result<ToolParserChoice, String> {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let server = ServerConfig {
+    let id = primary_name(&a);
+    let mut server = ServerConfig {
         host: a.host.clone(),
         port: a.port,
         max_body_bytes: a.max_body_bytes,
@@ -133,14 +144,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_connections: a.max_connections.max(1),
         header_read_timeout: Duration::from_secs(a.header_read_timeout.max(1)),
         body_read_timeout: Duration::from_secs(a.body_read_timeout.max(1)),
+        model_aliases: Vec::new(),
+        any_model: a.any_model,
     };
+    server.model_aliases = aliases(&a, &id, None);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     if let Some(script) = &a.test_script {
         let backend = tandem_server::scripted::ScriptedBackend::from_file(script)?;
         return rt.block_on(tandem_server::serve(backend, server));
     }
     let cfg = EngineConfig {
-        model_id: a.model_id.clone().unwrap_or_else(|| crate::args::model_id(&a.model.model)),
+        model_id: id.clone(),
         max_queue: a.max_queue,
         max_running: a.max_running,
         prefill_chunk: a.prefill_chunk,
@@ -158,6 +172,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
     };
     let engine = a.model.start_engine(cfg)?;
+    let file = a.model.resolve().ok().map(|p| crate::args::model_id(&p.to_string_lossy()));
+    server.model_aliases = aliases(&a, &id, file.as_deref());
+    if !server.model_aliases.is_empty() {
+        tracing::info!("serving `{id}`, also as {}", server.model_aliases.join(", "));
+    }
     let st = engine.stats();
     let blocks = st.kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
@@ -170,6 +189,28 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     rt.block_on(tandem_server::serve(engine, server))
 }
 
+/// The model's id: --model-id, else the first --served-model-name, else the model argument
+/// (a catalogue alias, or the file or directory name).
+fn primary_name(a: &ServeArgs) -> String {
+    a.model_id
+        .clone()
+        .or_else(|| a.served_model_name.first().cloned())
+        .unwrap_or_else(|| crate::args::model_id(&a.model.model))
+}
+
+/// The other names the model answers to: the served names, the model argument (alias or file
+/// name) and the resolved file's name, without `id` and without repeats.
+fn aliases(a: &ServeArgs, id: &str, file: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let arg = crate::args::model_id(&a.model.model);
+    for n in a.served_model_name.iter().map(String::as_str).chain([arg.as_str()]).chain(file) {
+        if !n.is_empty() && n != id && !out.iter().any(|o| o == n) {
+            out.push(n.to_string());
+        }
+    }
+    out
+}
+
 /// The disk tier's settings from `--cache-dir` / `--disk-cache-size` (`None`: off).
 pub fn disk_cache(dir: Option<std::path::PathBuf>, size: MemoryBudget) -> anyhow::Result<Option<DiskCacheConfig>> {
     let MemoryBudget::Bytes(budget) = size else {
@@ -180,4 +221,44 @@ pub fn disk_cache(dir: Option<std::path::PathBuf>, size: MemoryBudget) -> anyhow
     }
     let dir = dir.unwrap_or_else(|| tandem_model::catalogue::tandem_home().join("prefix-cache"));
     Ok(Some(DiskCacheConfig { dir, budget }))
+}
+
+#[cfg(test)]
+mod name_tests {
+    use clap::Parser;
+
+    use super::{aliases, primary_name, ServeArgs};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn args(a: &[&str]) -> ServeArgs {
+        Cli::parse_from(std::iter::once("tandem").chain(a.iter().copied())).serve
+    }
+
+    #[test]
+    fn served_names_id_and_aliases() {
+        // The model argument alone: it is the id, nothing else.
+        let a = args(&["-m", "qwen2.5-coder-0.5b"]);
+        assert_eq!(primary_name(&a), "qwen2.5-coder-0.5b");
+        assert!(aliases(&a, &primary_name(&a), None).is_empty());
+        // Served names (several after one flag, as vLLM takes them): the first is the id; the
+        // alias and the resolved file's name are accepted too, each once.
+        let a = args(&["-m", "qwen2.5-coder-0.5b", "--served-model-name", "gpt-4o-mini", "coder", "--any-model"]);
+        let id = primary_name(&a);
+        assert_eq!(id, "gpt-4o-mini");
+        assert!(a.any_model);
+        assert_eq!(
+            aliases(&a, &id, Some("qwen2.5-coder-0.5b-instruct-q4_k_m")),
+            ["coder", "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"]
+        );
+        // --model-id wins as the id; a served name equal to it is not repeated.
+        let a = args(&["-m", "m", "--model-id", "x", "--served-model-name", "x", "--served-model-name", "y"]);
+        assert_eq!(primary_name(&a), "x");
+        assert_eq!(aliases(&a, "x", Some("m")), ["y", "m"]);
+        assert!(!a.any_model);
+    }
 }

@@ -66,6 +66,12 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// A request body must arrive within this time (slow bodies get 408).
     pub body_read_timeout: Duration,
+    /// Other names the model answers to besides its id (`--served-model-name`, the catalogue
+    /// alias, the file name); `GET /v1/models` lists them after the id.
+    pub model_aliases: Vec<String>,
+    /// Accept any `model` name (for clients that insist on their own); off by default, so a
+    /// misdirected request gets 404 rather than another model's answer.
+    pub any_model: bool,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +93,8 @@ impl Default for ServerConfig {
             max_connections: 512,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
+            model_aliases: Vec::new(),
+            any_model: false,
         }
     }
 }

@@ -1,4 +1,6 @@
-//! `GET /v1/models` and `GET /v1/models/{id}`: the one served model.
+//! `GET /v1/models` and `GET /v1/models/{id}`: the one served model, once under each of its
+//! names (its id first, then the aliases of `--served-model-name`, the catalogue alias and the
+//! file name).
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -23,10 +25,10 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-fn card(state: &AppState) -> ModelCard {
+fn card(state: &AppState, id: &str) -> ModelCard {
     let info = state.backend.info();
     ModelCard {
-        id: info.id.clone(),
+        id: id.to_string(),
         object: "model",
         created: info.created,
         owned_by: "tandem",
@@ -35,12 +37,14 @@ fn card(state: &AppState) -> ModelCard {
 }
 
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList { object: "list", data: vec![card(&state)] })
+    let data = state.model_names().iter().map(|n| card(&state, n)).collect();
+    Json(ModelList { object: "list", data })
 }
 
+/// A name the model answers to (any name with `--any-model`), else 404.
 pub async fn get_model(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
-    if id == state.backend.info().id {
-        Ok(Json(card(&state)))
+    if state.serves(&id) || state.cfg.any_model {
+        Ok(Json(card(&state, &id)))
     } else {
         Err(ApiError::model_not_found(&id))
     }

@@ -42,13 +42,30 @@ impl AppState {
         Self { backend, cfg: Arc::new(cfg.clone()), tool_format, limiter }
     }
 
-    /// Ok when the request names no model, or the served one.
+    /// Ok when the request names no model, one of the served model's names, or any name
+    /// with `any_model`.
     pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
         match requested {
             None | Some("") => Ok(()),
-            Some(m) if m == self.backend.info().id => Ok(()),
+            Some(m) if self.serves(m) || self.cfg.any_model => Ok(()),
             Some(m) => Err(ApiError::model_not_found(m)),
         }
+    }
+
+    /// Whether `name` is the model's id or one of its aliases.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.backend.info().id || self.cfg.model_aliases.iter().any(|a| a == name)
+    }
+
+    /// The model's names: its id first, then the aliases.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names = vec![self.backend.info().id.clone()];
+        for a in &self.cfg.model_aliases {
+            if !names.contains(a) {
+                names.push(a.clone());
+            }
+        }
+        names
     }
 
     /// Admits a generation request, or refuses it with 429 when the server is at its limit.

@@ -71,7 +71,14 @@ fn case(dev: &Device, q: Option<GgmlDType>, dense: DType, shape: &str, fmt: &str
         for (g, l) in got.iter().zip(&alone) {
             worst = worst.max(bits_err(g, &l.forward(&xm)?)?);
         }
-        checks.push(Check::new("fused projections vs separate", format!("{shape} m{m}"), fmt, worst, Judge::Exact, 0.0));
+        checks.push(Check::new(
+            "fused projections vs separate",
+            format!("{shape} m{m}"),
+            fmt,
+            worst,
+            Judge::Exact,
+            0.0,
+        ));
     }
     Ok(checks)
 }

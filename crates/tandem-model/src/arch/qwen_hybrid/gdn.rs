@@ -273,7 +273,11 @@ impl GdnLayer {
         };
         Ok(Self {
             dev: dev_params,
-            proj: if dev.is_cpu() { Projections::Each(Box::new([qkv, z, b, a])) } else { Projections::new([qkv, z, b, a])? },
+            proj: if dev.is_cpu() {
+                Projections::Each(Box::new([qkv, z, b, a]))
+            } else {
+                Projections::new([qkv, z, b, a])?
+            },
             out: ws.linear(&n("out_proj.weight"))?,
             out_cols,
             conv_w,

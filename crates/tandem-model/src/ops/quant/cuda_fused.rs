@@ -135,6 +135,13 @@ impl FusedLinear {
 
 impl std::fmt::Debug for FusedLinear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FusedLinear({} x {} {}, parts {:?})", self.widths.iter().sum::<usize>(), self.k, self.fmt.suffix, self.widths)
+        write!(
+            f,
+            "FusedLinear({} x {} {}, parts {:?})",
+            self.widths.iter().sum::<usize>(),
+            self.k,
+            self.fmt.suffix,
+            self.widths
+        )
     }
 }

@@ -168,11 +168,7 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
             shared_mem_bytes: 0,
         }
     } else if single {
-        LaunchConfig {
-            grid_dim: (n.div_ceil(4) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }
     } else {
         LaunchConfig {
             grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
