@@ -26,6 +26,8 @@ fn script() -> Script {
             {"when": "think loop", "reply": "I wonder. Let me reconsider. ".repeat(60)},
             {"when": "now the answer.", "reply": "Budget answer, which is long enough to be cut."},
             {"when": "time to answer.", "reply": "Loop answer."},
+            {"when": "fenced weather", "reply": "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```"},
+            {"when": "json data", "reply": "{\"name\": \"Paris\", \"country\": \"France\"}"},
             {"when": "xml please", "reply": "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"}
         ],
         "default_reply": "Hello!"
@@ -137,6 +139,41 @@ async fn tool_calls_whole_and_streamed() {
     let (_, v) = sx.post("/v1/chat/completions", &chat(user("xml please"), json!({"tools": tools()}))).await;
     let args = v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string();
     assert_eq!(serde_json::from_str::<Value>(&args).unwrap(), json!({"city": "Rome", "days": 3}));
+}
+
+#[tokio::test]
+async fn calls_written_as_plain_json() {
+    // Models that answer a tool request with a bare or fenced JSON object instead of their
+    // template's syntax: a call when it names an offered tool with fitting arguments.
+    let s = start().await;
+    let body = chat(user("fenced weather"), json!({"tools": tools()}));
+    let (st, v) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let (_, _, data) = s.stream("/v1/chat/completions", &sbody).await;
+    let (content, _, calls, finish) = accumulate(&chunks(&data));
+    assert_eq!((content.as_str(), finish.as_str(), calls.len()), ("", "tool_calls", 1));
+    assert_eq!(calls[0]["function"]["arguments"], call["function"]["arguments"]);
+    // The Anthropic API sees the same call as a tool_use block.
+    let msg = json!({"model": "scripted", "max_tokens": 200, "messages": [{"role": "user", "content": "fenced weather"}],
+        "tools": [{"name": "get_weather", "input_schema": tools()[0]["function"]["parameters"]}]});
+    let (st, v) = s.post("/v1/messages", &msg).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    let block = v["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").unwrap();
+    assert_eq!((&block["name"], &block["input"]), (&json!("get_weather"), &json!({"city": "Paris"})));
+    // JSON that is not a call of an offered tool stays content.
+    let (_, v) = s.post("/v1/chat/completions", &chat(user("json data"), json!({"tools": tools()}))).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["message"]["content"], "{\"name\": \"Paris\", \"country\": \"France\"}");
 }
 
 #[tokio::test]

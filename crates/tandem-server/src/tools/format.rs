@@ -56,6 +56,17 @@ impl ToolSchemas {
         Self(map)
     }
 
+    /// The parameter schema of offered function `name` (`Null` when it gave none), `None` when
+    /// no such function was offered.
+    pub fn function(&self, name: &str) -> Option<&Value> {
+        self.0.get(name)
+    }
+
+    /// Whether any tool was offered.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The schema of parameter `param` of function `name`.
     pub fn param(&self, name: &str, param: &str) -> Option<&Value> {
         self.0.get(name)?.get("properties")?.get(param)

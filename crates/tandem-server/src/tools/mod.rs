@@ -19,10 +19,16 @@
 //! same machine over the whole text, so streamed deltas always concatenate to the non-streaming
 //! result.
 //!
+//! - **Plain JSON** (any format, when tools are offered): an answer that is only
+//!   `{"name": …, "arguments": {…}}` objects, bare or in a ```json fence, naming offered tools
+//!   with arguments that fit their schemas ([`bare`]); such an answer is held back to its end
+//!   and parsed whole, and stays content when it is not such a call.
+//!
 //! Whitespace: content whitespace directly before a call is dropped, and so is whitespace after
 //! a call when no content came before it (so "text\n\n<tool_call>…" gives content "text");
 //! output without calls is passed on exactly.
 
+mod bare;
 mod format;
 pub mod hermes;
 pub mod llama3;
@@ -239,6 +245,19 @@ impl ToolParser {
                         self.enter_call(usize::MAX);
                         continue;
                     }
+                    if self.format != ToolFormat::Llama3 && !self.schemas.is_empty() {
+                        match bare_start(trimmed) {
+                            Some(true) => {
+                                // Maybe a call written as plain JSON: parsed whole at the end.
+                                let lead = self.buf.len() - trimmed.len();
+                                self.pre_call_ws = self.buf.drain(..lead).collect();
+                                self.enter_call(usize::MAX);
+                                continue;
+                            }
+                            None if !at_end => return, // too early to tell
+                            _ => {}
+                        }
+                    }
                     if !at_end && self.markers.iter().any(|m| m.open.starts_with(trimmed) && m.open != trimmed) {
                         return; // could still become a marker
                     }
@@ -271,7 +290,9 @@ impl ToolParser {
 
     fn enter_call(&mut self, marker: usize) {
         self.state = State::InCall(marker);
-        self.phase = if self.format == ToolFormat::Llama3 { Phase::Buffered } else { Phase::Header };
+        // Llama 3 calls and plain-JSON answers (marker usize::MAX) are parsed whole.
+        self.phase =
+            if self.format == ToolFormat::Llama3 || marker == usize::MAX { Phase::Buffered } else { Phase::Header };
     }
 
     /// The call is over: back to content.
@@ -422,6 +443,7 @@ impl ToolParser {
     /// does not parse.
     fn close_buffered(&mut self, marker: usize, body: &str, close: Option<&str>, out: &mut Vec<ToolEvent>) {
         let parsed = match self.format {
+            _ if marker == usize::MAX && self.format != ToolFormat::Llama3 => bare::parse(body, &self.schemas),
             ToolFormat::Hermes => hermes::parse(body),
             ToolFormat::QwenXml => qwen_xml::parse(body, &self.schemas),
             ToolFormat::Llama3 => llama3::parse(body),
@@ -454,6 +476,25 @@ impl ToolParser {
             IdSource::Random => random_call_id(),
         }
     }
+}
+
+/// Whether an answer beginning with `t` (trimmed, non-empty) may be a call written as plain
+/// JSON: `{`, `[` then `{`, or a ``` / ```json fence; `None` while that cannot be told yet.
+fn bare_start(t: &str) -> Option<bool> {
+    if t.starts_with('{') {
+        return Some(true);
+    }
+    if let Some(rest) = t.strip_prefix('[') {
+        let rest = rest.trim_start();
+        return if rest.is_empty() { None } else { Some(rest.starts_with('{')) };
+    }
+    if t.starts_with("```") {
+        return bare::fence_may_hold_call(t);
+    }
+    if "```".starts_with(t) {
+        return None;
+    }
+    Some(false)
 }
 
 /// An arguments fragment of call `index` (nothing for a dropped call).

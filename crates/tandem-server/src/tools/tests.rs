@@ -290,3 +290,57 @@ fn random_texts_stream_like_whole() {
         }
     }
 }
+
+#[test]
+fn plain_json_answers_are_calls_of_offered_tools() {
+    let call = json!({"city": "Paris"});
+    for format in [ToolFormat::Hermes, ToolFormat::QwenXml] {
+        for text in [
+            r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+            "\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n",
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+            "```\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```\n",
+            r#"[{"name": "get_weather", "arguments": {"city": "Paris"}}]"#,
+        ] {
+            assert_eq!(
+                check(format, text),
+                (String::new(), vec![("get_weather".into(), call.clone())]),
+                "{format:?} {text:?}"
+            );
+        }
+        // Two calls in one answer.
+        let two = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}";
+        let (content, calls) = check(format, two);
+        assert_eq!(content, "");
+        assert_eq!(calls[1], ("get_weather".into(), json!({"city": "Oslo", "days": 3})));
+    }
+}
+
+#[test]
+fn plain_json_that_is_not_a_call_stays_content() {
+    for format in [ToolFormat::Hermes, ToolFormat::QwenXml] {
+        for text in [
+            r#"{"name": "Paris", "country": "France"}"#,
+            r#"{"name": "get_weather", "arguments": {"city": 3}}"#,
+            "```json\n{\"weather\": \"sunny\"}\n```",
+            "```python\nprint({\"name\": \"get_weather\"})\n```",
+            "[link](http://example.com)",
+            "`code` and text",
+        ] {
+            assert_eq!(check(format, text), (text.to_string(), vec![]), "{format:?} {text:?}");
+        }
+    }
+    // No tools offered: JSON is content.
+    let p = ToolParser::new(ToolFormat::Hermes, ToolSchemas::default(), true);
+    let text = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    assert_eq!(p.parse_all(text), (text.to_string(), vec![]));
+}
+
+#[test]
+fn a_code_answer_streams_before_its_end() {
+    // Only a ```json (or bare ```) fence is held back; another language streams as it comes.
+    let mut p = parser(ToolFormat::Hermes);
+    assert!(p.push("```py").is_empty(), "the fence's language is not known yet");
+    let events = p.push("thon\nprint(1)\n");
+    assert_eq!(events, vec![ToolEvent::Content("```python\nprint(1)".into())]);
+}
