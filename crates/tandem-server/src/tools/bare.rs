@@ -71,11 +71,8 @@ pub(crate) fn fits(args: &Value, schema: &Value) -> bool {
     }
     for (k, v) in obj {
         match props.and_then(|p| p.get(k)) {
-            Some(p) => {
-                if !type_fits(v, p.get("type")) {
-                    return false;
-                }
-            }
+            Some(p) if !type_fits(v, p.get("type")) => return false,
+            Some(_) => {}
             None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => return false,
             None => {}
         }
