@@ -37,6 +37,7 @@ pub mod params;
 pub mod prompt;
 pub mod reasoning;
 pub mod response_meta;
+pub mod responses;
 pub mod scripted;
 pub mod server;
 pub mod sse;

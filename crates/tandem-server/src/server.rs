@@ -26,6 +26,8 @@ pub fn router_on(backend: Arc<dyn Backend>, cfg: &ServerConfig) -> Router {
         .route("/v1/chat/completions", post(crate::chat::chat_completions))
         .route("/v1/completions", post(crate::completions::completions))
         .route("/v1/messages", post(crate::anthropic::messages))
+        .route("/v1/responses", post(crate::responses::create))
+        .route("/v1/responses/{id}", get(crate::responses::get).delete(crate::responses::delete))
         .route("/v1/messages/count_tokens", post(crate::anthropic::count_tokens))
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{id}", get(crate::models::get_model))

@@ -18,6 +18,8 @@ pub struct AppState {
     pub cfg: Arc<ServerConfig>,
     /// The tool-call format to parse, `None` when parsing is off.
     pub tool_format: Option<ToolFormat>,
+    /// Stored Responses API responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    pub responses: Arc<crate::responses::store::ResponseStore>,
     limiter: Option<Arc<Semaphore>>,
 }
 
@@ -39,7 +41,7 @@ impl AppState {
             ),
         };
         let limiter = (cfg.max_concurrent_requests > 0).then(|| Arc::new(Semaphore::new(cfg.max_concurrent_requests)));
-        Self { backend, cfg: Arc::new(cfg.clone()), tool_format, limiter }
+        Self { backend, cfg: Arc::new(cfg.clone()), tool_format, responses: Arc::default(), limiter }
     }
 
     /// Ok when the request names no model, one of the served model's names, or any name

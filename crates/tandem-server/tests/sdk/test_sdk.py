@@ -127,7 +127,24 @@ def real_engine_tests(port):
             else:
                 raise AssertionError(f"expected {exc.__name__}")
 
-    return [plain_chat, streaming_matches_whole, completions_endpoint, anthropic_plain_and_stream, errors_are_sdk_exceptions]
+    def responses_real_engine():
+        r = oc.responses.create(model="tiny-qwen2", input=msgs[0]["content"], max_output_tokens=8, temperature=0)
+        assert r.status in ("completed", "incomplete") and r.usage.output_tokens > 0, r
+        # Cut by max_output_tokens, the stream ends with response.incomplete (the SDK's
+        # get_final_response wants response.completed, so the events are read here).
+        final, text = None, ""
+        for ev in oc.responses.create(model="tiny-qwen2", input=msgs[0]["content"], max_output_tokens=8, temperature=0,
+                                      stream=True):
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
+        assert final is not None and final.status == r.status, final
+        assert text == final.output_text == r.output_text, (text, final.output_text, r.output_text)
+        assert final.usage.input_tokens == r.usage.input_tokens
+
+    return [plain_chat, streaming_matches_whole, completions_endpoint, anthropic_plain_and_stream, errors_are_sdk_exceptions,
+            responses_real_engine]
 
 
 def scripted_tests(port):
@@ -233,8 +250,41 @@ def scripted_tests(port):
             else:
                 raise AssertionError(f"expected {exc.__name__}")
 
+    def responses_api():
+        # Plain, then continued server-side through previous_response_id.
+        r = oc.responses.create(model="scripted", input="hi")
+        assert r.status == "completed" and r.output_text == "Hello from the script.", r
+        assert oc.responses.retrieve(r.id).output_text == r.output_text
+        # A function tool round trip: the call, then its output as an input item.
+        rtools = [{"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                   "parameters": TOOLS[0]["function"]["parameters"]}]
+        r = oc.responses.create(model="scripted", input="Paris weather?", tools=rtools)
+        calls = [i for i in r.output if i.type == "function_call"]
+        assert calls and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}, r
+        r2 = oc.responses.create(model="scripted", previous_response_id=r.id, tools=rtools,
+                                 input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "22C, sunny"}])
+        assert r2.output_text == "It is 22C and sunny in Paris.", r2
+        # Streamed: the SDK assembles the events into the same response.
+        text, kinds = "", set()
+        with oc.responses.stream(model="scripted", input="two plus two?") as s:
+            for ev in s:
+                kinds.add(ev.type)
+                if ev.type == "response.output_text.delta":
+                    text += ev.delta
+            final = s.get_final_response()
+        assert text == final.output_text == "The answer is 4.", (text, final)
+        assert {"response.created", "response.output_item.added", "response.completed"} <= kinds, kinds
+        assert [i.type for i in final.output] == ["reasoning", "message"], final
+        oc.responses.delete(final.id)
+        try:
+            oc.responses.retrieve(final.id)
+        except openai.NotFoundError:
+            pass
+        else:
+            raise AssertionError("a deleted response is still served")
+
     return [openai_tool_conversation, openai_streamed_tool_call, openai_reasoning_content, openai_thinking_budget,
-            anthropic_tool_conversation, anthropic_thinking, anthropic_stop_sequence, auth_errors]
+            anthropic_tool_conversation, anthropic_thinking, anthropic_stop_sequence, auth_errors, responses_api]
 
 
 def main():
