@@ -1,5 +1,6 @@
 //! The fuzzing entry point shared by the cargo-fuzz target (`fuzz/`) and the in-process fuzz
-//! test: arbitrary bytes through request parsing (OpenAI chat and Anthropic messages), chat
+//! test: arbitrary bytes through request parsing (OpenAI chat, Anthropic messages, OpenAI
+//! Responses translated to chat), chat
 //! template rendering (the real minijinja sandbox, with tools) and the output parsers. None of
 //! it may panic, whatever the input.
 
@@ -37,6 +38,13 @@ pub fn request_and_template(data: &[u8]) {
         let _ = req.engine_logprobs();
         if let (Ok(m), Ok(o)) = (req.template_messages(), req.render_options()) {
             let _ = b.render_chat(&m, &o);
+        }
+    }
+    if let Ok(t) = crate::responses::request::translate(&value, Vec::new()) {
+        if let Ok(req) = ChatCompletionRequest::from_json(&t.chat) {
+            if let (Ok(m), Ok(o)) = (req.template_messages(), req.render_options()) {
+                let _ = b.render_chat(&m, &o);
+            }
         }
     }
     if let Ok(req) = MessagesRequest::from_json(&value) {

@@ -183,6 +183,15 @@ fn seeds() -> Vec<(&'static str, Value)> {
             "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}, "thinking": {"type": "enabled", "budget_tokens": 4}, "stop_sequences": ["z"]}),
         ),
         ("/v1/messages/count_tokens", json!({"messages": [{"role": "user", "content": "hi"}]})),
+        (
+            "/v1/responses",
+            json!({"model": "scripted", "instructions": "s", "max_output_tokens": 8, "stream": true, "store": true,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{\"a\":1}"},
+            {"type": "function_call_output", "call_id": "c", "output": "2"}, {"type": "reasoning", "summary": []}],
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
+            "reasoning": {"effort": "low"}, "text": {"format": {"type": "text"}}, "previous_response_id": null}),
+        ),
     ]
 }
 
