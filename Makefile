@@ -17,6 +17,8 @@ models: build
 	@mkdir -p models
 	@path=$$($(CARGO) run -q --bin tandem -- pull smollm2-135m) && ln -sf "$$path" models/smollm2-135m.gguf
 	@echo "models/smollm2-135m.gguf -> $$(readlink models/smollm2-135m.gguf)"
+	@path=$$($(CARGO) run -q --bin tandem -- pull qwen2.5-coder-0.5b) && ln -sf "$$path" models/qwen2.5-coder-0.5b.gguf
+	@echo "models/qwen2.5-coder-0.5b.gguf -> $$(readlink models/qwen2.5-coder-0.5b.gguf)"
 
 test: models test-sdk test-fuzz test-metal
 	$(CARGO) test --workspace
@@ -45,7 +47,7 @@ gpu-pack:
 
 # The official `openai` and `anthropic` Python SDKs against `tandem serve` on loopback
 # (a venv under target/sdk-venv, created on first run; needs python3 + pip + PyPI).
-test-sdk: build
+test-sdk: models
 	bash crates/tandem-server/tests/sdk/run.sh
 
 # cargo-fuzz over request parsing + template rendering (FUZZ_RUNS inputs) and over model files

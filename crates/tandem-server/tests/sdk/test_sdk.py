@@ -1,9 +1,11 @@
 """The official OpenAI and Anthropic Python SDKs against `tandem serve` on loopback.
 
-Two servers are started: the tiny Qwen2 fixture (random weights, the real engine) for plain
-chat, streaming, token counting and errors; and the scripted backend (`--test-script`, real
+Three servers are started: the tiny Qwen2 fixture (random weights, the real engine) for plain
+chat, streaming, token counting and errors; the scripted backend (`--test-script`, real
 HTTP layer, templates and parsers, scripted model output) with an API key, for tool calls,
-reasoning, the thinking budget and authentication errors. Prints "N passed, N failed".
+reasoning, the thinking budget, the Responses API and authentication errors; and the real
+qwen2.5-coder-0.5b for an `openai-agents` tool-using run (agent_task.py). Prints "N passed,
+N failed".
 """
 
 import argparse
@@ -287,11 +289,20 @@ def scripted_tests(port):
             anthropic_tool_conversation, anthropic_thinking, anthropic_stop_sequence, auth_errors, responses_api]
 
 
+def agent_tests(port):
+    def openai_agents_two_tool_task():
+        from agent_task import run_two_tool_task
+        run_two_tool_task(port, "qwen2.5-coder-0.5b")
+
+    return [openai_agents_two_tool_task]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--script", required=True)
+    ap.add_argument("--agent-model", required=True, help="qwen2.5-coder-0.5b's GGUF (make models)")
     a = ap.parse_args()
     passed, failed = 0, 0
     servers = []
@@ -300,7 +311,9 @@ def main():
         servers.append(real)
         scripted = Served([a.bin, "serve", "--test-script", a.script, "--api-key", KEY])
         servers.append(scripted)
-        for test in real_engine_tests(real.port) + scripted_tests(scripted.port):
+        agent = Served([a.bin, "serve", "-m", a.agent_model, "--model-id", "qwen2.5-coder-0.5b", "-t", "2"])
+        servers.append(agent)
+        for test in real_engine_tests(real.port) + scripted_tests(scripted.port) + agent_tests(agent.port):
             try:
                 test()
                 passed += 1
