@@ -51,6 +51,12 @@ pub struct BenchArgs {
     /// (untimed, in chunks of `--chunk` or 512), like llama-bench's `-d`.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
     pub depth: Vec<usize>,
+    /// Also time speculative verify steps of this many positions (0: off): each step is a
+    /// forward of K tokens in verify mode (every position's logits, recurrent states kept per
+    /// position) that keeps one, as a fully rejected draft of K - 1 tokens does. Prints the
+    /// steps per second (`tvK`) and the step's cost in decode steps (`tvK / tg`).
+    #[arg(long, default_value_t = 0)]
+    pub verify: usize,
 }
 
 /// KV block size of the bench's paged store (the engine's default).
@@ -144,6 +150,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         let mut host = Vec::new();
+        let mut tv = Vec::new();
         for _ in 0..a.reps.max(1) {
             if a.prompt_tokens > 0 {
                 let mut cache = cache_at_depth(&context, a.prompt_tokens)?;
@@ -190,12 +197,36 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let wall = t.elapsed().as_secs_f64();
             tg.push(a.gen_tokens as f64 / wall);
             host.push(100.0 * enqueue / wall);
+            if a.verify > 0 {
+                // Verify steps per second: forwards of `a.verify` tokens in verify mode, each
+                // reading every position's logits and keeping one position (the context grows
+                // as in the decode test).
+                let mut cache = cache_at_depth(&context, a.gen_tokens + a.verify)?;
+                let chunk: Vec<u32> = (0..a.verify as u32).map(|i| 1 + i % 7).collect();
+                device.synchronize()?;
+                let t = Instant::now();
+                for _ in 0..a.gen_tokens {
+                    if cache.has_recurrent() {
+                        cache.begin_verify();
+                    }
+                    let mut chunks = [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }];
+                    let out = model.forward(&mut chunks)?;
+                    let _ = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+                    cache.commit_speculative(chunk.len(), 1)?;
+                }
+                tv.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            }
         }
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
         if a.prompt_tokens > 0 {
             rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
         }
+        let cost: Vec<f64> = tg.iter().zip(&tv).map(|(g, v)| g / v).collect();
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
+        if a.verify > 0 {
+            rows.push((format!("tv{}{at}", a.verify), tv));
+            rows.push((format!("tv{} / tg{at}", a.verify), cost));
+        }
         if !device.is_cpu() {
             // Percent of the decode wall time the host spent queueing work: near 100 means the
             // step is bound by host overhead (launches, allocations), not by the device.

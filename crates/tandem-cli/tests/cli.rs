@@ -102,6 +102,10 @@ fn inspect_hybrid_gguf_and_bench_hybrid_kernels() {
     let out = tandem(&["bench", "--random-hybrid", "tiny", "-p", "70", "-g", "2", "-r", "1"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("pp70") && text.contains("tg2"), "{text}");
+    // Verify steps (recurrent states per position, one kept) beside the decode steps.
+    let out = tandem(&["bench", "--random-hybrid", "tiny", "-p", "0", "-g", "3", "-r", "1", "--verify", "4"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("| tv4 ") && text.contains("tv4 / tg"), "{text}");
 }
 
 /// `--save-gguf` writes the random preset as a GGUF that `inspect` and `bench -m` read back.
