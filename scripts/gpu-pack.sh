@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the CUDA binaries on a machine without a GPU and packs them for one that has one
-# (docs/GPU.md): target/gpu-pack/{tandem,device_suite}.xz + scripts/gpu-run.sh run there.
+# (docs/GPU.md): target/gpu-pack/{tandem,device_suite}.xz (or $PACK_DIR) + scripts/gpu-run.sh run there.
 # Needs nvcc and a CUDA toolkit (or the pip wheels: ../shared/tools/cuda-toolchain.sh and
 # CUDA_ROOT / PATH as docs/GPU.md says). CUDA_COMPUTE_CAP defaults to 90 (H100/H200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
-out=target/gpu-pack
+out=${PACK_DIR:-target/gpu-pack}
 mkdir -p "$out"
 cargo build --release -p tandem-cli --features cuda
 suite=$(cargo test --release -p tandem-engine --features cuda --test device_suite --no-run --message-format=json 2>/dev/null \

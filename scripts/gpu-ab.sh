@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine: two packed builds side by side in one run (issue 16), e.g. main and a
+# branch. PACK_A and PACK_B are directories made by scripts/gpu-pack.sh (PACK_DIR=... make
+# gpu-pack on each checkout; carry both). Runs `check-device` with B, then for each case of
+# CASES ("preset:dtype", default "9b:q8_0 9b:bf16") `tandem bench` with A and with B, one
+# after the other, so that both see the same machine state. BENCH_ARGS adds flags (default
+# "-p 512 -g 64 -r 1"; e.g. "--verify 4"). Results go to ${OUT:-target/gpu-results}/ab.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+res=${OUT:-target/gpu-results}
+mkdir -p "$res"
+. scripts/gpu-env.sh
+for side in A B; do
+  var=PACK_$side
+  PACK=${!var:?set PACK_A and PACK_B} gpu_unpack tandem && mv /tmp/tandem-gpu/tandem "/tmp/tandem-gpu/tandem-$side"
+done
+export TANDEM_DEVICE=cuda
+timeout "${CHECK_TIMEOUT:-200}" /tmp/tandem-gpu/tandem-B check-device --fixtures fixtures --output "$res/check-device-B.md" \
+  > "$res/check-B.log" 2>&1
+echo "check-device B: $(grep -E 'passed|failed' "$res/check-device-B.md" | tail -1)" | tee "$res/ab.md"
+grep -E "\| fail" "$res/check-device-B.md" | head -20 | tee -a "$res/ab.md"
+for c in ${CASES:-9b:q8_0 9b:bf16}; do
+  p=${c%%:*}; t=${c##*:}
+  for side in A B; do
+    echo "== $side $p $t" | tee -a "$res/ab.md"
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-150}" "/tmp/tandem-gpu/tandem-$side" bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
+      ${BENCH_ARGS:--p 512 -g 64 -r 1} 2>&1 | grep -E "^\| (pp|tg|tv)|rror" | tee -a "$res/ab.md"
+  done
+done
