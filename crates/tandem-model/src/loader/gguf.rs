@@ -46,7 +46,7 @@ impl GgufSource {
         Ok(info.read(&mut Cursor::new(&self.mmap[..]), self.content.tensor_data_offset, &self.device)?)
     }
 
-    /// A 2-D Q4_1 / Q5_0 / Q5_1 tensor as a [`GgmlMatrix`] (blocks copied straight from the
+    /// A 2-D Q4_1 / Q5_0 / Q5_1 / Q8_0 tensor as a [`GgmlMatrix`] (blocks copied straight from the
     /// mapped file) when the model runs on the CPU; `None` for other types, shapes or devices,
     /// or when `TANDEM_QUANT_KERNEL=candle` asks for candle's own kernels (for comparisons).
     fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {

@@ -57,7 +57,8 @@ unsafe fn high_bits(qh: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
 }
 
-/// The block at `p` as 32 weight bytes: unsigned `q` for Q4_1/Q5_1, signed `q - 16` for Q5_0.
+/// The block at `p` as 32 weight bytes: unsigned `q` for Q4_1/Q5_1, signed `q - 16` for Q5_0,
+/// signed `q` for Q8_0.
 /// Byte offsets are those of the layouts in [`super::blocks`]; no load leaves the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -74,6 +75,7 @@ unsafe fn unpack<B: WeightBlock>(p: *const B) -> __m256i {
             let hi = _mm256_and_si256(high_bits(p.wrapping_add(4)), _mm256_set1_epi8(0x10));
             _mm256_or_si256(nibbles(p.wrapping_add(8)), hi)
         }
+        QuantType::Q8_0 => _mm256_lddqu_si256(p.wrapping_add(2) as *const __m256i),
     }
 }
 
@@ -152,7 +154,8 @@ macro_rules! row_step {
             $msum = _mm256_fmadd_ps($dm, das, $msum);
         }
         $(
-            // Q5_0's weights are signed: |w| times y with w's sign (ggml's mul_sum_i8_pairs).
+            // Q5_0's and Q8_0's weights are signed: |w| times y with w's sign (ggml's
+            // mul_sum_i8_pairs).
             let (wu, ys) = if <$B>::HAS_MIN {
                 ($wq[$c], qy)
             } else {

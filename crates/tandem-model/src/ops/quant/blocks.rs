@@ -1,12 +1,13 @@
 //! GGML weight blocks as they lie in a GGUF file: 32 weights per block, little-endian,
 //! `f16` scales kept as raw bits. The layouts are ggml's (`block_q4_1`, `block_q5_0`,
-//! `block_q5_1` in `ggml-common.h`, mirrored by candle's `k_quants.rs`):
+//! `block_q5_1`, `block_q8_0` in `ggml-common.h`, mirrored by candle's `k_quants.rs`):
 //!
 //! | type | bytes | fields                                   | weight `j` (0..32)            |
 //! |------|-------|------------------------------------------|-------------------------------|
 //! | Q4_1 | 20    | `d: f16, m: f16, qs: [u8; 16]`           | `d·q + m`, `q` in 0..16       |
 //! | Q5_0 | 22    | `d: f16, qh: [u8; 4], qs: [u8; 16]`      | `d·(q - 16)`, `q` in 0..32    |
 //! | Q5_1 | 24    | `d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]` | `d·q + m`, `q` in 0..32    |
+//! | Q8_0 | 34    | `d: f16, qs: [i8; 32]`                   | `d·q`, `q` in -128..128       |
 //!
 //! The low nibble of `qs[j]` is weight `j`, the high nibble weight `j + 16`; for the 5-bit
 //! types bit `j` of the little-endian `u32` `qh` is the fifth bit of weight `j`.
@@ -25,6 +26,7 @@ pub enum QuantType {
     Q4_1,
     Q5_0,
     Q5_1,
+    Q8_0,
 }
 
 impl QuantType {
@@ -34,6 +36,7 @@ impl QuantType {
             QuantType::Q4_1 => 20,
             QuantType::Q5_0 => 22,
             QuantType::Q5_1 => 24,
+            QuantType::Q8_0 => 34,
         }
     }
 
@@ -44,6 +47,7 @@ impl QuantType {
             G::Q4_1 => Some(QuantType::Q4_1),
             G::Q5_0 => Some(QuantType::Q5_0),
             G::Q5_1 => Some(QuantType::Q5_1),
+            G::Q8_0 => Some(QuantType::Q8_0),
             _ => None,
         }
     }
@@ -54,6 +58,7 @@ impl QuantType {
             QuantType::Q4_1 => G::Q4_1,
             QuantType::Q5_0 => G::Q5_0,
             QuantType::Q5_1 => G::Q5_1,
+            QuantType::Q8_0 => G::Q8_0,
         }
     }
 }
@@ -73,9 +78,10 @@ mod sealed {
     impl Sealed for super::BlockQ4_1 {}
     impl Sealed for super::BlockQ5_0 {}
     impl Sealed for super::BlockQ5_1 {}
+    impl Sealed for super::BlockQ8_0 {}
 }
 
-/// One block of 32 quantised weights. Sealed: the SIMD kernels rely on these three layouts.
+/// One block of 32 quantised weights. Sealed: the SIMD kernels rely on these four layouts.
 pub trait WeightBlock: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
     const TYPE: QuantType;
     /// Size in the file, `== size_of::<Self>()`.
@@ -92,7 +98,7 @@ pub trait WeightBlock: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + '
     fn d(&self) -> f32;
     /// The minimum `m` as f32 (0 for symmetric types).
     fn m(&self) -> f32;
-    /// The 32 integer weights in activation order: `q` for Q4_1/Q5_1, `q - 16` for Q5_0.
+    /// The 32 integer weights in activation order: `q` for Q4_1/Q5_1/Q8_0, `q - 16` for Q5_0.
     fn ints(&self) -> [i32; QK];
 
     /// The 32 weights as f32, exactly as ggml's `dequantize_row_*`.
@@ -135,6 +141,16 @@ pub struct BlockQ5_1 {
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
+
+/// `block_q8_0`: 8-bit symmetric weights with a scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    pub d: u16,
+    pub qs: [i8; QK],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
 fn nibbles(b: &[u8]) -> [u8; QK / 2] {
     let mut qs = [0u8; QK / 2];
@@ -234,6 +250,32 @@ impl WeightBlock for BlockQ5_1 {
     }
     fn ints(&self) -> [i32; QK] {
         ints5(self.qh, &self.qs, 0)
+    }
+}
+
+impl WeightBlock for BlockQ8_0 {
+    const TYPE: QuantType = QuantType::Q8_0;
+    const BYTES: usize = 34;
+    const HAS_MIN: bool = false;
+
+    fn parse(b: &[u8]) -> Self {
+        assert_eq!(b.len(), Self::BYTES);
+        let mut qs = [0i8; QK];
+        qs.iter_mut().zip(&b[2..]).for_each(|(q, &v)| *q = v as i8);
+        BlockQ8_0 { d: u16_at(b, 0), qs }
+    }
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.d.to_le_bytes());
+        out.extend(self.qs.iter().map(|&q| q as u8));
+    }
+    fn d(&self) -> f32 {
+        f16_bits_to_f32(self.d)
+    }
+    fn m(&self) -> f32 {
+        0.0
+    }
+    fn ints(&self) -> [i32; QK] {
+        self.qs.map(i32::from)
     }
 }
 

@@ -11,7 +11,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::activation::{quantize_row, Q8Block};
-use super::blocks::{parse_blocks, BlockQ4_1, BlockQ5_0, BlockQ5_1, QuantType, WeightBlock, QK};
+use super::blocks::{parse_blocks, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBlock, QK};
 use super::{reference, Kernel};
 
 /// The blocks of a matrix, row-major: row `c` is blocks `c*nb .. (c+1)*nb`.
@@ -20,6 +20,7 @@ enum Blocks {
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q5_1(Vec<BlockQ5_1>),
+    Q8_0(Vec<BlockQ8_0>),
 }
 
 /// Calls `$body` with `$w` bound to the typed block vector.
@@ -29,6 +30,7 @@ macro_rules! with_blocks {
             Blocks::Q4_1($w) => $body,
             Blocks::Q5_0($w) => $body,
             Blocks::Q5_1($w) => $body,
+            Blocks::Q8_0($w) => $body,
         }
     };
 }
@@ -62,6 +64,7 @@ impl GgmlMatrix {
             QuantType::Q4_1 => Blocks::Q4_1(parse_blocks(bytes)),
             QuantType::Q5_0 => Blocks::Q5_0(parse_blocks(bytes)),
             QuantType::Q5_1 => Blocks::Q5_1(parse_blocks(bytes)),
+            QuantType::Q8_0 => Blocks::Q8_0(parse_blocks(bytes)),
         };
         Ok(Self { n, k, blocks })
     }
@@ -85,6 +88,7 @@ impl GgmlMatrix {
             Blocks::Q4_1(_) => QuantType::Q4_1,
             Blocks::Q5_0(_) => QuantType::Q5_0,
             Blocks::Q5_1(_) => QuantType::Q5_1,
+            Blocks::Q8_0(_) => QuantType::Q8_0,
         }
     }
     /// Output features (rows of W).

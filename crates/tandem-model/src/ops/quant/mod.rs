@@ -1,5 +1,6 @@
-//! Quantised matmul for GGML Q4_1, Q5_0 and Q5_1 weights on the CPU (candle 0.11 only has a
-//! scalar dot product for these on x86).
+//! Quantised matmul for GGML Q4_1, Q5_0, Q5_1 and Q8_0 weights on the CPU (candle 0.11 only
+//! has a scalar dot product for the first three on x86, and an AVX2 one for Q8_0 on its own
+//! threading).
 //!
 //! * [`blocks`]: the weight blocks in file layout, with scalar decoding;
 //! * [`activation`]: activations quantised to Q8_0/Q8_1 exactly as ggml does;
@@ -41,7 +42,7 @@ mod tests;
 mod tests_candle;
 
 pub use activation::Q8Block;
-pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, QuantType, WeightBlock};
+pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBlock};
 pub use matrix::GgmlMatrix;
 
 /// Which implementation runs the dot products.

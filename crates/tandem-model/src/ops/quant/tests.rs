@@ -233,6 +233,7 @@ fn simd_equals_ggml_order_bit_for_bit() {
     check::<BlockQ4_1>(&kernels, 21);
     check::<BlockQ5_0>(&kernels, 22);
     check::<BlockQ5_1>(&kernels, 23);
+    check::<BlockQ8_0>(&kernels, 24);
 }
 
 #[test]
@@ -246,6 +247,10 @@ fn q5_0_matmul() {
 #[test]
 fn q5_1_matmul() {
     check_type::<BlockQ5_1>(3);
+}
+#[test]
+fn q8_0_matmul() {
+    check_type::<BlockQ8_0>(4);
 }
 
 #[test]

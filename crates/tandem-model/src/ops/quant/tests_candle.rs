@@ -1,4 +1,4 @@
-//! Unit tests against candle: block decoding and matmul equal candle's own Q4_1/Q5_0/Q5_1
+//! Unit tests against candle: block decoding and matmul equal candle's own Q4_1/Q5_0/Q5_1/Q8_0
 //! `QMatMul` on the same `QTensor`, and the loader's layers run on [`GgmlMatrix`].
 
 use candle_core::quantized::k_quants::{BlockQ8_0, BlockQ8_1, GgmlType};
@@ -19,7 +19,7 @@ fn candle_acts(ty: QuantType, x: &[f32]) -> Vec<Q8Block> {
         q
     };
     let nb = x.len() / 32;
-    if ty == QuantType::Q5_0 {
+    if matches!(ty, QuantType::Q5_0 | QuantType::Q8_0) {
         let mut blocks = vec![BlockQ8_0::zeros(); nb];
         BlockQ8_0::from_float(x, &mut blocks);
         // SAFETY: BlockQ8_0 is #[repr(C)] { d: f16, qs: [i8; 32] }, 34 bytes, no padding.
@@ -59,6 +59,7 @@ fn check_candle(ty: QuantType, seed: u64) {
                 QuantType::Q4_1 => reference_matmul::<BlockQ4_1>(&ours, &acts, m),
                 QuantType::Q5_0 => reference_matmul::<BlockQ5_0>(&ours, &acts, m),
                 QuantType::Q5_1 => reference_matmul::<BlockQ5_1>(&ours, &acts, m),
+                QuantType::Q8_0 => reference_matmul::<blocks::BlockQ8_0>(&ours, &acts, m),
             };
             let e = rel_err(&y, &theirs);
             worst[0] = worst[0].max(e);
@@ -70,8 +71,12 @@ fn check_candle(ty: QuantType, seed: u64) {
             let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let e = rel_err(&got, &theirs);
             worst[1] = worst[1].max(e);
-            let tol = if ty == QuantType::Q5_0 { 1e-4 } else { 2e-3 };
+            let tol = if matches!(ty, QuantType::Q5_0 | QuantType::Q8_0) { 1e-4 } else { 2e-3 };
             assert!(e <= tol, "{ty:?} m={m} k={k}: ours vs candle rel err {e}");
+            if ty == QuantType::Q8_0 {
+                // Both quantise activations as ggml does and sum as its AVX2 vec_dot: the same bits.
+                assert_eq!(got, theirs, "Q8_0 m={m} k={k}: ours and candle's differ");
+            }
         }
     }
     eprintln!(
@@ -104,6 +109,10 @@ fn q5_0_matches_candle() {
 #[test]
 fn q5_1_matches_candle() {
     check_candle(QuantType::Q5_1, 13);
+}
+#[test]
+fn q8_0_matches_candle() {
+    check_candle(QuantType::Q8_0, 14);
 }
 
 #[test]
