@@ -57,6 +57,11 @@ impl GgufSource {
         else {
             return Ok(None);
         };
+        // Q8_0 has SIMD kernels in candle on every CPU (NEON included): ours only where ours
+        // are SIMD too (x86 with AVX2), never the scalar reference in their place.
+        if ty == QuantType::Q8_0 && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::Reference {
+            return Ok(None);
+        }
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
         let start = (self.content.tensor_data_offset + info.offset) as usize;
         let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
