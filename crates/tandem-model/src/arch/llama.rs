@@ -149,11 +149,7 @@ impl CausalLm for Llama {
         let scale = 1.0 / (hd as f64).sqrt();
         for (li, layer) in self.layers.iter().enumerate() {
             let h = self.rms(&x, &layer.attn_norm)?;
-            let [q, k, v]: [Tensor; 3] = layer
-                .qkv
-                .forward(&h)?
-                .try_into()
-                .map_err(|_| crate::error::ModelError::Input("q/k/v projections missing".into()))?;
+            let [q, k, v] = layer.qkv.forward_array(&h)?;
             let mut outs = Vec::with_capacity(chunks.len());
             let mut off = 0;
             for (ci, c) in chunks.iter_mut().enumerate() {
@@ -176,11 +172,7 @@ impl CausalLm for Llama {
                 if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
             x = (x + layer.o.forward(&att)?)?;
             let h = self.rms(&x, &layer.ffn_norm)?;
-            let [g, u]: [Tensor; 2] = layer
-                .gate_up
-                .forward(&h)?
-                .try_into()
-                .map_err(|_| crate::error::ModelError::Input("gate/up projections missing".into()))?;
+            let [g, u] = layer.gate_up.forward_array(&h)?;
             let g = candle_nn::ops::silu(&g)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }

@@ -156,6 +156,13 @@ impl LinearSet {
         }
     }
 
+    /// [`Self::forward`] for a set of exactly `N` layers, as an array.
+    pub fn forward_array<const N: usize>(&self, x: &Tensor) -> Result<[Tensor; N]> {
+        let outs = self.forward(x)?;
+        let got = outs.len();
+        outs.try_into().map_err(|_| ModelError::Input(format!("{got} projections where {N} were expected")))
+    }
+
     /// Whether the layers run as one matmul.
     pub fn is_fused(&self) -> bool {
         !matches!(self, LinearSet::Each(_))

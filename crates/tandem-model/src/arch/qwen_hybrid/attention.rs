@@ -60,11 +60,7 @@ impl GatedAttention {
     /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
     pub fn forward(&self, h: &Tensor, rope: &Rope, parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
-        let [qg, k, v]: [Tensor; 3] = self
-            .qkv
-            .forward(h)?
-            .try_into()
-            .map_err(|_| crate::error::ModelError::Input("attention: q/k/v projections missing".into()))?;
+        let [qg, k, v] = self.qkv.forward_array(h)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let mut outs = Vec::with_capacity(parts.len());
         let mut off = 0;

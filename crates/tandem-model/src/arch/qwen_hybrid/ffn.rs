@@ -52,11 +52,8 @@ impl Mlp {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = self.gate_up.forward(x)?;
-        let (Some(g), Some(u)) = (gu.first(), gu.get(1)) else {
-            return Err(crate::error::ModelError::Input("mlp: gate/up projections missing".into()));
-        };
-        let g = candle_nn::ops::silu(g)?;
+        let [g, u] = self.gate_up.forward_array(x)?;
+        let g = candle_nn::ops::silu(&g)?;
         self.down.forward(&(g * u)?)
     }
 }

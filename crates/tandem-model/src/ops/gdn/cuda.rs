@@ -11,6 +11,19 @@ use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs}
 
 const MODULE: &str = "tandem_gdn";
 
+/// The kernel `{family}_{32|64|128|256}` instantiated for key dim `dk` (the smallest that holds
+/// it), or an error naming `what` for key dims over 256.
+fn by_key_dim(family: &str, dk: usize, what: &str) -> Result<String> {
+    let max = match dk {
+        0..=32 => 32,
+        33..=64 => 64,
+        65..=128 => 128,
+        129..=256 => 256,
+        _ => return Err(ModelError::Input(format!("{what}: key dim {dk} (the CUDA kernels take up to 256)"))),
+    };
+    Ok(format!("{family}_{max}"))
+}
+
 fn f32c(t: &Tensor) -> Result<Tensor> {
     Ok(t.to_dtype(DType::F32)?.contiguous()?)
 }
@@ -63,18 +76,7 @@ pub fn delta_rule(
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("gdn delta rule: not a CUDA tensor".into()))?;
     let t = v.dim(0)?;
-    let name = match d.dk {
-        0..=32 => "gdn_delta_32",
-        33..=64 => "gdn_delta_64",
-        65..=128 => "gdn_delta_128",
-        129..=256 => "gdn_delta_256",
-        _ => {
-            return Err(ModelError::Input(format!(
-                "gdn delta rule: key dim {} (the CUDA kernel takes up to 256)",
-                d.dk
-            )))
-        }
-    };
+    let name = &by_key_dim("gdn_delta", d.dk, "gdn delta rule")?;
     if d.nk == 0 || !d.nv.is_multiple_of(d.nk) {
         return Err(ModelError::Input(format!("gdn delta rule: {} v-heads over {} k-heads", d.nv, d.nk)));
     }
@@ -135,13 +137,7 @@ pub fn delta_fused(
     }
     let dev = cuda_device(u).ok_or_else(|| ModelError::Input("gdn fused step: not a CUDA tensor".into()))?;
     let t = u.dim(0)?;
-    let name = match d.dk {
-        0..=32 => "gdn_delta_fused_32",
-        33..=64 => "gdn_delta_fused_64",
-        65..=128 => "gdn_delta_fused_128",
-        129..=256 => "gdn_delta_fused_256",
-        _ => return Err(ModelError::Input(format!("gdn fused step: key dim {} (up to 256)", d.dk))),
-    };
+    let name = &by_key_dim("gdn_delta_fused", d.dk, "gdn fused step")?;
     if d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dv == 0 || d.dv > 256 {
         return Err(ModelError::Input(format!(
             "gdn fused step: {} v-heads over {} k-heads, value dim {} (up to 256)",
@@ -211,13 +207,10 @@ fn delta_cols(
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let dev = cuda_device(u).ok_or_else(|| ModelError::Input("gdn step: not a CUDA tensor".into()))?;
     let t = u.dim(0)?;
-    let name = match d.dk {
-        1..=32 => "gdn_delta_cols_32",
-        33..=64 => "gdn_delta_cols_64",
-        65..=128 => "gdn_delta_cols_128",
-        129..=256 => "gdn_delta_cols_256",
-        _ => return Err(ModelError::Input(format!("gdn step: key dim {} (1 to 256)", d.dk))),
-    };
+    if d.dk == 0 {
+        return Err(ModelError::Input("gdn step: key dim 0".into()));
+    }
+    let name = &by_key_dim("gdn_delta_cols", d.dk, "gdn step")?;
     if d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dv == 0 {
         return Err(ModelError::Input(format!("gdn step: {} v-heads over {} k-heads, value dim {}", d.nv, d.nk, d.dv)));
     }
@@ -269,4 +262,21 @@ fn delta_cols(
         tensor(next, &dev, (d.nv, d.dk, d.dv)),
         lane_buf.map(|l| tensor(l, &dev, (t, d.nv, d.dk, d.dv))),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_key_dim;
+
+    /// Every name the launchers can ask for is a kernel of the module's PTX.
+    #[test]
+    fn kernel_names_exist() {
+        for family in ["gdn_delta", "gdn_delta_fused", "gdn_delta_cols"] {
+            for dk in [1, 32, 33, 64, 100, 128, 200, 256] {
+                let name = by_key_dim(family, dk, "test").unwrap();
+                assert!(tandem_kernels::GDN.contains(&format!(".entry {name}(")), "{name} is not in gdn.ptx");
+            }
+        }
+        assert!(by_key_dim("gdn_delta", 257, "test").is_err());
+    }
 }

@@ -111,7 +111,6 @@ impl FusedLinear {
     /// of one result: contiguous for a single row).
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         let n: usize = self.widths.iter().sum();
-        let _live = &self.buf;
         let y = matmul_raw(self.fmt, self.address, n, self.k, x)?;
         let last = y.rank() - 1;
         let mut outs = Vec::with_capacity(self.widths.len());
