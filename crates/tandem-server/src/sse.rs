@@ -3,6 +3,9 @@
 //! then the optional usage chunk and `data: [DONE]`. A failure midway sends one error frame
 //! (the OpenAI error body) and ends the stream. The stream owns the engine receiver, so when the
 //! client disconnects and axum drops the body, the receiver is dropped and the request cancelled.
+//!
+//! APIs whose events are named (`event: …` lines: Anthropic messages, OpenAI Responses) supply
+//! an [`EventSource`] instead and get [`named_event_response`], the same loop.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -150,6 +153,64 @@ pub fn frames_guarded<F: ChunkFormat>(
             s.apply(event);
         }
     })
+}
+
+/// Turns engine events into named server-sent events.
+pub trait EventSource: Send + 'static {
+    /// The events for one engine event (`None`: the channel closed without finishing) and
+    /// whether the stream is over.
+    fn on_event(&mut self, event: Option<GenerationEvent>) -> (Vec<NamedEvent>, bool);
+    /// The event sent when the request's deadline passes (the stream then ends).
+    fn timeout(&self) -> NamedEvent;
+}
+
+/// An event name and its JSON data.
+pub type NamedEvent = (&'static str, serde_json::Value);
+
+/// An SSE response of named events: `opening`, then `source`'s events for `first` and each
+/// engine event after it. It owns `rx` and `guard`: a client that disconnects cancels the
+/// request, and past the guard's deadline the stream ends with `source.timeout()`.
+pub fn named_event_response<S: EventSource>(
+    first: GenerationEvent,
+    rx: mpsc::Receiver<GenerationEvent>,
+    opening: Vec<NamedEvent>,
+    source: S,
+    guard: RequestGuard,
+) -> Response {
+    struct St<S> {
+        rx: Option<mpsc::Receiver<GenerationEvent>>,
+        first: Option<GenerationEvent>,
+        pending: VecDeque<NamedEvent>,
+        source: S,
+        guard: RequestGuard,
+    }
+    let st = St { rx: Some(rx), first: Some(first), pending: VecDeque::from(opening), source, guard };
+    let events = futures::stream::unfold(st, |mut s| async move {
+        loop {
+            if let Some((name, data)) = s.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(Event::default().event(name).data(data.to_string())), s));
+            }
+            let deadline = s.guard.deadline;
+            let rx = s.rx.as_mut()?;
+            let event = match s.first.take() {
+                Some(e) => Some(e),
+                None => match recv_until(rx, deadline).await {
+                    Ok(e) => e,
+                    Err(()) => {
+                        s.pending.push_back(s.source.timeout());
+                        s.rx = None;
+                        continue;
+                    }
+                },
+            };
+            let (events, done) = s.source.on_event(event);
+            s.pending.extend(events);
+            if done {
+                s.rx = None;
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 
 #[cfg(test)]

@@ -11,6 +11,15 @@ use crate::config::{ServerConfig, ToolParserChoice};
 use crate::error::ApiError;
 use crate::tools::ToolFormat;
 
+/// An admitted generation request: its guard, and the served model's id (for responses),
+/// context length and vocabulary size.
+pub struct Admitted {
+    pub guard: RequestGuard,
+    pub model: String,
+    pub context: usize,
+    pub vocab: usize,
+}
+
 /// Cloned into every handler by axum.
 #[derive(Clone)]
 pub struct AppState {
@@ -68,6 +77,15 @@ impl AppState {
             }
         }
         names
+    }
+
+    /// Admits a generation request naming `model` (404 for a name it does not answer to, 429
+    /// at the concurrency limit), with what the routes need of the served model.
+    pub fn admit_for(&self, model: Option<&str>) -> Result<Admitted, ApiError> {
+        self.check_model(model)?;
+        let guard = self.admit()?;
+        let info = self.backend.info();
+        Ok(Admitted { guard, model: info.id.clone(), context: info.context_length, vocab: info.vocab_size })
     }
 
     /// Admits a generation request, or refuses it with 429 when the server is at its limit.

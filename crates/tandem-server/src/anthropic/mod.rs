@@ -14,25 +14,20 @@
 pub mod request;
 pub mod response;
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tandem_engine::GenerationEvent;
-use tokio::sync::mpsc;
 
 use crate::chat::submit::{submit_chat, ChatJob};
 use crate::error::{AnthropicError, ApiError};
 use crate::extract::{parse_json, JsonBody};
 use crate::generation::collect_until;
 use crate::prompt::chat_prompt;
-use crate::sse::{first_event_until, recv_until};
-use crate::state::{AppState, RequestGuard};
+use crate::sse::{first_event_until, named_event_response, EventSource};
+use crate::state::{Admitted, AppState};
 use request::MessagesRequest;
 use response::{message_id, whole_message, EventWriter};
 
@@ -59,12 +54,7 @@ pub async fn messages(
     State(state): State<AppState>,
     AnthropicJson(req): AnthropicJson<MessagesRequest>,
 ) -> Result<Response, AnthropicError> {
-    state.check_model(req.model.as_deref())?;
-    let guard = state.admit()?;
-    let (model, vocab) = {
-        let info = state.backend.info();
-        (info.id.clone(), info.vocab_size)
-    };
+    let Admitted { guard, model, vocab, .. } = state.admit_for(req.model.as_deref())?;
     let params = req.common(false)?.validate(vocab)?;
     let (budget, enable_thinking) = req.thinking()?;
     let (opts, parallel) = req.render_options(enable_thinking)?;
@@ -86,44 +76,20 @@ pub async fn messages(
         return Ok(axum::Json(body).into_response());
     }
     let first = first_event_until(&mut sub.rx, &guard).await?;
-    let pending = VecDeque::from(EventWriter::start(&id, &model, sub.prompt_ids.len()));
-    let st =
-        StreamState { rx: Some(sub.rx), first: Some(first), pending, writer: EventWriter::new(&sub.output), guard };
-    let events = futures::stream::unfold(st, |mut s| async move {
-        loop {
-            if let Some((name, data)) = s.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(Event::default().event(name).data(data.to_string())), s));
-            }
-            let deadline = s.guard.deadline;
-            let rx = s.rx.as_mut()?;
-            let event = match s.first.take() {
-                Some(e) => Some(e),
-                None => match recv_until(rx, deadline).await {
-                    Ok(e) => e,
-                    Err(()) => {
-                        s.pending.push_back(("error", ApiError::timeout().anthropic_body()));
-                        s.rx = None;
-                        continue;
-                    }
-                },
-            };
-            let (events, done) = on_event(&mut s.writer, event);
-            s.pending.extend(events);
-            if done {
-                s.rx = None;
-            }
-        }
-    });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+    let opening = EventWriter::start(&id, &model, sub.prompt_ids.len());
+    Ok(named_event_response(first, sub.rx, opening, Events(EventWriter::new(&sub.output)), guard))
 }
 
-/// The stream's state: dropping it drops the receiver (cancelling the request) and the guard.
-struct StreamState {
-    rx: Option<mpsc::Receiver<GenerationEvent>>,
-    first: Option<GenerationEvent>,
-    pending: VecDeque<response::Event>,
-    writer: EventWriter,
-    guard: RequestGuard,
+/// The stream's events: the writer's, and Anthropic error events.
+struct Events(EventWriter);
+
+impl EventSource for Events {
+    fn on_event(&mut self, event: Option<GenerationEvent>) -> (Vec<response::Event>, bool) {
+        on_event(&mut self.0, event)
+    }
+    fn timeout(&self) -> response::Event {
+        ("error", ApiError::timeout().anthropic_body())
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}` for the rendered prompt.

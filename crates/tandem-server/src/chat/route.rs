@@ -12,18 +12,13 @@ use crate::extract::ApiJson;
 use crate::generation::collect_until;
 use crate::response_meta::ResponseMeta;
 use crate::sse::{first_event_until, sse_response};
-use crate::state::AppState;
+use crate::state::{Admitted, AppState};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    state.check_model(req.common.model.as_deref())?;
-    let guard = state.admit()?;
-    let (model, vocab) = {
-        let info = state.backend.info();
-        (info.id.clone(), info.vocab_size)
-    };
+    let Admitted { guard, model, vocab, .. } = state.admit_for(req.common.model.as_deref())?;
     let params = req.common.validate(vocab)?;
     let logprobs = req.engine_logprobs()?;
     let max_thinking_tokens = match req.max_thinking_tokens {

@@ -14,18 +14,13 @@ use crate::params::token_budget;
 use crate::prompt::completion_prompt;
 use crate::response_meta::ResponseMeta;
 use crate::sse::{first_event_until, sse_response};
-use crate::state::AppState;
+use crate::state::{Admitted, AppState};
 
 pub async fn completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    state.check_model(req.common.model.as_deref())?;
-    let guard = state.admit()?;
-    let (model, context, vocab) = {
-        let info = state.backend.info();
-        (info.id.clone(), info.context_length, info.vocab_size)
-    };
+    let Admitted { guard, model, context, vocab } = state.admit_for(req.common.model.as_deref())?;
     req.check_supported()?;
     let params = req.common.validate(vocab)?;
     let logprobs = req.engine_logprobs()?;

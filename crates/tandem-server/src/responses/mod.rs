@@ -15,17 +15,13 @@ pub mod request;
 pub mod response;
 pub mod store;
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tandem_engine::GenerationEvent;
-use tokio::sync::mpsc;
 
 use crate::chat::request::ChatCompletionRequest;
 use crate::chat::submit::{submit_chat, ChatJob};
@@ -33,8 +29,8 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, JsonBody};
 use crate::generation::collect_until;
 use crate::output::OutputParser;
-use crate::sse::{first_event_until, recv_until};
-use crate::state::{AppState, RequestGuard};
+use crate::sse::{first_event_until, named_event_response, EventSource};
+use crate::state::{Admitted, AppState};
 use response::{assistant_message, new_id, Writer};
 use store::ResponseStore;
 
@@ -68,12 +64,7 @@ pub async fn create(
     let t = request::translate(&body, history)?;
     drop(body);
     let req = ChatCompletionRequest::from_json(&t.chat)?;
-    state.check_model(req.common.model.as_deref())?;
-    let guard = state.admit()?;
-    let (model, vocab) = {
-        let info = state.backend.info();
-        (info.id.clone(), info.vocab_size)
-    };
+    let Admitted { guard, model, vocab, .. } = state.admit_for(req.common.model.as_deref())?;
     let params = req.common.validate(vocab)?;
     let job = ChatJob {
         messages: req.template_messages()?,
@@ -100,40 +91,9 @@ pub async fn create(
         return Ok(axum::Json(r).into_response());
     }
     let first = first_event_until(&mut sub.rx, &guard).await?;
-    let pending = VecDeque::from(writer.start());
-    let st = StreamState {
-        rx: Some(sub.rx),
-        first: Some(first),
-        pending,
-        parser: OutputParser::new(&sub.output),
-        writer,
-        keep,
-        guard,
-    };
-    let events = futures::stream::unfold(st, |mut s| async move {
-        loop {
-            if let Some((name, data)) = s.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(Event::default().event(name).data(data.to_string())), s));
-            }
-            let deadline = s.guard.deadline;
-            let rx = s.rx.as_mut()?;
-            let event = match s.first.take() {
-                Some(e) => Some(e),
-                None => match recv_until(rx, deadline).await {
-                    Ok(e) => e,
-                    Err(()) => {
-                        s.pending.push_back(error_event(&ApiError::timeout()));
-                        s.rx = None;
-                        continue;
-                    }
-                },
-            };
-            if on_event(&mut s, event) {
-                s.rx = None;
-            }
-        }
-    });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+    let opening = writer.start();
+    let source = Streamer { parser: OutputParser::new(&sub.output), writer, keep };
+    Ok(named_event_response(first, sub.rx, opening, source, guard))
 }
 
 /// Where a finished response is stored.
@@ -151,50 +111,43 @@ impl Keep {
     }
 }
 
-/// The stream's state: dropping it drops the receiver (cancelling the request) and the guard.
-struct StreamState {
-    rx: Option<mpsc::Receiver<GenerationEvent>>,
-    first: Option<GenerationEvent>,
-    pending: VecDeque<response::Event>,
+/// A streamed response: engine text through the output parser into Responses events; the
+/// finished response is stored.
+struct Streamer {
     parser: OutputParser,
     writer: Writer,
     keep: Option<Keep>,
-    guard: RequestGuard,
 }
 
 fn error_event(e: &ApiError) -> response::Event {
     ("error", json!({"type": "error", "code": e.code, "message": e.message, "param": e.param}))
 }
 
-/// Applies one engine event; whether the stream is over.
-fn on_event(s: &mut StreamState, event: Option<GenerationEvent>) -> bool {
-    match event {
-        Some(GenerationEvent::Token { text, .. }) => {
-            let parsed = s.parser.push(&text);
-            let events = s.writer.push(parsed);
-            s.pending.extend(events);
-            false
-        }
-        Some(GenerationEvent::Finished { reason, text, usage, .. }) => {
-            let mut parsed = s.parser.push(&text);
-            parsed.extend(s.parser.finish());
-            let events = s.writer.push(parsed);
-            s.pending.extend(events);
-            let (end, r) = s.writer.finish(reason, &usage);
-            s.pending.extend(end);
-            if let Some(k) = s.keep.take() {
-                k.save(&r, s.writer.items());
+impl EventSource for Streamer {
+    fn on_event(&mut self, event: Option<GenerationEvent>) -> (Vec<response::Event>, bool) {
+        match event {
+            Some(GenerationEvent::Token { text, .. }) => (self.writer.push(self.parser.push(&text)), false),
+            Some(GenerationEvent::Finished { reason, text, usage, .. }) => {
+                let mut parsed = self.parser.push(&text);
+                parsed.extend(self.parser.finish());
+                let mut events = self.writer.push(parsed);
+                let (end, r) = self.writer.finish(reason, &usage);
+                events.extend(end);
+                if let Some(k) = self.keep.take() {
+                    k.save(&r, self.writer.items());
+                }
+                (events, true)
             }
-            true
+            Some(GenerationEvent::Error(msg)) => {
+                (vec![error_event(&ApiError::internal(format!("Generation failed: {msg}")))], true)
+            }
+            None => {
+                (vec![error_event(&ApiError::internal("The engine ended the request without finishing it."))], true)
+            }
         }
-        Some(GenerationEvent::Error(msg)) => {
-            s.pending.push_back(error_event(&ApiError::internal(format!("Generation failed: {msg}"))));
-            true
-        }
-        None => {
-            s.pending.push_back(error_event(&ApiError::internal("The engine ended the request without finishing it.")));
-            true
-        }
+    }
+    fn timeout(&self) -> response::Event {
+        error_event(&ApiError::timeout())
     }
 }
 
