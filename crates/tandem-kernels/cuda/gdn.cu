@@ -143,6 +143,36 @@ __device__ __forceinline__ float block_sum_fixed(float v, float* red) {
     return s;
 }
 
+// One step's q and k of key head kh, L2-normalised (q also scaled), staged into sh[0..dk) and
+// sh[dk..2dk) for the whole block; the norms' sums in block_sum_fixed's fixed order.
+__device__ __forceinline__ void stage_qk_normed(float* sh, float* red, const float* __restrict__ ur, int kh,
+                                                int kd, int dk, float scale) {
+    float qq = 0.f, kk = 0.f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        const float qv = ur[kh * dk + i], kv = ur[kd + kh * dk + i];
+        sh[i] = qv;
+        sh[dk + i] = kv;
+        qq += qv * qv;
+        kk += kv * kv;
+    }
+    const float iq = 1.f / sqrtf(block_sum_fixed(qq, red) + 1e-6f);
+    const float ik = 1.f / sqrtf(block_sum_fixed(kk, red) + 1e-6f);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        sh[i] = sh[i] * iq * scale;
+        sh[dk + i] = sh[dk + i] * ik;
+    }
+    __syncthreads();
+}
+
+// Value head h's gates at step ti: beta = sigmoid(b), decay = exp(-A softplus(a + dt_bias)).
+__device__ __forceinline__ void step_gates(const float* __restrict__ b_raw, const float* __restrict__ a_raw,
+                                           const float* __restrict__ dt_bias, const float* __restrict__ neg_a,
+                                           int ti, int nv, int h, float* beta, float* decay) {
+    *beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
+    const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
+    *decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
+}
+
 template <int MAXDK>
 __device__ void delta_fused(float* __restrict__ o, float* __restrict__ state_out, float* __restrict__ lanes,
                             const float* __restrict__ u, const float* __restrict__ z, const float* __restrict__ b_raw,
@@ -165,24 +195,9 @@ __device__ void delta_fused(float* __restrict__ o, float* __restrict__ state_out
     for (int ti = 0; ti < t; ti++) {
         const float* ur = u + (size_t)ti * ch;
         __syncthreads();
-        float qq = 0.f, kk = 0.f;
-        for (int i = j; i < dk; i += blockDim.x) {
-            const float qv = ur[kh * dk + i], kv = ur[kd + kh * dk + i];
-            sh[i] = qv;
-            sh[dk + i] = kv;
-            qq += qv * qv;
-            kk += kv * kv;
-        }
-        const float iq = 1.f / sqrtf(block_sum_fixed(qq, red) + 1e-6f);
-        const float ik = 1.f / sqrtf(block_sum_fixed(kk, red) + 1e-6f);
-        for (int i = j; i < dk; i += blockDim.x) {
-            sh[i] = sh[i] * iq * scale;
-            sh[dk + i] = sh[dk + i] * ik;
-        }
-        __syncthreads();
-        const float beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
-        const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
-        const float decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
+        stage_qk_normed(sh, red, ur, kh, kd, dk, scale);
+        float beta, decay;
+        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, nv, h, &beta, &decay);
         float out = 0.f;
         if (j < dv) {
 #pragma unroll
@@ -271,24 +286,9 @@ __device__ void delta_cols(float* __restrict__ o_raw, float* __restrict__ state_
     for (int ti = 0; ti < t; ti++) {
         const float* ur = u + (size_t)ti * ch;
         __syncthreads();
-        float qq = 0.f, kk = 0.f;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            const float qv = ur[kh * dk + i], kv = ur[kd + kh * dk + i];
-            sh[i] = qv;
-            sh[dk + i] = kv;
-            qq += qv * qv;
-            kk += kv * kv;
-        }
-        const float iq = 1.f / sqrtf(block_sum_fixed(qq, red) + 1e-6f);
-        const float ik = 1.f / sqrtf(block_sum_fixed(kk, red) + 1e-6f);
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            sh[i] = sh[i] * iq * scale;
-            sh[dk + i] = sh[dk + i] * ik;
-        }
-        __syncthreads();
-        const float beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
-        const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
-        const float decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
+        stage_qk_normed(sh, red, ur, kh, kd, dk, scale);
+        float beta, decay;
+        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, nv, h, &beta, &decay);
         float sk = 0.f;
 #pragma unroll
         for (int m = 0; m < R; m++) {
