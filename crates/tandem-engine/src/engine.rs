@@ -196,6 +196,9 @@ struct Inner {
     eos_ids: Vec<u32>,
     /// Speculation methods requests may ask for.
     spec_methods: Vec<SpecMethod>,
+    /// Grammar compiler for constrained decoding, built on first use (it reads the whole
+    /// vocabulary); the error says why this model cannot have one.
+    grammars: std::sync::OnceLock<Result<Arc<crate::constraint::Grammars>, String>>,
 }
 
 impl EngineHandle {
@@ -327,7 +330,17 @@ impl EngineHandle {
                 scheduler.run(rx)
             })
             .map_err(EngineError::Thread)?;
-        Ok(Self { inner: Arc::new(Inner { info, summary, tokenizer, template, tx, stats, eos_ids, spec_methods }) })
+        Ok(Self { inner: Arc::new(Inner {
+            info,
+            summary,
+            tokenizer,
+            template,
+            tx,
+            stats,
+            eos_ids,
+            spec_methods,
+            grammars: std::sync::OnceLock::new(),
+        }) })
     }
 
     /// Validates and queues a request; events arrive on the returned receiver. Dropping the
@@ -365,13 +378,17 @@ impl EngineHandle {
             }
         }
         let sampler = Sampler::new(req.sampling.clone()).map_err(SubmitError::InvalidParam)?;
+        let constraint = match &req.grammar {
+            Some(g) => Some(self.grammars().map_err(SubmitError::InvalidGrammar)?.compile(g).map_err(SubmitError::InvalidGrammar)?),
+            None => None,
+        };
         // Capacity covers every event the request can produce, so the engine never blocks.
         let (etx, erx) = mpsc::channel(req.stop.max_tokens + 2);
         let mut stop_ids = req.stop.stop_token_ids.clone();
         if !req.stop.ignore_eos {
             stop_ids.extend_from_slice(&self.inner.eos_ids);
         }
-        let sub = Submission { req, sampler, stop_ids, events: etx, submitted: Instant::now() };
+        let sub = Submission { req, sampler, constraint, stop_ids, events: etx, submitted: Instant::now() };
         self.inner.stats.waiting.fetch_add(1, Ordering::Relaxed);
         match self.inner.tx.try_send(sub) {
             Ok(()) => Ok(erx),
@@ -383,6 +400,16 @@ impl EngineHandle {
                 })
             }
         }
+    }
+
+    /// This model's grammar compiler (built on the first call; later calls share it), or why
+    /// constrained decoding is not available for its tokenizer.
+    pub fn grammars(&self) -> Result<Arc<crate::constraint::Grammars>, String> {
+        let inner = &self.inner;
+        inner
+            .grammars
+            .get_or_init(|| crate::constraint::Grammars::new(inner.tokenizer.clone(), inner.info.vocab_size).map(Arc::new))
+            .clone()
     }
 
     pub fn info(&self) -> &ModelInfo {

@@ -10,6 +10,7 @@
 //! file formats.
 
 pub(crate) mod cache;
+pub mod constraint;
 pub mod engine;
 pub mod request;
 pub mod sampler;
@@ -19,6 +20,7 @@ pub mod spec;
 pub mod stop;
 pub mod threads;
 
+pub use constraint::{Grammar, Grammars};
 pub use cache::disk::{namespaces as disk_cache_namespaces, DiskCacheConfig, DiskStats, NamespaceInfo};
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};
 pub use request::*;

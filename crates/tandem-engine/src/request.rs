@@ -74,6 +74,8 @@ pub struct GenerateRequest {
     pub message_boundaries: Vec<usize>,
     /// Overrides the server's speculative decoding settings for this request.
     pub speculative: Option<crate::spec::SpecRequest>,
+    /// The grammar the output must match (constrained decoding); `None` for free text.
+    pub grammar: Option<crate::constraint::Grammar>,
 }
 
 /// A token and its log-probability under the (unfiltered, temperature 1) model distribution.
@@ -191,6 +193,8 @@ pub enum SubmitError {
     InvalidToken(u32),
     #[error("invalid sampling parameter: {0}")]
     InvalidParam(String),
+    #[error("invalid grammar: {0}")]
+    InvalidGrammar(String),
     #[error("the request queue is full")]
     QueueFull,
     #[error("the engine has stopped")]

@@ -36,6 +36,7 @@ use speculate::Proposers;
 pub(crate) struct Submission {
     pub req: GenerateRequest,
     pub sampler: Sampler,
+    pub constraint: Option<crate::constraint::Constraint>,
     pub stop_ids: Vec<u32>,
     pub events: mpsc::Sender<GenerationEvent>,
     pub submitted: Instant,
@@ -412,27 +413,30 @@ impl Scheduler {
             })
             .flatten();
         let hidden_wanted = self.proposers.needs_hidden(plan.iter().map(|e| &self.running[e.seq]));
-        let result = {
-            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
-            let mut plan_iter = plan.iter().peekable();
-            for (i, s) in self.running.iter_mut().enumerate() {
-                if let Some(&&e) = plan_iter.peek() {
-                    if e.seq == i {
-                        plan_iter.next();
-                        let (tokens, cache) = if e.verify { s.verify_input() } else { s.next_input(e.n) };
-                        chunks.push(SeqChunk { tokens, cache, logits: e.logits });
+        // Grammar masks of the sequences that sample this step, computed on another thread
+        // while the model runs (they depend only on the tokens already kept).
+        let mut grammars: Vec<(usize, crate::constraint::Constraint)> = plan
+            .iter()
+            .filter(|e| e.logits == tandem_model::batch::LogitsWanted::Last && !e.verify)
+            .filter_map(|e| self.running[e.seq].constraint.take().map(|c| (e.seq, c)))
+            .collect();
+        let result = std::thread::scope(|scope| {
+            let masks = (!grammars.is_empty()).then(|| {
+                scope.spawn(|| {
+                    for (_, c) in grammars.iter_mut() {
+                        c.prepare();
                     }
-                }
+                })
+            });
+            let r = self.run_model(plan, hidden_wanted);
+            if let Some(h) = masks {
+                let _ = h.join();
             }
-            let model = &self.model;
-            catch_unwind(AssertUnwindSafe(|| {
-                if hidden_wanted {
-                    model.forward_with_hidden(&mut chunks)
-                } else {
-                    model.forward(&mut chunks).map(|l| (l, None))
-                }
-            }))
-        };
+            r
+        });
+        for (i, c) in grammars {
+            self.running[i].constraint = Some(c);
+        }
         let elapsed = started.elapsed().as_secs_f64();
         let (logits, hidden) = match result {
             Ok(Ok(l)) => l,
@@ -498,6 +502,33 @@ impl Scheduler {
             self.cache.commit(&mut self.running[e.seq]);
         }
         elapsed * 1e3
+    }
+
+    /// One forward pass over the plan's chunks (a panic inside the model is caught).
+    fn run_model(
+        &mut self,
+        plan: &[PlanEntry],
+        hidden_wanted: bool,
+    ) -> std::thread::Result<tandem_model::Result<(Vec<Option<candle_core::Tensor>>, Option<candle_core::Tensor>)>> {
+        let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
+        let mut plan_iter = plan.iter().peekable();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if let Some(&&e) = plan_iter.peek() {
+                if e.seq == i {
+                    plan_iter.next();
+                    let (tokens, cache) = if e.verify { s.verify_input() } else { s.next_input(e.n) };
+                    chunks.push(SeqChunk { tokens, cache, logits: e.logits });
+                }
+            }
+        }
+        let model = &self.model;
+        catch_unwind(AssertUnwindSafe(|| {
+            if hidden_wanted {
+                model.forward_with_hidden(&mut chunks)
+            } else {
+                model.forward(&mut chunks).map(|l| (l, None))
+            }
+        }))
     }
 
     /// See [`Self::forward`]: fails the plan, or with snapshots restores every sequence and

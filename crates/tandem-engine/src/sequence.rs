@@ -13,6 +13,7 @@ use tandem_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::cache::CacheBook;
+use crate::constraint::Constraint;
 use crate::request::{FinishReason, GenerationEvent, PositionLogprobs, Timings, TokenLogprob, Usage};
 use crate::sampler::{top_logprobs, Sampler};
 use crate::scheduler::Submission;
@@ -36,6 +37,8 @@ pub(crate) struct Sequence {
     /// Speculative decoding state (method, drafts, proposer cache, counters).
     pub spec: SeqSpec,
     sampler: Sampler,
+    /// The grammar the output must match (constrained decoding), if any.
+    pub(crate) constraint: Option<Constraint>,
     stop_ids: Vec<u32>,
     max_tokens: usize,
     logprobs: Option<usize>,
@@ -51,7 +54,7 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     pub fn new(sub: Submission, cache: SequenceCache, spec: SeqSpec) -> Self {
-        let Submission { req, sampler, stop_ids, events, submitted } = sub;
+        let Submission { req, sampler, constraint, stop_ids, events, submitted } = sub;
         Self {
             prompt_len: req.prompt_ids.len(),
             tokens: req.prompt_ids,
@@ -63,6 +66,7 @@ impl Sequence {
             message_boundaries: req.message_boundaries,
             spec,
             sampler,
+            constraint,
             stop_ids,
             max_tokens: req.stop.max_tokens,
             logprobs: req.logprobs,
@@ -165,7 +169,8 @@ impl Sequence {
     ) -> Result<(), String> {
         let drafts = std::mem::take(&mut self.spec.drafts);
         let fed = drafts.len() + 1;
-        let Verdict { tokens, accepted } = crate::spec::verify::verify(&mut self.sampler, &self.tokens, &drafts, &rows);
+        let Verdict { tokens, accepted } =
+            crate::spec::verify::verify(&mut self.sampler, self.constraint.as_mut(), &self.tokens, &drafts, &rows)?;
         self.spec.record(drafts.len(), accepted);
         let mut appended = 0;
         for (i, &id) in tokens.iter().enumerate() {
@@ -183,7 +188,7 @@ impl Sequence {
     /// Whether the next token can be picked from the device's argmax alone (no log-probs
     /// asked for, greedy without penalties).
     pub fn argmax_only(&self) -> bool {
-        !self.finished && self.logprobs.is_none() && self.sampler.argmax_only()
+        !self.finished && self.logprobs.is_none() && self.constraint.is_none() && self.sampler.argmax_only()
     }
 
     /// Takes a token the device picked (see [`Self::argmax_only`]) and applies the stop rules.
@@ -196,7 +201,7 @@ impl Sequence {
     /// `Some(1 / temperature)` when the next token can come from a device's top candidates
     /// (no log-probs asked for; see [`crate::sampler::Sampler::candidates_temperature`]).
     pub fn candidates_temperature(&self) -> Option<f32> {
-        if self.finished || self.logprobs.is_some() {
+        if self.finished || self.logprobs.is_some() || self.constraint.is_some() {
             return None;
         }
         self.sampler.candidates_temperature()
@@ -223,7 +228,17 @@ impl Sequence {
             return;
         }
         let raw = self.logprobs.map(|_| logits.clone());
+        if let Some(c) = self.constraint.as_mut() {
+            if let Err(e) = c.apply(&mut logits) {
+                return self.fail(&e);
+            }
+        }
         let id = self.sampler.sample(&mut logits, &self.tokens);
+        if let Some(c) = self.constraint.as_mut() {
+            if let Err(e) = c.consume(id) {
+                return self.fail(&e);
+            }
+        }
         self.push_token(id, raw.as_deref(), tok, context_length);
     }
 

@@ -17,6 +17,9 @@ pub struct ChatRenderOptions {
     pub tools: Option<Value>,
     /// The request's `chat_template_kwargs`, exposed to the template as extra variables.
     pub extra: Map<String, Value>,
+    /// The answer must be tool calls (`tool_choice` required or a named function): decoding is
+    /// constrained to the model's call format over the offered tools. Not seen by the template.
+    pub force_call: bool,
 }
 
 /// A rendered conversation.
@@ -45,6 +48,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The chat template's source, used to pick the tool-call format.
     fn chat_template_source(&self) -> Option<String> {
         None
+    }
+    /// `text` as a Lark expression in this model's vocabulary: a reference to its special token
+    /// when it has one with exactly this text, else a string literal (for grammars that name
+    /// tags such as `<tool_call>`).
+    fn grammar_literal(&self, text: &str) -> String {
+        tandem_engine::constraint::lark_string(text)
     }
     /// Queues a request. Dropping the returned receiver cancels it.
     fn submit(&self, req: GenerateRequest) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError>;

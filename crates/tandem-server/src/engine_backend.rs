@@ -41,6 +41,13 @@ impl Backend for EngineHandle {
         self.chat_template().map(|t| t.source().to_string())
     }
 
+    fn grammar_literal(&self, text: &str) -> String {
+        match self.grammars() {
+            Ok(g) => g.token_or_literal(self.tokenizer(), text),
+            Err(_) => tandem_engine::constraint::lark_string(text),
+        }
+    }
+
     fn submit(&self, req: GenerateRequest) -> Result<mpsc::Receiver<GenerationEvent>, SubmitError> {
         EngineHandle::submit(self, req)
     }

@@ -232,6 +232,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::MaxTokensTooLarge { .. } => ApiError::context_length("max_tokens", msg),
             SubmitError::InvalidToken(_) => ApiError::invalid_param("prompt", msg).with_code("invalid_token"),
             SubmitError::InvalidParam(_) => ApiError::invalid(msg),
+            SubmitError::InvalidGrammar(_) => ApiError::invalid(msg).with_code("invalid_grammar"),
             SubmitError::QueueFull => ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg).with_code("queue_full")

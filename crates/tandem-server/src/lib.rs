@@ -42,6 +42,7 @@ pub mod scripted;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod thinking;
 pub mod tools;
 

@@ -3,7 +3,7 @@
 //! [`SamplingParams`] and [`StopParams`], including the context-length budget.
 
 use serde::Deserialize;
-use tandem_engine::{SamplingParams, SpecRequest, StopParams};
+use tandem_engine::{Grammar, SamplingParams, SpecRequest, StopParams};
 
 use crate::error::ApiError;
 
@@ -51,8 +51,18 @@ pub struct CommonParams {
     pub speculative: Option<SpecRequest>,
     /// OpenAI's `{"token id": bias}`, each bias in [-100, 100].
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
-    /// Only `{"type": "text"}` for now: structured output is refused rather than ignored.
+    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"name",
+    /// "schema", "strict"}}`: the output is constrained to match (see [`crate::structured`]).
     pub response_format: Option<serde_json::Value>,
+    /// vLLM's guided decoding: a JSON schema (object or JSON text), a regex, a choice of
+    /// strings, a grammar (Lark, or GBNF when it has `::=` rules).
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    /// llama.cpp's fields: a GBNF grammar (Lark also accepted) and a JSON schema.
+    pub grammar: Option<String>,
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// The validated, engine-ready form of [`CommonParams`].
@@ -66,6 +76,9 @@ pub struct Validated {
     pub include_usage: bool,
     pub return_token_ids: bool,
     pub speculative: Option<SpecRequest>,
+    /// What the output must match, from `response_format`, `guided_*`, `grammar` or
+    /// `json_schema` (at most one of them).
+    pub grammar: Option<Grammar>,
 }
 
 impl CommonParams {
@@ -138,20 +151,7 @@ impl CommonParams {
                 sampling.logit_bias.push((id, b as f32));
             }
         }
-        match &self.response_format {
-            None | Some(serde_json::Value::Null) => {}
-            Some(f) if f.get("type").and_then(|t| t.as_str()) == Some("text") => {}
-            Some(f) => {
-                let kind = f.get("type").and_then(|t| t.as_str()).unwrap_or("?");
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    format!(
-                        "response_format `{kind}` is not supported yet (constrained decoding is not implemented); \
-                         remove it or use {{\"type\": \"text\"}}."
-                    ),
-                ));
-            }
-        }
+        let grammar = crate::structured::grammar_of(self)?;
 
         let stop_strings = match &self.stop {
             None => Vec::new(),
@@ -180,6 +180,7 @@ impl CommonParams {
             include_usage: stream && self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
             speculative: self.speculative.clone(),
+            grammar,
         })
     }
 }
@@ -295,8 +296,12 @@ mod tests {
             (r#"{"logit_bias":{"x":1}}"#, "logit_bias"),
             (r#"{"logit_bias":{"5":101}}"#, "logit_bias"),
             (r#"{"logit_bias":{"5":"high"}}"#, "logit_bias"),
-            (r#"{"response_format":{"type":"json_object"}}"#, "response_format"),
-            (r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}"#, "response_format"),
+            (r#"{"response_format":{"type":"xml"}}"#, "response_format"),
+            (r#"{"response_format":{"type":"json_schema"}}"#, "response_format"),
+            (r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":3}}}"#, "response_format"),
+            (r#"{"guided_json":"{not json"}"#, "guided_json"),
+            (r#"{"guided_choice":[]}"#, "guided_choice"),
+            (r#"{"guided_regex":"a+","response_format":{"type":"json_object"}}"#, "guided_regex"),
         ];
         for (json, param) in cases {
             let e = parse(json).validate(100).unwrap_err();

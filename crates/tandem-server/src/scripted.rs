@@ -243,6 +243,7 @@ mod tests {
             add_generation_prompt: true,
             tools: Some(json!([{"type": "function", "function": {"name": "get_weather"}}])),
             extra: Default::default(),
+            ..Default::default()
         };
         let r = b.render_chat(&msgs, &opts).unwrap();
         assert!(r.text.starts_with("<|im_start|>system\nsys\n\n# Tools\n\n<tools>\n{"), "{}", r.text);
@@ -266,7 +267,7 @@ mod tests {
         let t = b
             .render_chat(
                 &[json!({"role": "user", "content": "x"})],
-                &ChatRenderOptions { add_generation_prompt: true, tools: None, extra },
+                &ChatRenderOptions { add_generation_prompt: true, tools: None, extra, force_call: false },
             )
             .unwrap();
         assert!(t.text.ends_with("<|im_start|>assistant\n<think>\n"));

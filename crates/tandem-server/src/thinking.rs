@@ -205,6 +205,8 @@ async fn drive(
                 let next = GenerateRequest {
                     prompt_ids,
                     stop: tandem_engine::StopParams { max_tokens, ..orig.stop.clone() },
+                    // The block is closed: only the answer's part of a grammar is left.
+                    grammar: orig.grammar.as_ref().map(tandem_engine::Grammar::answer_part),
                     ..orig.clone()
                 };
                 // Dropping the old receiver cancels the first request.

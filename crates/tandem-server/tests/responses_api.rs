@@ -168,7 +168,7 @@ async fn refusals() {
         (json!({"input": [{"type": "item_reference", "id": "msg_1"}]}), 400, "input[0]"),
         (json!({"input": "x", "model": "gpt-9"}), 404, "model"),
         (
-            json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}}),
+            json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": 3}}}),
             400,
             "response_format",
         ),

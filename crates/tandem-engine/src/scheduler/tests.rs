@@ -61,7 +61,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
 fn enqueue(s: &mut Scheduler, req: GenerateRequest) -> mpsc::Receiver<GenerationEvent> {
     let (tx, rx) = mpsc::channel(req.stop.max_tokens + 2);
     let sampler = Sampler::new(req.sampling.clone()).unwrap();
-    s.enqueue(Submission { req, sampler, stop_ids: vec![], events: tx, submitted: Instant::now() });
+    s.enqueue(Submission { req, sampler, constraint: None, stop_ids: vec![], events: tx, submitted: Instant::now() });
     rx
 }
 

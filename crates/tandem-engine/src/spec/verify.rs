@@ -7,7 +7,13 @@
 //! rejection the token is drawn from `p` with `d` removed and renormalised — together exactly
 //! `p`, the distribution plain sampling draws from. The first rejected or the bonus position
 //! always yields one token from the target, so every verification makes progress.
+//!
+//! Under a grammar ([`Constraint`]) each position's logits are masked before any of this and
+//! every kept token advances the grammar, so a draft the grammar forbids has probability 0:
+//! it is rejected and ends the accepted run, and the result is what masked plain decoding
+//! would give.
 
+use crate::constraint::Constraint;
 use crate::sampler::Sampler;
 
 /// The outcome of verifying one sequence's drafts.
@@ -22,41 +28,57 @@ pub struct Verdict {
 /// Verifies `drafts` given the target's raw logits at each of the `drafts.len() + 1` positions
 /// (`rows[i]` predicts the token after `history + drafts[..i]`). `history` is the sequence so
 /// far (penalties look at it, extended by the accepted drafts).
-pub fn verify(sampler: &mut Sampler, history: &[u32], drafts: &[u32], rows: &[Vec<f32>]) -> Verdict {
+/// With a `constraint`, every row is masked by the grammar first and each kept token advances
+/// it; an error means the grammar failed (the request cannot go on).
+pub fn verify(
+    sampler: &mut Sampler,
+    mut constraint: Option<&mut Constraint>,
+    history: &[u32],
+    drafts: &[u32],
+    rows: &[Vec<f32>],
+) -> Result<Verdict, String> {
     debug_assert_eq!(rows.len(), drafts.len() + 1);
     let mut hist = history.to_vec();
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
     for (i, row) in rows.iter().enumerate().take(drafts.len() + 1) {
         let mut logits = row.clone();
+        if let Some(c) = constraint.as_deref_mut() {
+            c.apply(&mut logits)?;
+        }
         let draft = drafts.get(i).copied();
-        if sampler.is_greedy() {
+        let (tok, go_on) = if sampler.is_greedy() {
             let tok = sampler.sample(&mut logits, &hist);
-            tokens.push(tok);
-            if Some(tok) != draft {
-                break;
+            (tok, Some(tok) == draft)
+        } else {
+            let dist = sampler.distribution(&mut logits, &hist);
+            match draft {
+                // Every draft accepted: the bonus token comes straight from the target.
+                None => {
+                    let u = sampler.uniform();
+                    (draw(&dist, u, None), false)
+                }
+                Some(d) => {
+                    let p = dist.iter().find(|c| c.0 == d).map_or(0.0, |c| c.1 as f64);
+                    if sampler.uniform() < p {
+                        (d, true)
+                    } else {
+                        let u = sampler.uniform();
+                        (draw(&dist, u, Some(d)), false)
+                    }
+                }
             }
-            hist.push(tok);
-            continue;
-        }
-        let dist = sampler.distribution(&mut logits, &hist);
-        let Some(d) = draft else {
-            // Every draft accepted: the bonus token comes straight from the target.
-            let u = sampler.uniform();
-            tokens.push(draw(&dist, u, None));
-            break;
         };
-        let p = dist.iter().find(|c| c.0 == d).map_or(0.0, |c| c.1 as f64);
-        if sampler.uniform() < p {
-            tokens.push(d);
-            hist.push(d);
-            continue;
+        if let Some(c) = constraint.as_deref_mut() {
+            c.consume(tok)?;
         }
-        let u = sampler.uniform();
-        tokens.push(draw(&dist, u, Some(d)));
-        break;
+        tokens.push(tok);
+        if !go_on {
+            break;
+        }
+        hist.push(tok);
     }
     let accepted = tokens.len() - 1;
-    Verdict { tokens, accepted }
+    Ok(Verdict { tokens, accepted })
 }
 
 /// Draws from `dist` (probabilities summing to 1) with the uniform `u`, leaving out `exclude`
@@ -96,13 +118,13 @@ mod tests {
     #[test]
     fn greedy_accepts_matching_prefix_then_corrects() {
         let rows = vec![one_hot(8, 3), one_hot(8, 4), one_hot(8, 6), one_hot(8, 1)];
-        let v = verify(&mut greedy(), &[0], &[3, 4, 5], &rows);
+        let v = verify(&mut greedy(), None, &[0], &[3, 4, 5], &rows).unwrap();
         assert_eq!(v, Verdict { tokens: vec![3, 4, 6], accepted: 2 });
-        let v = verify(&mut greedy(), &[0], &[3, 4, 6], &rows);
+        let v = verify(&mut greedy(), None, &[0], &[3, 4, 6], &rows).unwrap();
         assert_eq!(v, Verdict { tokens: vec![3, 4, 6, 1], accepted: 3 });
-        let v = verify(&mut greedy(), &[0], &[7, 4, 6], &rows);
+        let v = verify(&mut greedy(), None, &[0], &[7, 4, 6], &rows).unwrap();
         assert_eq!(v, Verdict { tokens: vec![3], accepted: 0 });
-        let v = verify(&mut greedy(), &[0], &[], &rows[..1]);
+        let v = verify(&mut greedy(), None, &[0], &[], &rows[..1]).unwrap();
         assert_eq!(v, Verdict { tokens: vec![3], accepted: 0 });
     }
 
@@ -112,7 +134,7 @@ mod tests {
         // sees it in the history, must pick token 1 under a strong repetition penalty.
         let mut s = Sampler::new(SamplingParams { repetition_penalty: 10.0, ..Default::default() }).unwrap();
         let row = vec![0.0, 2.0, 3.0];
-        let v = verify(&mut s, &[0], &[2, 2], &[row.clone(), row.clone(), row]);
+        let v = verify(&mut s, None, &[0], &[2, 2], &[row.clone(), row.clone(), row]).unwrap();
         assert_eq!(v, Verdict { tokens: vec![2, 1], accepted: 1 });
     }
 
@@ -137,7 +159,7 @@ mod tests {
         let mut counts = [0usize; 4];
         for i in 0..n {
             let draft = (i % 4) as u32; // proposals of every quality
-            let v = verify(&mut s, &[], &[draft], &[row.clone(), row.clone()]);
+            let v = verify(&mut s, None, &[], &[draft], &[row.clone(), row.clone()]).unwrap();
             counts[v.tokens[0] as usize] += 1;
         }
         let chi2: f64 = probs

@@ -138,6 +138,12 @@ impl Tokenizer {
             .find_map(good)
     }
 
+    /// The tokenizer as Hugging Face `tokenizer.json` text (also for one built from GGUF
+    /// metadata): what constrained decoding reads each token's bytes from.
+    pub fn hf_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| ModelError::Tokenizer(format!("serialise: {e}")))
+    }
+
     /// Encodes `text`. Special tokens written literally (e.g. `<|im_start|>`) are parsed as
     /// special tokens; `add_bos` prepends BOS when the model has one.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {

@@ -163,6 +163,7 @@ impl MessagesRequest {
             add_generation_prompt: true,
             tools: choice.offered(tools.as_ref(), "tool_choice")?,
             extra,
+            force_call: choice.forces_call(),
         };
         Ok((opts, parallel))
     }

@@ -5,8 +5,8 @@
 //!
 //! `tool_choice`: `auto` (default) offers the tools and parses calls; `none` neither offers them
 //! to the template nor parses calls; `required` and a named function offer the tools (a named
-//! function only that one) and parse calls, but the model is not constrained: if it answers
-//! without a call, the answer comes back as content.
+//! function only that one) and constrain decoding to the model's call format over them
+//! ([`crate::tools::force`]), so the answer is always a well-formed call.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -91,6 +91,11 @@ impl ToolChoice {
             }
             Some(_) => Err(ApiError::invalid_param(param, "tool_choice must be a string or an object.")),
         }
+    }
+
+    /// Whether the answer must be a call (`required` or a named function).
+    pub fn forces_call(&self) -> bool {
+        matches!(self, Self::Required | Self::Function(_))
     }
 
     /// The tools the template is shown: all, none, or only the named one (which must exist).
@@ -259,7 +264,12 @@ impl ChatCompletionRequest {
         if let Some(on) = self.enable_thinking {
             extra.insert("enable_thinking".into(), Value::Bool(on));
         }
-        Ok(ChatRenderOptions { add_generation_prompt: true, tools: choice.offered(tools, "tool_choice")?, extra })
+        Ok(ChatRenderOptions {
+            add_generation_prompt: true,
+            tools: choice.offered(tools, "tool_choice")?,
+            extra,
+            force_call: choice.forces_call(),
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //! through the [`thinking`](crate::thinking) driver.
 
 use serde_json::Value;
-use tandem_engine::{GenerateRequest, GenerationEvent, StopParams};
+use tandem_engine::{GenerateRequest, GenerationEvent, Grammar, StopParams};
 use tokio::sync::mpsc;
 
 use crate::backend::ChatRenderOptions;
@@ -13,7 +13,7 @@ use crate::params::{token_budget, Validated};
 use crate::prompt::chat_prompt;
 use crate::state::AppState;
 use crate::thinking::{self, ThinkingPolicy};
-use crate::tools::ToolSchemas;
+use crate::tools::{force, ToolSchemas};
 
 /// A chat generation ready to submit.
 pub struct ChatJob {
@@ -43,6 +43,28 @@ pub async fn submit_chat(state: &AppState, job: ChatJob) -> Result<Submitted, Ap
         (Some(t), Some(f)) => Some((f, ToolSchemas::from_tools(Some(t)), parallel)),
         _ => None,
     };
+    let grammar = match (opts.force_call, params.grammar.clone()) {
+        (false, g) => g,
+        (true, Some(_)) => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "A required tool call cannot be combined with response_format or a grammar.",
+            ))
+        }
+        (true, None) => {
+            let (Some(format), Some(offered)) = (state.tool_format, opts.tools.as_ref()) else {
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    "This model's chat template shows no tool-call format, so a call cannot be required; \
+                     start the server with --tool-parser hermes|qwen-xml|llama3.",
+                ));
+            };
+            let backend = state.backend.clone();
+            let g = force::forced_calls(format, offered, parallel, |t| backend.grammar_literal(t))
+                .map_err(|e| ApiError::invalid_param("tool_choice", e))?;
+            Some(g)
+        }
+    };
     let prompt = state.blocking(move |b| chat_prompt(b, &messages, &opts)).await?;
     let cfg = &state.cfg;
     if cfg.max_prompt_tokens > 0 && prompt.ids.len() > cfg.max_prompt_tokens {
@@ -71,6 +93,12 @@ pub async fn submit_chat(state: &AppState, job: ChatJob) -> Result<Submitted, Ap
         inside: prompt.opens_reasoning,
         context,
     };
+    // Output that starts inside a reasoning block is free up to `</think>`; the grammar binds
+    // the answer after it.
+    let grammar = grammar.map(|g| match prompt.opens_reasoning && cfg.parse_reasoning {
+        true => Grammar::AfterText { close: "</think>".into(), inner: Box::new(g) },
+        false => g,
+    });
     let output = OutputConfig { reasoning_inside: prompt.opens_reasoning, parse_reasoning: cfg.parse_reasoning, tools };
     let gen = GenerateRequest {
         prompt_ids: prompt.ids.clone(),
@@ -79,6 +107,7 @@ pub async fn submit_chat(state: &AppState, job: ChatJob) -> Result<Submitted, Ap
         logprobs,
         message_boundaries: prompt.message_boundaries,
         speculative: params.speculative.clone(),
+        grammar,
     };
     let rx = thinking::submit(state.backend.clone(), gen, policy)?;
     Ok(Submitted { rx, prompt_ids: prompt.ids, output })

@@ -45,6 +45,7 @@ pub async fn completions(
         logprobs,
         message_boundaries: Vec::new(),
         speculative: params.speculative.clone(),
+        grammar: params.grammar.clone(),
     };
     let mut rx = state.backend.submit(gen)?;
     let meta = ResponseMeta::new("cmpl", &model);

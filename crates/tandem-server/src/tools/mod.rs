@@ -29,6 +29,7 @@
 //! output without calls is passed on exactly.
 
 mod bare;
+pub mod force;
 mod format;
 pub mod hermes;
 pub mod llama3;
