@@ -51,6 +51,11 @@ pub struct BenchArgs {
     /// (untimed, in chunks of `--chunk` or 512), like llama-bench's `-d`.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
     pub depth: Vec<usize>,
+    /// Also time batched decode at these batch sizes (comma-separated; 1 = only the plain
+    /// test): each step decodes one token for every sequence of the batch in one forward, and
+    /// `tgN xB` reports the total tokens per second.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub batch: Vec<usize>,
     /// Also time speculative verify steps of this many positions (0: off): each step is a
     /// forward of K tokens in verify mode (every position's logits, recurrent states kept per
     /// position) that keeps one, as a fully rejected draft of K - 1 tokens does. Prints the
@@ -74,6 +79,8 @@ pub enum BenchWhat {
     /// Decode speed with speculative decoding off and on (`--speculative`), e.g. the MTP
     /// mechanism on `--random-hybrid 0.8b-mtp`.
     Spec(crate::cmd_bench_spec::SpecBenchArgs),
+    /// Decode speed free and under a JSON schema (constrained decoding), alone and batched.
+    Grammar(crate::cmd_bench_grammar::GrammarBenchArgs),
     /// TTFT of a long shared prefix after a restart, served from the prefix cache's disk tier.
     Restart(crate::cmd_bench_restart::RestartBenchArgs),
     /// Redraws reports from raw JSON; merges agent runs of several systems into one report.
@@ -91,6 +98,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(BenchWhat::Cell(c)) => return crate::cmd_bench_sweep::run_cell(c),
         Some(BenchWhat::Report(r)) => return crate::cmd_bench_report::run(r),
         Some(BenchWhat::Spec(s)) => return crate::cmd_bench_spec::run(s),
+        Some(BenchWhat::Grammar(g)) => return crate::cmd_bench_grammar::run(g),
         Some(BenchWhat::Restart(r)) => return crate::cmd_bench_restart::run(r),
         None => {}
     }
@@ -218,6 +226,31 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+        for &b in a.batch.iter().filter(|&&b| b > 1) {
+            let mut totals = Vec::new();
+            for _ in 0..a.reps.max(1) {
+                let mut caches =
+                    (0..b).map(|_| cache_at_depth(&context, a.gen_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
+                let mut toks: Vec<[u32; 1]> = (0..b as u32).map(|i| [1 + i % 7]).collect();
+                device.synchronize()?;
+                let t = Instant::now();
+                for _ in 0..a.gen_tokens {
+                    let mut chunks: Vec<SeqChunk<'_>> = caches
+                        .iter_mut()
+                        .zip(&toks)
+                        .map(|(cache, tok)| SeqChunk { tokens: tok, cache, logits: LogitsWanted::Last })
+                        .collect();
+                    let out = model.forward(&mut chunks)?;
+                    drop(chunks);
+                    for (tok, l) in toks.iter_mut().zip(out) {
+                        let l = l.context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+                        tok[0] = tandem_engine::sampler::argmax(&l);
+                    }
+                }
+                totals.push((b * a.gen_tokens) as f64 / t.elapsed().as_secs_f64());
+            }
+            rows.push((format!("tg{} x{b}{at}", a.gen_tokens), totals));
+        }
         if a.prompt_tokens > 0 {
             rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
         }

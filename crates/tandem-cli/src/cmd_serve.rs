@@ -172,6 +172,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
     };
     let engine = a.model.start_engine(cfg)?;
+    {
+        // The grammar compiler reads the whole vocabulary (about a second for 150k tokens):
+        // build it in the background so that the first structured request does not wait.
+        let e = engine.clone();
+        std::thread::spawn(move || match e.grammars() {
+            Ok(_) => tracing::debug!("constrained decoding ready"),
+            Err(msg) => tracing::warn!("constrained decoding is not available for this model: {msg}"),
+        });
+    }
     let file = a.model.resolve().ok().map(|p| crate::args::model_id(&p.to_string_lossy()));
     server.model_aliases = aliases(&a, &id, file.as_deref());
     if !server.model_aliases.is_empty() {

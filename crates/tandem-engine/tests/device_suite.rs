@@ -3,9 +3,11 @@
 //! `TANDEM_DEVICE=cuda` so every engine the suites start (`EngineHandle::load`, the loaders in
 //! `speculative.rs`) runs on the GPU: cache transparency with hybrid checkpoints, chunk
 //! equivalence, batch invariance, lossless speculation (ngram, draft, MTP; prefix hits,
-//! batches of 8), no leaks after cancellations, KV formats, the disk tier. The same files run one by
+//! batches of 8), no leaks after cancellations, KV formats, the disk tier, constrained decoding. The same files run one by
 //! one on the CPU in `cargo test`.
 
+#[path = "constrained.rs"]
+mod constrained;
 #[path = "disk_cache.rs"]
 mod disk_cache;
 #[path = "engine.rs"]

@@ -294,7 +294,82 @@ def agent_tests(port):
         from agent_task import run_two_tool_task
         run_two_tool_task(port, "qwen2.5-coder-0.5b")
 
-    return [openai_agents_two_tool_task]
+    oc = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                                    "required": ["city", "unit"], "additionalProperties": False}}}
+
+    def structured_output_parses_into_the_schema():
+        # The SDK's own parse helper: a pydantic model as response_format (strict json_schema).
+        from pydantic import BaseModel
+
+        class City(BaseModel):
+            name: str
+            country: str
+            population: int
+            coastal: bool
+
+        for seed, temperature in [(1, 0.0), (2, 0.8), (3, 1.2)]:
+            r = oc.chat.completions.parse(
+                model="qwen2.5-coder-0.5b", seed=seed, temperature=temperature, max_tokens=120,
+                messages=[{"role": "user", "content": "Describe Lisbon."}], response_format=City)
+            assert r.choices[0].finish_reason == "stop", r
+            city = r.choices[0].message.parsed
+            assert isinstance(city, City) and isinstance(city.population, int), r
+        r = oc.chat.completions.create(
+            model="qwen2.5-coder-0.5b", temperature=0.9, seed=4, max_tokens=120,
+            messages=[{"role": "user", "content": "Give me a JSON object about cats."}],
+            response_format={"type": "json_object"})
+        assert isinstance(json.loads(r.choices[0].message.content), dict), r
+        try:
+            oc.chat.completions.create(model="qwen2.5-coder-0.5b", max_tokens=8,
+                                       messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"guided_regex": "(unclosed"})
+        except openai.BadRequestError as e:
+            assert "grammar" in str(e), e
+        else:
+            raise AssertionError("a bad regex was accepted")
+
+    def required_tool_choice_always_calls():
+        # A question that needs no tool: with tool_choice required (or the function named) the
+        # answer is still a well-formed call with schema-valid arguments.
+        for seed, choice in [(1, "required"), (2, "required"),
+                             (3, {"type": "function", "function": {"name": "get_weather"}})]:
+            r = oc.chat.completions.create(
+                model="qwen2.5-coder-0.5b", seed=seed, temperature=0.8, max_tokens=80, tools=[weather],
+                tool_choice=choice, parallel_tool_calls=False,
+                messages=[{"role": "user", "content": "Tell me a joke about the sea."}])
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.tool_calls, r
+            call = c.message.tool_calls[0]
+            args = json.loads(call.function.arguments)
+            assert call.function.name == "get_weather" and isinstance(args["city"], str), r
+            assert args["unit"] in ("celsius", "fahrenheit"), r
+
+    def anthropic_tool_choice_any_calls():
+        ac = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0)
+        m = ac.messages.create(
+            model="qwen2.5-coder-0.5b", max_tokens=80, temperature=0.7,
+            tools=[{"name": "get_weather", "description": "Weather of a city.",
+                    "input_schema": weather["function"]["parameters"]}],
+            tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Hi there!"}])
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and uses and uses[0].name == "get_weather", m
+        assert uses[0].input["unit"] in ("celsius", "fahrenheit"), m
+
+    def responses_text_format_json_schema():
+        r = oc.responses.create(
+            model="qwen2.5-coder-0.5b", input="Name a fruit and its colour.", max_output_tokens=60,
+            text={"format": {"type": "json_schema", "name": "fruit", "strict": True, "schema": {
+                "type": "object", "properties": {"fruit": {"type": "string"}, "colour": {"type": "string"}},
+                "required": ["fruit", "colour"], "additionalProperties": False}}})
+        v = json.loads(r.output_text)
+        assert set(v) == {"fruit", "colour"}, r.output_text
+
+    return [openai_agents_two_tool_task, structured_output_parses_into_the_schema, required_tool_choice_always_calls,
+            anthropic_tool_choice_any_calls, responses_text_format_json_schema]
 
 
 def main():
