@@ -151,6 +151,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut cache = cache_at_depth(&[], warm.len() + 1)?;
         model.forward(&mut [SeqChunk { tokens: &warm, cache: &mut cache, logits: LogitsWanted::Last }])?;
         model.forward(&mut [SeqChunk { tokens: &[1], cache: &mut cache, logits: LogitsWanted::Last }])?;
+        // The verify and batched tests call matmuls of other row counts (other kernels).
+        if a.verify > 0 {
+            let mut cache = cache_at_depth(&[], a.verify)?;
+            let chunk = tokens(a.verify, 3);
+            model.forward(&mut [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }])?;
+        }
+        for &b in a.batch.iter().filter(|&&b| b > 1) {
+            let mut caches = (0..b).map(|_| cache_at_depth(&[], 1)).collect::<anyhow::Result<Vec<_>>>()?;
+            let mut chunks: Vec<SeqChunk<'_>> =
+                caches.iter_mut().map(|cache| SeqChunk { tokens: &[1], cache, logits: LogitsWanted::Last }).collect();
+            model.forward(&mut chunks)?;
+        }
+        device.synchronize()?;
     }
     let mut rows = Vec::new();
     for &depth in &a.depth {
@@ -226,6 +239,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+        if a.prompt_tokens > 0 {
+            rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
+        }
+        let cost: Vec<f64> = tg.iter().zip(&tv).map(|(g, v)| g / v).collect();
+        rows.push((format!("tg{}{at}", a.gen_tokens), tg));
+        if a.verify > 0 {
+            rows.push((format!("tv{}{at}", a.verify), tv));
+            rows.push((format!("tv{} / tg{at}", a.verify), cost));
+        }
         for &b in a.batch.iter().filter(|&&b| b > 1) {
             let mut totals = Vec::new();
             for _ in 0..a.reps.max(1) {
@@ -243,22 +265,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     let out = model.forward(&mut chunks)?;
                     drop(chunks);
                     for (tok, l) in toks.iter_mut().zip(out) {
-                        let l = l.context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+                        // Each row is a view of the batch's logits: on a GPU reading a view
+                        // back copies the whole buffer, so copy the row out first.
+                        let l = l.context("no logits")?;
+                        let l = if l.device().is_cpu() { l } else { l.force_contiguous()? };
+                        let l = l.flatten_all()?.to_vec1::<f32>()?;
                         tok[0] = tandem_engine::sampler::argmax(&l);
                     }
                 }
                 totals.push((b * a.gen_tokens) as f64 / t.elapsed().as_secs_f64());
             }
             rows.push((format!("tg{} x{b}{at}", a.gen_tokens), totals));
-        }
-        if a.prompt_tokens > 0 {
-            rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
-        }
-        let cost: Vec<f64> = tg.iter().zip(&tv).map(|(g, v)| g / v).collect();
-        rows.push((format!("tg{}{at}", a.gen_tokens), tg));
-        if a.verify > 0 {
-            rows.push((format!("tv{}{at}", a.verify), tv));
-            rows.push((format!("tv{} / tg{at}", a.verify), cost));
         }
         if !device.is_cpu() {
             // Percent of the decode wall time the host spent queueing work: near 100 means the

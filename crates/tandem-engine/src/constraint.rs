@@ -47,9 +47,9 @@ pub enum Grammar {
 }
 
 /// Whitespace a JSON value may have between its tokens unless the schema says otherwise
-/// (`x-guidance`): enough for pretty-printed output, bounded so that a small model cannot
-/// spend its whole budget on blank lines.
-const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{0,64}";
+/// (`x-guidance`): enough for pretty-printed output (a newline and 31 blanks of indentation),
+/// bounded so that a small model cannot spend its whole budget on blank lines.
+const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{0,32}";
 
 /// `schema` with the default JSON layout options added where it sets none.
 pub fn with_json_defaults(schema: &Value) -> Value {

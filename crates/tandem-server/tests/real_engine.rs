@@ -303,3 +303,63 @@ async fn anthropic_stop_sequence_on_the_real_engine() {
     let streamed: String = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
     assert_eq!(streamed, want);
 }
+
+/// `tool_choice: "required"` on the random-weight fixture, in each call format: whatever the
+/// model would have written, every answer is a call of the offered tool with arguments of the
+/// right types (the grammar also bounds them, so the random model finishes), and
+/// `response_format` JSON parses. Whole and streamed.
+#[tokio::test]
+async fn required_tool_calls_and_json_always_parse_on_the_real_engine() {
+    use tandem_server::tools::ToolFormat;
+    let cfg = EngineConfig { model_id: MODEL.into(), ..EngineConfig::default() };
+    let engine = EngineHandle::load(&fixture(), cfg).expect("load the tiny qwen2 fixture");
+    let tool = json!({"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object",
+        "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 9}, "room": {"enum": ["single", "double"]}},
+        "required": ["days", "room"], "additionalProperties": false}}});
+    for format in [ToolFormat::Hermes, ToolFormat::QwenXml, ToolFormat::Llama3] {
+        let server_cfg = ServerConfig {
+            port: 0,
+            default_max_tokens: 32,
+            tool_parser: tandem_server::config::ToolParserChoice::Fixed(format),
+            ..ServerConfig::default()
+        };
+        let s = Server::start(engine.clone(), server_cfg).await;
+        for seed in 0..4 {
+            let body = chat(json!({"temperature": 1.0, "seed": seed, "max_tokens": 210, "tools": [tool],
+                                   "tool_choice": "required", "parallel_tool_calls": false}));
+            let (st, v) = s.post("/v1/chat/completions", &body).await;
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{format:?} seed {seed}: {v}");
+            let call = &c["message"]["tool_calls"][0]["function"];
+            assert_eq!(call["name"], "book", "{v}");
+            let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap_or_else(|e| panic!("{format:?} seed {seed}: {e}: {v}"));
+            assert!(args["days"].is_i64(), "{format:?}: {args}");
+            assert!(["single", "double"].contains(&args["room"].as_str().unwrap_or("")), "{format:?}: {args}");
+        }
+    }
+    let s = Server::start(engine.clone(), ServerConfig { port: 0, ..ServerConfig::default() }).await;
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 5}},
+                        "required": ["n", "s"], "additionalProperties": false,
+                        // Compact: a random model would otherwise spend its tokens on blanks.
+                        "x-guidance": {"whitespace_flexible": false}});
+    for seed in 0..4 {
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
+        let body = chat(json!({"temperature": 1.0, "seed": seed, "max_tokens": 60, "response_format": rf}));
+        let (_, whole) = s.post("/v1/chat/completions", &body).await;
+        let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["n"].is_i64() && v["s"].as_str().is_some_and(|s| s.chars().count() <= 5), "{v}");
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let (_, _, events) = s.stream("/v1/chat/completions", &sbody).await;
+        let streamed: String = chunks(&events)
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(streamed, text, "streamed equals whole");
+    }
+    let (st, e) = s.post("/v1/chat/completions", &chat(json!({"guided_regex": "(unclosed"}))).await;
+    assert_eq!((st, e["error"]["code"].as_str()), (400, Some("invalid_grammar")), "{e}");
+}

@@ -29,10 +29,10 @@ fn tool_id(id: &str) -> String {
 /// ended it, `max_tokens`, or `end_turn`. `stop_sequence` is `null` unless it is the reason.
 pub fn stop_fields(reason: FinishReason, stop: Option<&str>, made_calls: bool) -> (&'static str, Value) {
     match (made_calls, reason, stop) {
+        (_, FinishReason::Length, _) => ("max_tokens", Value::Null),
         (true, _, _) => ("tool_use", Value::Null),
         (false, FinishReason::Stop, Some(s)) => ("stop_sequence", json!(s)),
         (false, FinishReason::Stop, None) => ("end_turn", Value::Null),
-        (false, FinishReason::Length, _) => ("max_tokens", Value::Null),
     }
 }
 

@@ -91,7 +91,12 @@ impl ChatCompletion {
     ) -> Self {
         let with_ids = prompt_ids.is_some();
         let message = AssistantMessage::from_parsed(Parsed::from_text(output, &done.text));
-        let finish_reason = if message.tool_calls.is_empty() { done.finish_reason.as_str() } else { "tool_calls" };
+        // A call cut by the token limit is not a finished call: `length` says so.
+        let finish_reason = if message.tool_calls.is_empty() || done.finish_reason == FinishReason::Length {
+            done.finish_reason.as_str()
+        } else {
+            "tool_calls"
+        };
         Self {
             id: meta.id,
             object: "chat.completion",
@@ -256,7 +261,7 @@ impl ChunkFormat for ChatChunks {
     fn finish(&mut self, reason: FinishReason, text: &str) -> String {
         let mut events = self.parser.push(text);
         events.extend(self.parser.finish());
-        let finish = if self.parser.made_calls() { "tool_calls" } else { reason.as_str() };
+        let finish = if self.parser.made_calls() && reason != FinishReason::Length { "tool_calls" } else { reason.as_str() };
         let choice = ChunkChoice {
             index: 0,
             delta: Delta::from_events(events),

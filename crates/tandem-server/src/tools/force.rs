@@ -13,7 +13,7 @@
 //! has one (so the model writes its own tag token rather than spelling it out).
 
 use serde_json::{json, Map, Value};
-use tandem_engine::constraint::{lark_string, with_json_defaults};
+use tandem_engine::constraint::lark_string;
 use tandem_engine::Grammar;
 
 use super::ToolFormat;
@@ -42,11 +42,32 @@ fn call_schema(tools: &[(String, Value)], args_key: &str) -> Value {
         props.insert(args_key.into(), params.clone());
         json!({"type": "object", "properties": props, "required": ["name", args_key], "additionalProperties": false})
     };
-    let schema = match tools {
+    let mut schema = match tools {
         [t] => one(t),
         _ => json!({"anyOf": tools.iter().map(one).collect::<Vec<_>>()}),
     };
-    with_json_defaults(&schema)
+    // One line, as the templates show calls: `{"name": "f", "arguments": {"a": 1}}`.
+    schema["x-guidance"] = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    schema
+}
+
+/// The Lark expression of one XML parameter value and its closing tag: typed where the
+/// schema says integer, number, boolean or an enum of strings, free text (lazily up to the
+/// closing tag) otherwise.
+fn xml_value(schema: &Value) -> String {
+    let close = lark_string("\n</parameter>\n");
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        let alts: Vec<String> = options.iter().filter_map(Value::as_str).map(lark_string).collect();
+        if !alts.is_empty() && alts.len() == options.len() {
+            return format!("({}) {close}", alts.join(" | "));
+        }
+    }
+    match schema.get("type").and_then(Value::as_str) {
+        Some("integer") => format!("/-?[0-9]{{1,15}}/ {close}"),
+        Some("number") => format!("/-?[0-9]{{1,15}}(\\.[0-9]{{1,15}})?([eE][-+]?[0-9]{{1,3}})?/ {close}"),
+        Some("boolean") => format!("(\"true\" | \"false\") {close}"),
+        _ => "value_".into(),
+    }
 }
 
 /// The grammar that makes the answer calls of the offered `tools` (OpenAI tool objects) in
@@ -81,11 +102,12 @@ pub fn forced_calls(
                     .and_then(Value::as_array)
                     .map(|r| r.iter().filter_map(Value::as_str).collect())
                     .unwrap_or_default();
-                let param = |p: &str| lark_string(&format!("<parameter={p}>\n"));
-                let mut body: Vec<String> = required.iter().map(|p| format!("{} value_", param(p))).collect();
-                body.extend(
-                    props.iter().filter(|p| !required.contains(&p.as_str())).map(|p| format!("({} value_)?", param(p))),
-                );
+                let param = |p: &str| {
+                    let value = params.get("properties").and_then(|m| m.get(p)).map_or_else(|| "value_".into(), xml_value);
+                    format!("{} {value}", lark_string(&format!("<parameter={p}>\n")))
+                };
+                let mut body: Vec<String> = required.iter().map(|p| param(p)).collect();
+                body.extend(props.iter().filter(|p| !required.contains(&p.as_str())).map(|p| format!("({})?", param(p))));
                 rules.push_str(&format!(
                     "fn_{i}: {} {} {}\n",
                     lark_string(&format!("<function={name}>\n")),
@@ -126,7 +148,10 @@ mod tests {
         assert!(h.contains("\"<tool_call>\"") && h.contains("\"const\":\"get_weather\"") && h.contains("\"const\":\"now\""));
         assert!(h.contains("(\"\\n\" call_)*"), "parallel calls allowed: {h}");
         let Grammar::Lark(x) = forced_calls(ToolFormat::QwenXml, &tools(), false, lit).unwrap() else { panic!() };
-        assert!(x.contains("\"<function=get_weather>\\n\" \"<parameter=city>\\n\" value_ (\"<parameter=unit>\\n\" value_)?"), "{x}");
+        assert!(
+            x.contains("\"<function=get_weather>\\n\" \"<parameter=city>\\n\" value_ (\"<parameter=unit>\\n\" (\"c\" | \"f\") \"\\n</parameter>\\n\")?"),
+            "{x}"
+        );
         assert!(!x.contains("call_)*"));
         let Grammar::Lark(l) = forced_calls(ToolFormat::Llama3, &tools(), false, lit).unwrap() else { panic!() };
         assert!(l.contains("\"parameters\""));

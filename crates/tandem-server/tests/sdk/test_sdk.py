@@ -351,7 +351,7 @@ def agent_tests(port):
     def anthropic_tool_choice_any_calls():
         ac = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0)
         m = ac.messages.create(
-            model="qwen2.5-coder-0.5b", max_tokens=80, temperature=0.7,
+            model="qwen2.5-coder-0.5b", max_tokens=80, extra_body={"temperature": 0.7},
             tools=[{"name": "get_weather", "description": "Weather of a city.",
                     "input_schema": weather["function"]["parameters"]}],
             tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Hi there!"}])
