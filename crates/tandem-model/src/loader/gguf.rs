@@ -62,6 +62,22 @@ impl GgufSource {
         if ty == QuantType::Q8_0 && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::Reference {
             return Ok(None);
         }
+        // Q8_0: candle's repacked VNNI tiles beat our row-major blocks on the hybrid's
+        // matrices (random 0.8B preset, 2 threads: linear layers pp512 180 vs 123 tok/s, decode
+        // 19.6 vs 16.0; its 248,320 x 1024 tied head decode 25.2 vs 19.6), ours win on
+        // SmolLM2's narrow ones (k = 576: decode 112 vs 103, its tied head on both cores). So
+        // ours only for inputs of at most 768 (docs/PERFORMANCE.md, issue 17);
+        // `TANDEM_Q8_KERNEL=ours|candle` forces one side for comparisons.
+        if ty == QuantType::Q8_0 {
+            let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
+                Ok("ours") => true,
+                Ok("candle") => false,
+                _ => *k <= 768,
+            };
+            if !ours {
+                return Ok(None);
+            }
+        }
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
         let start = (self.content.tensor_data_offset + info.offset) as usize;
         let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();

@@ -40,8 +40,85 @@ pub fn gated_delta_chunked(
     out
 }
 
-/// Head `h`'s outputs `[t, dv]` over all chunks; `s` is its state, updated in place.
+/// Head `h`'s outputs `[t, dv]` over all chunks; `s` is its state, updated in place, with
+/// subnormal floats flushed to zero ([`super::FlushDenormals`]). On x86
+/// CPUs with AVX2 + FMA the same code is compiled for them (8-wide vectors; Rust never fuses a
+/// multiply and an add on its own, so the bits are those of the baseline build).
 fn head_chunked(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> Vec<f32> {
+    let _ftz = super::FlushDenormals::new();
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just detected.
+        return unsafe { head_chunked_avx2(inputs, s, h, d) };
+    }
+    head_chunked_body(inputs, s, h, d)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_chunked_avx2(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> Vec<f32> {
+    head_chunked_body(inputs, s, h, d)
+}
+
+/// `dst ← lhs · rhs` (`acc = None`) or `dst ← dst + acc · lhs · rhs`, for `lhs` `[m, k]` and
+/// `rhs` `[k, n]` given as (slice, row stride, column stride) and `dst` `[m, n]` with row
+/// stride `ldd`, on the `gemm` crate's kernels (the ones candle's f32 matmul uses; FMA, packed
+/// panels, one thread): deterministic for a given shape and CPU.
+#[inline(always)]
+fn gemm_into(
+    dst: &mut [f32],
+    ldd: usize,
+    acc: Option<f32>,
+    lhs: (&[f32], usize, usize),
+    rhs: (&[f32], usize, usize),
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let ((l, l_rs, l_cs), (r, r_rs, r_cs)) = (lhs, rhs);
+    let last = |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(
+        last(m, ldd, n, 1) < dst.len() && (k == 0 || (last(m, l_rs, k, l_cs) < l.len() && last(k, r_rs, n, r_cs) < r.len())),
+        "gemm_into: operands too short"
+    );
+    if k == 0 {
+        if acc.is_none() {
+            (0..m).for_each(|i| dst[i * ldd..i * ldd + n].iter_mut().for_each(|x| *x = 0.0));
+        }
+        return;
+    }
+    // SAFETY: the asserted extents cover every element gemm reads or writes; `dst` is borrowed
+    // mutably, so it overlaps neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ldd as isize,
+            acc.is_some(),
+            l.as_ptr(),
+            l_cs as isize,
+            l_rs as isize,
+            r.as_ptr(),
+            r_cs as isize,
+            r_rs as isize,
+            1.0,
+            acc.unwrap_or(1.0),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+#[inline(always)]
+fn head_chunked_body(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> Vec<f32> {
     let RuleInputs { q, k, v, beta, g } = inputs;
     let GdnDims { nk, nv, dk, dv } = d;
     let r = d.ratio();
@@ -56,6 +133,14 @@ fn head_chunked(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> 
     let mut tm = vec![0f32; CHUNK * CHUNK];
     let mut gam = vec![0f32; CHUNK];
     let mut bc = vec![0f32; CHUNK];
+    // e^{γ_i} q_i (for Q S) and e^{γ_last − γ_j} k_j transposed (for the state update).
+    let mut qe = vec![0f32; CHUNK * dk];
+    let mut kt = vec![0f32; dk * CHUNK];
+    // Γ, K Kᵀ / Q Kᵀ, and T diag(β) / T diag(β e^γ) of the chunk.
+    let mut decay = vec![0f32; CHUNK * CHUNK];
+    let mut kk = vec![0f32; CHUNK * CHUNK];
+    let mut tbm = vec![0f32; CHUNK * CHUNK];
+    let mut twm = vec![0f32; CHUNK * CHUNK];
     let kh = h / r;
     let mut start = 0;
     while start < t {
@@ -70,64 +155,66 @@ fn head_chunked(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> 
             gam[i] = acc;
             bc[i] = beta[ti * nv + h];
         }
-        let dot = |x: &[f32], y: &[f32]| -> f32 { x.iter().zip(y).map(|(a, b)| a * b).sum() };
-        // A (strictly lower) and T = (I + A)^-1 by forward substitution.
+        // Γ_ij = e^{γ_i − γ_j} on and below the diagonal.
         for i in 0..c {
-            for j in 0..i {
-                a[i * CHUNK + j] =
-                    bc[i] * dot(&kc[i * dk..(i + 1) * dk], &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
+            for j in 0..=i {
+                decay[i * CHUNK + j] = (gam[i] - gam[j]).exp();
             }
         }
+        // A = strict_tril(β_i k_i·k_j Γ_ij) from K Kᵀ.
+        gemm_into(&mut kk, CHUNK, None, (&kc, dk, 1), (&kc, 1, dk), c, dk, c);
         for i in 0..c {
-            tm[i * CHUNK + i] = 1.0;
             for j in 0..i {
-                let mut sum = 0f32;
-                for m in j..i {
-                    sum += a[i * CHUNK + m] * tm[m * CHUNK + j];
-                }
-                tm[i * CHUNK + j] = -sum;
+                a[i * CHUNK + j] = bc[i] * kk[i * CHUNK + j] * decay[i * CHUNK + j];
             }
+        }
+        // T = (I + A)^-1 by forward substitution, a row at a time:
+        // T_i = e_i − Σ_{m<i} A_im T_m (T_m is zero right of m).
+        for i in 0..c {
+            let (done, rest) = tm.split_at_mut(i * CHUNK);
+            let row = &mut rest[..CHUNK];
+            row.iter_mut().for_each(|x| *x = 0.0);
+            for m in 0..i {
+                let am = a[i * CHUNK + m];
+                for (x, &y) in row[..=m].iter_mut().zip(&done[m * CHUNK..m * CHUNK + m + 1]) {
+                    *x -= am * y;
+                }
+            }
+            row[i] = 1.0;
         }
         // U = T diag(β) V (into vn), W = T diag(β e^γ) K; then V' = U − W S (in vn).
         for i in 0..c {
-            let (ui, wi) = (&mut vn[i * dv..(i + 1) * dv], &mut w[i * dk..(i + 1) * dk]);
-            ui.iter_mut().for_each(|x| *x = 0.0);
-            wi.iter_mut().for_each(|x| *x = 0.0);
-            for j in 0..=i {
-                let tij = tm[i * CHUNK + j] * bc[j];
-                let vj = &v[((start + j) * nv + h) * dv..((start + j) * nv + h + 1) * dv];
-                for (u, &x) in ui.iter_mut().zip(vj) {
-                    *u += tij * x;
-                }
-                let twj = tij * gam[j].exp();
-                for (wv, &x) in wi.iter_mut().zip(&kc[j * dk..(j + 1) * dk]) {
-                    *wv += twj * x;
-                }
-            }
-            for (m, &wm) in wi.iter().enumerate() {
-                for (u, &sm) in ui.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
-                    *u -= wm * sm;
-                }
+            for j in 0..c {
+                let (tb, tw) = if j <= i {
+                    let tij = tm[i * CHUNK + j] * bc[j];
+                    (tij, tij * gam[j].exp())
+                } else {
+                    (0.0, 0.0)
+                };
+                tbm[i * CHUNK + j] = tb;
+                twm[i * CHUNK + j] = tw;
             }
         }
+        let vh = &v[(start * nv + h) * dv..];
+        gemm_into(&mut vn, dv, None, (&tbm, CHUNK, 1), (vh, nv * dv, 1), c, c, dv);
+        gemm_into(&mut w, dk, None, (&twm, CHUNK, 1), (&kc, dk, 1), c, c, dk);
+        gemm_into(&mut vn, dv, Some(-1.0), (&w, dk, 1), (s, dv, 1), c, dk, dv);
         // O = diag(e^γ) Q S + (Q Kᵀ ⊙ Γ ⊙ M) V'.
         for i in 0..c {
-            let o = &mut out[(start + i) * dv..(start + i + 1) * dv];
-            let qi = &qc[i * dk..(i + 1) * dk];
             let e = gam[i].exp();
-            for (m, &qm) in qi.iter().enumerate() {
-                let f = e * qm;
-                for (oj, &sm) in o.iter_mut().zip(&s[m * dv..(m + 1) * dv]) {
-                    *oj += f * sm;
-                }
-            }
-            for j in 0..=i {
-                let f = dot(qi, &kc[j * dk..(j + 1) * dk]) * (gam[i] - gam[j]).exp();
-                for (oj, &x) in o.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                    *oj += f * x;
-                }
+            for (x, &qm) in qe[i * dk..(i + 1) * dk].iter_mut().zip(&qc[i * dk..(i + 1) * dk]) {
+                *x = e * qm;
             }
         }
+        gemm_into(&mut out[start * dv..], dv, Some(1.0), (&qe, dk, 1), (s, dv, 1), c, dk, dv);
+        gemm_into(&mut kk, CHUNK, None, (&qc, dk, 1), (&kc, 1, dk), c, dk, c);
+        for i in 0..c {
+            for j in 0..c {
+                let x = &mut kk[i * CHUNK + j];
+                *x = if j <= i { *x * decay[i * CHUNK + j] } else { 0.0 };
+            }
+        }
+        gemm_into(&mut out[start * dv..], dv, Some(1.0), (&kk, CHUNK, 1), (&vn, dv, 1), c, c, dv);
         // S ← e^{γ_last} S + Σ_j e^{γ_last − γ_j} k_j V'_jᵀ.
         let last = gam[c - 1];
         let e = last.exp();
@@ -135,12 +222,10 @@ fn head_chunked(inputs: RuleInputs<'_>, s: &mut [f32], h: usize, d: GdnDims) -> 
         for j in 0..c {
             let f = (last - gam[j]).exp();
             for m in 0..dk {
-                let km = f * kc[j * dk + m];
-                for (sm, &x) in s[m * dv..(m + 1) * dv].iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                    *sm += km * x;
-                }
+                kt[m * CHUNK + j] = f * kc[j * dk + m];
             }
         }
+        gemm_into(s, dv, Some(1.0), (&kt, CHUNK, 1), (&vn, dv, 1), dk, c, dv);
         start += c;
     }
     out
@@ -241,6 +326,24 @@ mod tests {
             };
             let (one, three) = (run(1), run(3));
             assert!(one.0 == three.0 && one.1 == three.1, "{name}: outputs or states differ with the thread count");
+        }
+    }
+
+    #[test]
+    fn the_avx2_build_gives_the_bits_of_the_baseline_build() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            let d = GdnDims { nk: 2, nv: 4, dk: 20, dv: 24 };
+            let c = case(150, d, 9);
+            let inputs = RuleInputs { q: &c.q, k: &c.k, v: &c.v, beta: &c.beta, g: &c.g };
+            let sz = d.dk * d.dv;
+            for h in 0..d.nv {
+                let (mut s1, mut s2) = (c.s0[h * sz..(h + 1) * sz].to_vec(), c.s0[h * sz..(h + 1) * sz].to_vec());
+                let base = head_chunked_body(inputs, &mut s1, h, d);
+                // SAFETY: detected above.
+                let wide = unsafe { head_chunked_avx2(inputs, &mut s2, h, d) };
+                assert!(base == wide && s1 == s2, "head {h}: the AVX2 build differs");
+            }
         }
     }
 

@@ -62,6 +62,44 @@ impl GdnDims {
     }
 }
 
+/// Flushes subnormal floats to zero (x86 MXCSR FTZ + DAZ) on this thread until dropped, then
+/// restores the previous mode. The delta rule's state decays geometrically (e^g per token), so
+/// long inputs drive many of its values into the subnormal range, where every multiply and
+/// add takes a microcode assist: the chunked prefill ran 1.4x slower for it on the random
+/// 0.8B preset. Values below 1.2e-38 carry nothing a model can see; the recurrent and chunked
+/// kernels both run under this guard, so they agree with each other. A no-op off x86.
+pub(crate) struct FlushDenormals {
+    #[cfg(target_arch = "x86_64")]
+    saved: u32,
+}
+
+impl FlushDenormals {
+    #[allow(deprecated, clippy::new_without_default)]
+    pub(crate) fn new() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: reading and writing MXCSR only changes this thread's float modes; SSE is
+            // part of x86_64.
+            let saved = unsafe { std::arch::x86_64::_mm_getcsr() };
+            unsafe { std::arch::x86_64::_mm_setcsr(saved | 0x8040) };
+            Self { saved }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Self {}
+    }
+}
+
+impl Drop for FlushDenormals {
+    #[allow(deprecated)]
+    fn drop(&mut self) {
+        // SAFETY: restores the mode read in `new`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::x86_64::_mm_setcsr(self.saved)
+        };
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testdata {
     /// The deterministic xorshift generator the conformance suite uses.

@@ -19,6 +19,7 @@ fn step(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], state: &mut [f
 
 /// Head `h`'s update of its state `s`; writes its output row `o`.
 fn head_step(inputs: RuleInputs<'_>, s: &mut [f32], o: &mut [f32], h: usize, d: GdnDims) {
+    let _ftz = super::FlushDenormals::new();
     let RuleInputs { q, k, v, beta, g } = inputs;
     let (dk, dv, r) = (d.dk, d.dv, d.ratio());
     let kh = h / r;
