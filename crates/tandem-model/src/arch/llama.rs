@@ -130,7 +130,7 @@ impl CausalLm for Llama {
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let mut ids = Vec::new();
-        let mut tables = Vec::with_capacity(chunks.len());
+        let mut positions = Vec::new();
         for c in chunks.iter() {
             if c.tokens.is_empty() {
                 return Err(ModelError::Input("empty chunk in forward batch".into()));
@@ -140,9 +140,10 @@ impl CausalLm for Llama {
             }
             ids.extend_from_slice(c.tokens);
             let start = c.cache.position();
-            let positions: Vec<usize> = (start..start + c.tokens.len()).collect();
-            tables.push(self.rope.tables(&positions, &self.device)?);
+            positions.extend(start..start + c.tokens.len());
         }
+        // One RoPE table for every token of the batch (one upload, not one per sequence).
+        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
         let total = ids.len();
         let ids = Tensor::from_vec(ids, total, &self.device)?;
         let mut x = self.embed.forward(&ids)?;
@@ -150,26 +151,31 @@ impl CausalLm for Llama {
         for (li, layer) in self.layers.iter().enumerate() {
             let h = self.rms(&x, &layer.attn_norm)?;
             let [q, k, v] = layer.qkv.forward_array(&h)?;
-            let mut outs = Vec::with_capacity(chunks.len());
-            let mut off = 0;
-            for (ci, c) in chunks.iter_mut().enumerate() {
-                let t = c.tokens.len();
-                let mut qc = q.narrow(0, off, t)?.reshape((t, nh, hd))?;
-                let mut kc = k.narrow(0, off, t)?.reshape((t, nkv, hd))?;
-                if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                    qc = self.rms(&qc.contiguous()?, qn)?;
-                    kc = self.rms(&kc.contiguous()?, kn)?;
-                }
-                let (cos, sin) = &tables[ci];
-                let qc = self.rope.apply(&qc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-                let kc = self.rope.apply(&kc.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-                let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?;
-                let att = c.cache.layer_kv(li)?.attend(&qc, &kc, &vc, scale)?;
-                outs.push(att.transpose(0, 1)?.reshape((t, nh * hd))?);
-                off += t;
+            // Norms and RoPE are per token: once over the batch; attention per sequence.
+            let mut q = q.reshape((total, nh, hd))?;
+            let mut k = k.reshape((total, nkv, hd))?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                q = self.rms(&q.contiguous()?, qn)?;
+                k = self.rms(&k.contiguous()?, kn)?;
             }
-            let att =
-                if outs.len() == 1 { outs.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&outs, 0)? };
+            // [heads, tokens, head_dim]
+            let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
+            let att = if let [c] = chunks {
+                c.cache.layer_kv(li)?.attend(&q, &k, &v, scale)?
+            } else {
+                let mut outs = Vec::with_capacity(chunks.len());
+                let mut off = 0;
+                for c in chunks.iter_mut() {
+                    let t = c.tokens.len();
+                    let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
+                    outs.push(c.cache.layer_kv(li)?.attend(&rows(&q)?, &rows(&k)?, &rows(&v)?, scale)?);
+                    off += t;
+                }
+                Tensor::cat(&outs, 1)?
+            };
+            let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
             x = (x + layer.o.forward(&att)?)?;
             let h = self.rms(&x, &layer.ffn_norm)?;
             let [g, u] = layer.gate_up.forward_array(&h)?;

@@ -13,8 +13,6 @@ use crate::ops::Rope;
 pub struct AttnPart<'a> {
     pub len: usize,
     pub kv: LayerKv<'a>,
-    /// RoPE cos/sin for this part's positions.
-    pub tables: &'a (Tensor, Tensor),
 }
 
 pub struct GatedAttention {
@@ -57,30 +55,41 @@ impl GatedAttention {
         })
     }
 
-    /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
-    pub fn forward(&self, h: &Tensor, rope: &Rope, parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
+    /// `h: [tokens, hidden]` (normed), the parts in order; `tables`: RoPE cos/sin of every
+    /// token's position, in the same order. Returns `[tokens, hidden]`.
+    ///
+    /// What is per token (the q/k norms, RoPE, the output gate) runs once over the whole
+    /// batch; only attention over each sequence's own KV runs per part, on that part's rows.
+    /// Every op here is row by row, so a sequence gets the same bits alone or in a batch.
+    pub fn forward(&self, h: &Tensor, rope: &Rope, tables: &(Tensor, Tensor), parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
         let [qg, k, v] = self.qkv.forward_array(h)?;
+        let total = h.dim(0)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut outs = Vec::with_capacity(parts.len());
-        let mut off = 0;
-        for part in parts.iter_mut() {
-            let t = part.len;
-            let qgc = qg.narrow(0, off, t)?.reshape((t, nh, 2 * hd))?;
-            let q = candle_nn::ops::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
-            let gate = qgc.narrow(2, hd, hd)?.contiguous()?.reshape((t, nh * hd))?;
-            let kc = k.narrow(0, off, t)?.reshape((t, nkv, hd))?.contiguous()?;
-            let kc = candle_nn::ops::rms_norm(&kc, &self.k_norm, self.eps)?;
-            let (cos, sin) = part.tables;
-            let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let vc = v.narrow(0, off, t)?.reshape((t, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-            let att = part.kv.attend(&q.contiguous()?, &kc, &vc, scale)?;
-            let att = att.transpose(0, 1)?.reshape((t, nh * hd))?;
-            outs.push((att * candle_nn::ops::sigmoid(&gate)?)?);
-            off += t;
-        }
-        let att = if outs.len() == 1 { outs.swap_remove(0) } else { Tensor::cat(&outs, 0)? };
+        let qgc = qg.reshape((total, nh, 2 * hd))?;
+        let q = candle_nn::ops::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
+        let gate = qgc.narrow(2, hd, hd)?.contiguous()?.reshape((total, nh * hd))?;
+        let kc = candle_nn::ops::rms_norm(&k.reshape((total, nkv, hd))?.contiguous()?, &self.k_norm, self.eps)?;
+        let (cos, sin) = tables;
+        // [heads, tokens, head_dim]
+        let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let vc = v.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let att = if let [part] = parts {
+            part.kv.attend(&q.contiguous()?, &kc, &vc, scale)?
+        } else {
+            let mut outs = Vec::with_capacity(parts.len());
+            let mut off = 0;
+            for part in parts.iter_mut() {
+                let t = part.len;
+                let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
+                outs.push(part.kv.attend(&rows(&q)?, &rows(&kc)?, &rows(&vc)?, scale)?);
+                off += t;
+            }
+            Tensor::cat(&outs, 1)?
+        };
+        let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
+        let att = (att * candle_nn::ops::sigmoid(&gate)?)?;
         self.o.forward(&att)
     }
 }

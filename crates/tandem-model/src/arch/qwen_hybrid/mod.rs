@@ -117,7 +117,7 @@ impl QwenHybrid {
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
         let cfg = &self.cfg;
         let mut ids = Vec::new();
-        let mut tables = Vec::with_capacity(chunks.len());
+        let mut positions = Vec::new();
         for c in chunks.iter() {
             if c.tokens.is_empty() {
                 return Err(ModelError::Input("empty chunk in forward batch".into()));
@@ -133,9 +133,10 @@ impl QwenHybrid {
             }
             ids.extend_from_slice(c.tokens);
             let start = c.cache.position();
-            let positions: Vec<usize> = (start..start + c.tokens.len()).collect();
-            tables.push(self.rope.tables(&positions, &self.device)?);
+            positions.extend(start..start + c.tokens.len());
         }
+        // One upload of every token's RoPE table (not one per sequence).
+        let tables = self.rope.tables(&positions, &self.device)?;
         let total = ids.len();
         let mut x = self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -155,13 +156,9 @@ impl QwenHybrid {
                 Mixer::Attn(a) => {
                     let mut parts = chunks
                         .iter_mut()
-                        .zip(&tables)
-                        .map(|(c, tables)| {
-                            let len = c.tokens.len();
-                            Ok(AttnPart { len, kv: c.cache.layer_kv(li)?, tables })
-                        })
+                        .map(|c| Ok(AttnPart { len: c.tokens.len(), kv: c.cache.layer_kv(li)? }))
                         .collect::<Result<Vec<_>>>()?;
-                    a.forward(&h, &self.rope, &mut parts)?
+                    a.forward(&h, &self.rope, &tables, &mut parts)?
                 }
             };
             x = (x + mixed)?;

@@ -97,8 +97,8 @@ impl MtpHead {
         let positions: Vec<usize> = (start..start + n).collect();
         let tables = model.rope.tables(&positions, dev)?;
         let h = self.rms(&x, &self.in_norm)?;
-        let mut parts = [AttnPart { len: n, kv, tables: &tables }];
-        let x = (x + self.attn.forward(&h, &model.rope, &mut parts)?)?;
+        let mut parts = [AttnPart { len: n, kv }];
+        let x = (x + self.attn.forward(&h, &model.rope, &tables, &mut parts)?)?;
         let x = (&x + self.ffn.forward(&self.rms(&x, &self.post_norm)?)?)?;
         self.rms(&x, &self.norm)
     }
