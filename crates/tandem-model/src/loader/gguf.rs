@@ -62,17 +62,19 @@ impl GgufSource {
         if ty == QuantType::Q8_0 && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::Reference {
             return Ok(None);
         }
-        // Q8_0: candle's repacked VNNI tiles beat our row-major blocks on the hybrid's
-        // matrices (random 0.8B preset, 2 threads: linear layers pp512 180 vs 123 tok/s, decode
-        // 19.6 vs 16.0; its 248,320 x 1024 tied head decode 25.2 vs 19.6), ours win on
-        // SmolLM2's narrow ones (k = 576: decode 112 vs 103, its tied head on both cores). So
-        // ours only for inputs of at most 768 (docs/PERFORMANCE.md, issue 17);
-        // `TANDEM_Q8_KERNEL=ours|candle` forces one side for comparisons.
+        // Q8_0: where candle repacks the matrix into VNNI tiles (k a multiple of 256, n of 16,
+        // a CPU with VNNI) those beat our row-major blocks (random 0.8B hybrid, 2 threads:
+        // pp512 180 vs 123 tok/s, decode 25.2 vs 15.4); elsewhere candle runs its compact
+        // blocks and ours win (SmolLM2, k = 576: decode 112 vs 103; qwen2.5-coder-0.5b's tied
+        // 151,936 x 896 head: 27.3 vs 22.7). `TANDEM_Q8_KERNEL=ours|candle` forces one side.
         if ty == QuantType::Q8_0 {
+            let candle_repacks = k.is_multiple_of(256)
+                && n.is_multiple_of(16)
+                && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::AvxVnni;
             let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
                 Ok("ours") => true,
                 Ok("candle") => false,
-                _ => *k <= 768,
+                _ => !candle_repacks,
             };
             if !ours {
                 return Ok(None);
