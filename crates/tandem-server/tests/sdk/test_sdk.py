@@ -351,17 +351,19 @@ def agent_tests(port):
     def anthropic_tool_choice_any_calls():
         ac = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0)
         m = ac.messages.create(
-            model="qwen2.5-coder-0.5b", max_tokens=80, extra_body={"temperature": 0.7},
+            model="qwen2.5-coder-0.5b", max_tokens=80, extra_body={"temperature": 0.7, "seed": 5},
             tools=[{"name": "get_weather", "description": "Weather of a city.",
                     "input_schema": weather["function"]["parameters"]}],
-            tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Hi there!"}])
+            # One call (no parallel use): the grammar then ends the answer after it.
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+            messages=[{"role": "user", "content": "Hi there!"}])
         uses = [b for b in m.content if b.type == "tool_use"]
         assert m.stop_reason == "tool_use" and uses and uses[0].name == "get_weather", m
         assert uses[0].input["unit"] in ("celsius", "fahrenheit"), m
 
     def responses_text_format_json_schema():
         r = oc.responses.create(
-            model="qwen2.5-coder-0.5b", input="Name a fruit and its colour.", max_output_tokens=60,
+            model="qwen2.5-coder-0.5b", input="Name a fruit and its colour.", max_output_tokens=60, temperature=0,
             text={"format": {"type": "json_schema", "name": "fruit", "strict": True, "schema": {
                 "type": "object", "properties": {"fruit": {"type": "string"}, "colour": {"type": "string"}},
                 "required": ["fruit", "colour"], "additionalProperties": False}}})
