@@ -165,7 +165,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         device.synchronize()?;
     }
-    let mut rows = Vec::new();
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
+    println!("model: {label} | load {load_s:.2} s | threads {threads}");
+    println!("| test            | tok/s            |");
+    println!("| --------------- | ---------------- |");
+    let mut rows = Rows;
     for &depth in &a.depth {
         let context = tokens(depth, 1);
         let mut pp = Vec::new();
@@ -283,20 +287,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             rows.push((format!("tg host %{at}"), host));
         }
     }
-    let stat = |v: &[f64]| {
-        let m = v.iter().sum::<f64>() / v.len() as f64;
-        let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
-        (m, sd)
-    };
-    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
-    println!("model: {label} | load {load_s:.2} s | threads {threads}");
-    println!("| test            | tok/s            |");
-    println!("| --------------- | ---------------- |");
-    for (name, v) in rows {
-        let (m, sd) = stat(&v);
-        println!("| {name:<15} | {m:>8.2} ± {sd:<6.2} |");
-    }
     Ok(())
+}
+
+/// Result rows, each printed (mean ± sd) as soon as it is measured, so that a run cut short
+/// (a time limit on a GPU machine) keeps what it had.
+struct Rows;
+
+impl Rows {
+    fn push(&mut self, (name, v): (String, Vec<f64>)) {
+        let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let sd = (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt();
+        println!("| {name:<15} | {m:>8.2} ± {sd:<6.2} |");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
 }
 
 /// `--save-gguf`: the random preset `preset` with `dtype` matrices, written to `out`.
