@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::bail;
 use clap::Args;
 use serde_json::json;
-use tandem_engine::{EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, Grammar, SamplingParams, StopParams};
+use tandem_engine::{
+    EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, Grammar, SamplingParams, StopParams,
+};
 
 use crate::args::ModelArgs;
 

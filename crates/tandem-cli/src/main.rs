@@ -3,10 +3,10 @@
 mod args;
 mod cmd_bench;
 mod cmd_bench_agent;
+mod cmd_bench_grammar;
 mod cmd_bench_kernels;
 mod cmd_bench_report;
 mod cmd_bench_restart;
-mod cmd_bench_grammar;
 mod cmd_bench_spec;
 mod cmd_bench_sweep;
 mod cmd_cache;

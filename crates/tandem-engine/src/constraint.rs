@@ -116,7 +116,9 @@ impl Grammar {
                 let alts: Vec<String> = options.iter().map(|o| lark_string(o)).collect();
                 format!("({})", alts.join(" | "))
             }
-            Grammar::Lark(_) | Grammar::Gbnf(_) | Grammar::AfterText { .. } => format!("%lark {{\n{}\n}}", self.lark()?),
+            Grammar::Lark(_) | Grammar::Gbnf(_) | Grammar::AfterText { .. } => {
+                format!("%lark {{\n{}\n}}", self.lark()?)
+            }
             Grammar::JsonObject | Grammar::JsonSchema(_) => return Err("a JSON schema that is not an object".into()),
         })
     }

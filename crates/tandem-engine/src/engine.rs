@@ -330,17 +330,19 @@ impl EngineHandle {
                 scheduler.run(rx)
             })
             .map_err(EngineError::Thread)?;
-        Ok(Self { inner: Arc::new(Inner {
-            info,
-            summary,
-            tokenizer,
-            template,
-            tx,
-            stats,
-            eos_ids,
-            spec_methods,
-            grammars: std::sync::OnceLock::new(),
-        }) })
+        Ok(Self {
+            inner: Arc::new(Inner {
+                info,
+                summary,
+                tokenizer,
+                template,
+                tx,
+                stats,
+                eos_ids,
+                spec_methods,
+                grammars: std::sync::OnceLock::new(),
+            }),
+        })
     }
 
     /// Validates and queues a request; events arrive on the returned receiver. Dropping the
@@ -379,7 +381,12 @@ impl EngineHandle {
         }
         let sampler = Sampler::new(req.sampling.clone()).map_err(SubmitError::InvalidParam)?;
         let constraint = match &req.grammar {
-            Some(g) => Some(self.grammars().map_err(SubmitError::InvalidGrammar)?.compile(g).map_err(SubmitError::InvalidGrammar)?),
+            Some(g) => Some(
+                self.grammars()
+                    .map_err(SubmitError::InvalidGrammar)?
+                    .compile(g)
+                    .map_err(SubmitError::InvalidGrammar)?,
+            ),
             None => None,
         };
         // Capacity covers every event the request can produce, so the engine never blocks.
@@ -408,7 +415,9 @@ impl EngineHandle {
         let inner = &self.inner;
         inner
             .grammars
-            .get_or_init(|| crate::constraint::Grammars::new(inner.tokenizer.clone(), inner.info.vocab_size).map(Arc::new))
+            .get_or_init(|| {
+                crate::constraint::Grammars::new(inner.tokenizer.clone(), inner.info.vocab_size).map(Arc::new)
+            })
             .clone()
     }
 

@@ -20,8 +20,8 @@ pub mod spec;
 pub mod stop;
 pub mod threads;
 
-pub use constraint::{Grammar, Grammars};
 pub use cache::disk::{namespaces as disk_cache_namespaces, DiskCacheConfig, DiskStats, NamespaceInfo};
+pub use constraint::{Grammar, Grammars};
 pub use engine::{EngineConfig, EngineError, EngineHandle, EngineStats, MemoryBudget, ModelInfo};
 pub use request::*;
 pub use sampler::Sampler;

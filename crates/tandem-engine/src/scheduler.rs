@@ -509,7 +509,8 @@ impl Scheduler {
         &mut self,
         plan: &[PlanEntry],
         hidden_wanted: bool,
-    ) -> std::thread::Result<tandem_model::Result<(Vec<Option<candle_core::Tensor>>, Option<candle_core::Tensor>)>> {
+    ) -> std::thread::Result<tandem_model::Result<(Vec<Option<candle_core::Tensor>>, Option<candle_core::Tensor>)>>
+    {
         let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
         let mut plan_iter = plan.iter().peekable();
         for (i, s) in self.running.iter_mut().enumerate() {

@@ -38,6 +38,18 @@ fn constrained(prompt: Vec<u32>, grammar: Grammar, temperature: f32, seed: u64, 
     }
 }
 
+/// n-gram prompt lookup, 4 drafts, fixed length.
+fn ngram() -> SpecConfig {
+    SpecConfig {
+        method: SpecMethod::Ngram,
+        num_draft_tokens: 4,
+        ngram_min: 1,
+        ngram_max: 3,
+        adaptive: false,
+        draft_vocab: 0,
+    }
+}
+
 fn text(e: &EngineHandle, ids: &[u32]) -> String {
     e.tokenizer().decode(ids, true)
 }
@@ -126,17 +138,7 @@ fn speculation_under_a_grammar_is_lossless_and_valid() {
     let p = prompt(PATH);
     let want = run(&plain, constrained(p.clone(), Grammar::JsonSchema(schema()), 0.0, 0, 120));
     assert_valid(&plain, &want, "plain");
-    let cfg = EngineConfig {
-        speculative: SpecConfig {
-            method: SpecMethod::Ngram,
-            num_draft_tokens: 4,
-            ngram_min: 1,
-            ngram_max: 3,
-            adaptive: false,
-            draft_vocab: 0,
-        },
-        ..cache_off()
-    };
+    let cfg = EngineConfig { speculative: ngram(), ..cache_off() };
     let e = engine(PATH, cfg);
     let got = run(&e, constrained(p.clone(), Grammar::JsonSchema(schema()), 0.0, 0, 120));
     assert_eq!(got.ids, want.ids, "greedy under a grammar, with and without speculation");
@@ -177,17 +179,7 @@ fn smollm2_json_schema_outputs_validate_with_the_prefix_cache() {
         eprintln!("models/smollm2-135m.gguf missing (make models); skipped");
         return;
     }
-    let cfg = EngineConfig {
-        speculative: SpecConfig {
-            method: SpecMethod::Ngram,
-            num_draft_tokens: 4,
-            ngram_min: 1,
-            ngram_max: 3,
-            adaptive: false,
-            draft_vocab: 0,
-        },
-        ..Default::default()
-    };
+    let cfg = EngineConfig { speculative: ngram(), ..Default::default() };
     let e = EngineHandle::load(&path, cfg).expect("smollm2");
     let p = e.tokenizer().encode("A person described as JSON with a name, an age, ok and tags:\n", true).unwrap();
     let plain_spec = |t: f32, seed: u64| {

@@ -63,6 +63,19 @@ pub async fn recv_until(
     }
 }
 
+/// The event read ahead (`first`), else the channel's next one before the deadline (`Err`
+/// when the deadline passes; `Ok(None)` when the channel closed).
+async fn first_or_next(
+    first: &mut Option<GenerationEvent>,
+    rx: &mut mpsc::Receiver<GenerationEvent>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Option<GenerationEvent>, ()> {
+    match first.take() {
+        Some(e) => Ok(Some(e)),
+        None => recv_until(rx, deadline).await,
+    }
+}
+
 /// The `text/event-stream` response for a request whose first event is `first`. The guard
 /// (concurrency permit, deadline) lives as long as the stream.
 pub fn sse_response<F: ChunkFormat>(
@@ -139,16 +152,10 @@ pub fn frames_guarded<F: ChunkFormat>(
             }
             let deadline = s.guard.deadline;
             let rx = s.rx.as_mut()?;
-            let event = match s.first.take() {
-                Some(e) => Some(e),
-                None => match recv_until(rx, deadline).await {
-                    Ok(e) => e,
-                    Err(()) => {
-                        s.pending.push_back(ApiError::timeout().body().to_string());
-                        s.rx = None;
-                        continue;
-                    }
-                },
+            let Ok(event) = first_or_next(&mut s.first, rx, deadline).await else {
+                s.pending.push_back(ApiError::timeout().body().to_string());
+                s.rx = None;
+                continue;
             };
             s.apply(event);
         }
@@ -192,16 +199,10 @@ pub fn named_event_response<S: EventSource>(
             }
             let deadline = s.guard.deadline;
             let rx = s.rx.as_mut()?;
-            let event = match s.first.take() {
-                Some(e) => Some(e),
-                None => match recv_until(rx, deadline).await {
-                    Ok(e) => e,
-                    Err(()) => {
-                        s.pending.push_back(s.source.timeout());
-                        s.rx = None;
-                        continue;
-                    }
-                },
+            let Ok(event) = first_or_next(&mut s.first, rx, deadline).await else {
+                s.pending.push_back(s.source.timeout());
+                s.rx = None;
+                continue;
             };
             let (events, done) = s.source.on_event(event);
             s.pending.extend(events);

@@ -78,11 +78,10 @@ fn response_format(rf: &Value) -> Result<Option<Grammar>, ApiError> {
         Some("json_object") => Ok(Some(Grammar::JsonObject)),
         Some("json_schema") => {
             // {"json_schema": {"name", "schema", "strict"}}; some clients put "schema" at the top.
-            let schema = rf
-                .get("json_schema")
-                .and_then(|j| j.get("schema"))
-                .or_else(|| rf.get("schema"))
-                .ok_or_else(|| ApiError::invalid_param(P, "response_format json_schema needs json_schema.schema."))?;
+            let schema =
+                rf.get("json_schema").and_then(|j| j.get("schema")).or_else(|| rf.get("schema")).ok_or_else(|| {
+                    ApiError::invalid_param(P, "response_format json_schema needs json_schema.schema.")
+                })?;
             Ok(Some(Grammar::JsonSchema(schema_value(schema, P)?)))
         }
         Some(other) => Err(ApiError::invalid_param(

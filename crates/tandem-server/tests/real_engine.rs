@@ -334,7 +334,8 @@ async fn required_tool_calls_and_json_always_parse_on_the_real_engine() {
             assert_eq!(c["finish_reason"], "tool_calls", "{format:?} seed {seed}: {v}");
             let call = &c["message"]["tool_calls"][0]["function"];
             assert_eq!(call["name"], "book", "{v}");
-            let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap_or_else(|e| panic!("{format:?} seed {seed}: {e}: {v}"));
+            let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("{format:?} seed {seed}: {e}: {v}"));
             assert!(args["days"].is_i64(), "{format:?}: {args}");
             assert!(["single", "double"].contains(&args["room"].as_str().unwrap_or("")), "{format:?}: {args}");
         }

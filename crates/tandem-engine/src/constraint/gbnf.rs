@@ -154,7 +154,9 @@ fn escape(rest: &[char]) -> Result<(char, usize), String> {
     let hex = |n: usize| -> Result<(char, usize), String> {
         let digits: String = rest.iter().skip(1).take(n).collect();
         let v = u32::from_str_radix(&digits, 16).map_err(|_| format!("bad escape `\\{}{digits}`", rest[0]))?;
-        char::from_u32(v).map(|c| (c, n + 1)).ok_or_else(|| format!("escape `\\{}{digits}` is not a character", rest[0]))
+        char::from_u32(v)
+            .map(|c| (c, n + 1))
+            .ok_or_else(|| format!("escape `\\{}{digits}` is not a character", rest[0]))
     };
     match rest.first() {
         Some('n') => Ok(('\n', 1)),

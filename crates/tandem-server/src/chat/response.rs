@@ -261,7 +261,8 @@ impl ChunkFormat for ChatChunks {
     fn finish(&mut self, reason: FinishReason, text: &str) -> String {
         let mut events = self.parser.push(text);
         events.extend(self.parser.finish());
-        let finish = if self.parser.made_calls() && reason != FinishReason::Length { "tool_calls" } else { reason.as_str() };
+        let finish =
+            if self.parser.made_calls() && reason != FinishReason::Length { "tool_calls" } else { reason.as_str() };
         let choice = ChunkChoice {
             index: 0,
             delta: Delta::from_events(events),

@@ -27,7 +27,8 @@ fn offered(tools: &Value) -> Vec<(String, Value)> {
         .filter_map(|t| {
             let f = t.get("function").unwrap_or(t);
             let name = f.get("name")?.as_str()?.to_string();
-            let params = f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
+            let params =
+                f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
             Some((name, params))
         })
         .collect()
@@ -103,11 +104,14 @@ pub fn forced_calls(
                     .map(|r| r.iter().filter_map(Value::as_str).collect())
                     .unwrap_or_default();
                 let param = |p: &str| {
-                    let value = params.get("properties").and_then(|m| m.get(p)).map_or_else(|| "value_".into(), xml_value);
+                    let value =
+                        params.get("properties").and_then(|m| m.get(p)).map_or_else(|| "value_".into(), xml_value);
                     format!("{} {value}", lark_string(&format!("<parameter={p}>\n")))
                 };
                 let mut body: Vec<String> = required.iter().map(|p| param(p)).collect();
-                body.extend(props.iter().filter(|p| !required.contains(&p.as_str())).map(|p| format!("({})?", param(p))));
+                body.extend(
+                    props.iter().filter(|p| !required.contains(&p.as_str())).map(|p| format!("({})?", param(p))),
+                );
                 rules.push_str(&format!(
                     "fn_{i}: {} {} {}\n",
                     lark_string(&format!("<function={name}>\n")),
@@ -145,7 +149,9 @@ mod tests {
     fn grammars_name_every_offered_tool_in_the_format() {
         let lit = |t: &str| lark_string(t);
         let Grammar::Lark(h) = forced_calls(ToolFormat::Hermes, &tools(), true, lit).unwrap() else { panic!() };
-        assert!(h.contains("\"<tool_call>\"") && h.contains("\"const\":\"get_weather\"") && h.contains("\"const\":\"now\""));
+        assert!(
+            h.contains("\"<tool_call>\"") && h.contains("\"const\":\"get_weather\"") && h.contains("\"const\":\"now\"")
+        );
         assert!(h.contains("(\"\\n\" call_)*"), "parallel calls allowed: {h}");
         let Grammar::Lark(x) = forced_calls(ToolFormat::QwenXml, &tools(), false, lit).unwrap() else { panic!() };
         assert!(

@@ -61,7 +61,13 @@ impl GatedAttention {
     /// What is per token (the q/k norms, RoPE, the output gate) runs once over the whole
     /// batch; only attention over each sequence's own KV runs per part, on that part's rows.
     /// Every op here is row by row, so a sequence gets the same bits alone or in a batch.
-    pub fn forward(&self, h: &Tensor, rope: &Rope, tables: &(Tensor, Tensor), parts: &mut [AttnPart<'_>]) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        h: &Tensor,
+        rope: &Rope,
+        tables: &(Tensor, Tensor),
+        parts: &mut [AttnPart<'_>],
+    ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
         let [qg, k, v] = self.qkv.forward_array(h)?;
         let total = h.dim(0)?;

@@ -81,7 +81,8 @@ fn gemm_into(
     let ((l, l_rs, l_cs), (r, r_rs, r_cs)) = (lhs, rhs);
     let last = |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
     assert!(
-        last(m, ldd, n, 1) < dst.len() && (k == 0 || (last(m, l_rs, k, l_cs) < l.len() && last(k, r_rs, n, r_cs) < r.len())),
+        last(m, ldd, n, 1) < dst.len()
+            && (k == 0 || (last(m, l_rs, k, l_cs) < l.len() && last(k, r_rs, n, r_cs) < r.len())),
         "gemm_into: operands too short"
     );
     if k == 0 {
