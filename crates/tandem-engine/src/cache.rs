@@ -353,13 +353,22 @@ impl EngineCache {
         let aligned = pos.is_multiple_of(bs) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs;
         if self.recurrent && aligned && pos > seq.prompt_len() {
             if let Some(node) = seq.book.tree_node {
-                seq.book.decode_checkpoint = Some((node, seq.cache.snapshot()));
+                match seq.cache.snapshot().detached() {
+                    Ok(snap) => seq.book.decode_checkpoint = Some((node, snap)),
+                    Err(e) => tracing::warn!("generated-token checkpoint at position {pos} not taken: {e}"),
+                }
             }
         }
         if seq.book.checkpoints.first() == Some(&pos) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs {
             seq.book.checkpoints.remove(0);
             if let Some(node) = seq.book.tree_node {
-                let snap = seq.cache.snapshot();
+                let snap = match seq.cache.snapshot().detached() {
+                    Ok(snap) => snap,
+                    Err(e) => {
+                        tracing::warn!("checkpoint at position {pos} not taken: {e}");
+                        return;
+                    }
+                };
                 let bytes = snapshot_bytes(&snap);
                 self.persist_checkpoint(&mut seq.book, &seq.tokens, &snap);
                 let Some(tree) = &mut self.tree else { return };

@@ -1,4 +1,5 @@
-// Gated DeltaNet kernels with explicit state (one sequence per launch).
+// Gated DeltaNet kernels with explicit state: one sequence per launch, or (the _batch kernels)
+// a batch of decode / verify sequences per launch, each with its own input state.
 //
 // gdn_conv_silu: causal depthwise conv + SiLU. x [t, ch], state_in [K-1, ch] (oldest first),
 //   w [ch, K]; y [t, ch], state_out [K-1, ch]; lanes (when non-null) [t, K-1, ch]: the conv
@@ -22,10 +23,10 @@
 
 #define MAXK 8
 
-extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restrict__ state_out,
-                                         float* __restrict__ lanes, const float* __restrict__ x,
-                                         const float* __restrict__ state_in, const float* __restrict__ w, int t,
-                                         int ch, int K) {
+__device__ __forceinline__ void conv_silu(float* __restrict__ y, float* __restrict__ state_out,
+                                          float* __restrict__ lanes, const float* __restrict__ x,
+                                          const float* __restrict__ state_in, const float* __restrict__ w, int t,
+                                          int ch, int K) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int hist = K - 1;
@@ -56,6 +57,37 @@ extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restric
         }
     }
     for (int j = 0; j < hist; j++) state_out[(size_t)j * ch + c] = win[j];
+}
+
+extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restrict__ state_out,
+                                         float* __restrict__ lanes, const float* __restrict__ x,
+                                         const float* __restrict__ state_in, const float* __restrict__ w, int t,
+                                         int ch, int K) {
+    conv_silu(y, state_out, lanes, x, state_in, w, t, ch, K);
+}
+
+// Sequence s of a batch (see the batched kernels at the end): its first token and token count
+// from meta's offsets.
+__device__ __forceinline__ void batch_tokens(const long long* meta, int s, size_t* t0, int* t) {
+    *t0 = (size_t)meta[s];
+    *t = (int)(meta[s + 1] - meta[s]);
+}
+
+// gdn_conv_silu for B sequences in one launch (grid.y = B): x, y [total, ch] and lanes
+// [total, K-1, ch] hold the sequences' tokens one after another, state_out is [B, K-1, ch], and
+// meta = [B + 1 token offsets | B conv-state addresses | B delta-state addresses].
+extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __restrict__ state_out,
+                                               float* __restrict__ lanes, const float* __restrict__ x,
+                                               const long long* __restrict__ meta, const float* __restrict__ w,
+                                               int B, int ch, int K) {
+    const int s = blockIdx.y;
+    size_t t0;
+    int t;
+    batch_tokens(meta, s, &t0, &t);
+    const size_t hist = (size_t)(K - 1) * ch;
+    const float* state_in = reinterpret_cast<const float*>(meta[B + 1 + s]);
+    conv_silu(y + t0 * ch, state_out + s * hist, lanes ? lanes + t0 * hist : nullptr, x + t0 * ch, state_in, w, t,
+              ch, K);
 }
 
 template <int MAXDK>
@@ -346,3 +378,36 @@ DELTA_COLS(gdn_delta_cols_32, 32)
 DELTA_COLS(gdn_delta_cols_64, 64)
 DELTA_COLS(gdn_delta_cols_128, 128)
 DELTA_COLS(gdn_delta_cols_256, 256)
+
+// gdn_delta_cols for B sequences in one launch (grid.z = B), as gdn_conv_silu_batch lays them
+// out: u [total, ch], b_raw / a_raw [total, nv], o_raw [total, nv, dv], lanes [total, nv, dk,
+// dv], state_out [B, nv, dk, dv]; sequence s reads its state from meta[2B + 1 + s]. Each
+// sequence's arithmetic is gdn_delta_cols' exactly, so a batch gives the bits of its parts.
+template <int MAXDK>
+__device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,
+                                 const float* a_raw, const float* dt_bias, const float* neg_a,
+                                 const long long* meta, int B, int nk, int nv, int dk, int dv, float scale) {
+    const int s = blockIdx.z;
+    size_t t0;
+    int t;
+    batch_tokens(meta, s, &t0, &t);
+    const size_t ch = (size_t)2 * nk * dk + (size_t)nv * dv;
+    const size_t sl = (size_t)nv * dk * dv;
+    const float* state_in = reinterpret_cast<const float*>(meta[2 * B + 1 + s]);
+    delta_cols<MAXDK>(o_raw + t0 * nv * dv, state_out + s * sl, lanes ? lanes + t0 * sl : nullptr, u + t0 * ch,
+                      b_raw + t0 * nv, a_raw + t0 * nv, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, scale);
+}
+
+#define DELTA_COLS_BATCH(name, MAXDK)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128)                                                            \
+        name(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,                   \
+             const float* a_raw, const float* dt_bias, const float* neg_a, const long long* meta, int B, int nk, \
+             int nv, int dk, int dv, float scale) {                                                              \
+        delta_cols_batch<MAXDK>(o_raw, state_out, lanes, u, b_raw, a_raw, dt_bias, neg_a, meta, B, nk, nv, dk,   \
+                                dv, scale);                                                                      \
+    }
+
+DELTA_COLS_BATCH(gdn_delta_cols_batch_32, 32)
+DELTA_COLS_BATCH(gdn_delta_cols_batch_64, 64)
+DELTA_COLS_BATCH(gdn_delta_cols_batch_128, 128)
+DELTA_COLS_BATCH(gdn_delta_cols_batch_256, 256)

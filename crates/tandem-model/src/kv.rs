@@ -134,6 +134,28 @@ pub struct RecurrentSnapshot {
     pub layers: Vec<Option<RecurrentState>>,
 }
 
+impl RecurrentSnapshot {
+    /// The same snapshot owning its device states (a copy of each): a batched GPU step leaves
+    /// each sequence's state as one row of a buffer the whole batch shares, which a snapshot
+    /// kept for long (a prefix-cache checkpoint) must not hold on to whole. Host states are
+    /// their own already.
+    pub fn detached(&self) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    Some(RecurrentState::Device { conv, ssm }) => {
+                        Some(RecurrentState::Device { conv: conv.force_contiguous()?, ssm: ssm.force_contiguous()? })
+                    }
+                    other => other.clone(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { position: self.position, layers })
+    }
+}
+
 /// Keys and values of one attention layer for one sequence, `[kv_heads, capacity, head_dim]`.
 #[derive(Debug)]
 pub struct KvBuffer {

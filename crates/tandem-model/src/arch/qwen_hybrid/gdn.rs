@@ -376,19 +376,52 @@ impl GdnLayer {
         self.out.forward(&y)
     }
 
-    /// The same layer with state and arithmetic on the model's device: the GDN ops of
-    /// [`gdn_dev`] per sequence (the conv, then the fused step: norms, gates, delta rule and
-    /// output norm), no host round trip.
+    /// The same layer with state and arithmetic on the model's device, no host round trip:
+    /// prefill chunks one sequence at a time ([`gdn_dev`]: the conv, then the chunked or fused
+    /// step), the token-by-token parts (decode, verify) of a CUDA batch together
+    /// ([`Self::forward_batched`]), one set of launches for all of them.
     fn forward_device(&self, h: &Tensor, parts: &mut [GdnPart<'_>], p: &DeviceParams) -> Result<Tensor> {
         let d = self.dims;
         let dev = h.device();
         let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
         let (qkv, z, b, a) = (qkv?, z?, b?, a?);
-        let scale = (d.dk as f64).powf(-0.5);
-        let mut outs = Vec::with_capacity(parts.len());
-        let mut off = 0;
-        for part in parts.iter_mut() {
-            let t = part.len;
+        let sp = gdn_dev::StepTensors {
+            dt_bias: &p.dt_bias,
+            neg_a: &p.neg_a,
+            norm_w: &p.norm_w,
+            scale: (d.dk as f64).powf(-0.5) as f32,
+            eps: self.eps,
+        };
+        let starts: Vec<usize> = parts.iter().scan(0, |o, part| Some(std::mem::replace(o, *o + part.len))).collect();
+        let batched: Vec<bool> = parts
+            .iter()
+            .map(|part| gdn_dev::batches(dev, d) && !gdn_dev::takes_chunked(dev, part.len, part.lane.is_some(), d))
+            .collect();
+        // The outputs in the order computed, and each part's rows in them.
+        let mut pieces = Vec::new();
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); parts.len()];
+        let mut done = 0usize;
+        if batched.iter().filter(|&&x| x).count() >= 2 {
+            // Verify parts keep every position's state; decode parts do not: one batch each.
+            for verify in [false, true] {
+                let group: Vec<usize> =
+                    (0..parts.len()).filter(|&i| batched[i] && parts[i].lane.is_some() == verify).collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let o = self.forward_batched([&qkv, &z, &b, &a], parts, &starts, &group, p, &sp)?;
+                for &i in &group {
+                    rows[i] = (done..done + parts[i].len).map(|r| r as u32).collect();
+                    done += parts[i].len;
+                }
+                pieces.push(o);
+            }
+        }
+        for (i, part) in parts.iter_mut().enumerate() {
+            if !rows[i].is_empty() || part.len == 0 {
+                continue;
+            }
+            let (off, t) = (starts[i], part.len);
             let (conv, ssm) = match &*part.state {
                 RecurrentState::Device { conv, ssm } => (conv.clone(), ssm.clone()),
                 RecurrentState::Host { conv, ssm } => (
@@ -399,13 +432,6 @@ impl GdnLayer {
             let lanes = part.lane.is_some();
             let x = qkv.narrow(0, off, t)?;
             let (u, conv_next, conv_lanes) = gdn_dev::conv_silu(&x, &conv, &p.conv_w, lanes)?;
-            let sp = gdn_dev::StepTensors {
-                dt_bias: &p.dt_bias,
-                neg_a: &p.neg_a,
-                norm_w: &p.norm_w,
-                scale: scale as f32,
-                eps: self.eps,
-            };
             let (o, ssm_next, ssm_lanes) = gdn_dev::step(
                 &u,
                 &z.narrow(0, off, t)?,
@@ -416,19 +442,95 @@ impl GdnLayer {
                 d,
                 lanes,
             )?;
-            outs.push(o);
+            pieces.push(o);
+            rows[i] = (done..done + t).map(|r| r as u32).collect();
+            done += t;
             *part.state = RecurrentState::Device { conv: conv_next, ssm: ssm_next.flatten_all()? };
             if let (Some(lane), Some(cl), Some(sl)) = (&mut part.lane, conv_lanes, ssm_lanes) {
                 for i in 0..t {
                     lane.push(RecurrentState::Device { conv: cl.get(i)?, ssm: sl.get(i)?.flatten_all()? });
                 }
             }
-            off += t;
         }
-        let mut y = Tensor::cat(&outs, 0)?;
+        let y =
+            if pieces.len() == 1 { pieces.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&pieces, 0)? };
+        let mut y = rows_of(&y, &rows.concat())?;
         if let Some(cols) = &self.out_cols {
             y = y.index_select(cols, 1)?;
         }
         self.out.forward(&y)
     }
+
+    /// The parts `group` (token-by-token, all verify or none) in one batched step
+    /// ([`crate::ops::gdn::cuda_batch::step_batch`]); each part takes its row of the batch's next
+    /// state (and its lanes). Returns the group's output rows, part after part. Only CUDA
+    /// batches: elsewhere [`gdn_dev::batches`] is false and this is not called.
+    fn forward_batched(
+        &self,
+        [qkv, z, b, a]: [&Tensor; 4],
+        parts: &mut [GdnPart<'_>],
+        starts: &[usize],
+        group: &[usize],
+        p: &DeviceParams,
+        sp: &gdn_dev::StepTensors<'_>,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            use crate::ops::gdn::cuda_batch::{step_batch, BatchSeq};
+            let dev = qkv.device();
+            let token_rows: Vec<u32> =
+                group.iter().flat_map(|&i| (starts[i]..starts[i] + parts[i].len).map(|r| r as u32)).collect();
+            let states = group
+                .iter()
+                .map(|&i| match &*parts[i].state {
+                    RecurrentState::Device { conv, ssm } => Ok((conv.clone(), ssm.clone())),
+                    RecurrentState::Host { conv, ssm } => Ok((
+                        Tensor::from_slice(conv, (self.kernel - 1, self.channels), dev)?,
+                        Tensor::from_slice(ssm, ssm.len(), dev)?,
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let seqs: Vec<BatchSeq<'_>> =
+                group.iter().zip(&states).map(|(&i, (conv, ssm))| BatchSeq { len: parts[i].len, conv, ssm }).collect();
+            let lanes = parts[group[0]].lane.is_some();
+            let r = step_batch(
+                &rows_of(qkv, &token_rows)?,
+                &rows_of(z, &token_rows)?,
+                &rows_of(b, &token_rows)?,
+                &rows_of(a, &token_rows)?,
+                &seqs,
+                &p.conv_w,
+                sp,
+                self.dims,
+                lanes,
+            )?;
+            drop(seqs);
+            let mut tok = 0;
+            for (k, &i) in group.iter().enumerate() {
+                let part = &mut parts[i];
+                *part.state = RecurrentState::Device { conv: r.conv.get(k)?, ssm: r.ssm.get(k)?.flatten_all()? };
+                if let (Some(lane), Some(cl), Some(sl)) = (&mut part.lane, &r.conv_lanes, &r.ssm_lanes) {
+                    for j in tok..tok + part.len {
+                        lane.push(RecurrentState::Device { conv: cl.get(j)?, ssm: sl.get(j)?.flatten_all()? });
+                    }
+                }
+                tok += part.len;
+            }
+            Ok(r.o)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (qkv, z, b, a, parts, starts, group, p, sp);
+            Err(ModelError::Input("batched GDN steps need a CUDA build".into()))
+        }
+    }
+}
+
+/// The rows `rows` of `t`, in that order (`t` itself when that is every row in order).
+fn rows_of(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
+    if rows.len() == t.dim(0)? && rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
+        return Ok(t.clone());
+    }
+    let idx = Tensor::from_slice(rows, rows.len(), t.device())?;
+    Ok(t.index_select(&idx, 0)?)
 }

@@ -187,7 +187,7 @@ pub fn delta_fused(
 /// Whether the step runs as `gdn_delta_cols_*` + `gdn_gated_norm` (32 state columns per block,
 /// all SMs busy) rather than `gdn_delta_fused_*` (one block per value head):
 /// `TANDEM_GDN_STEP=block` picks the latter, for comparisons.
-fn split_columns() -> bool {
+pub(crate) fn split_columns() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("TANDEM_GDN_STEP").as_deref() != Ok("block"))
 }

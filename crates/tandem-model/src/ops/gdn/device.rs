@@ -58,6 +58,30 @@ fn chunked_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_GDN_CHUNKED").map_or(true, |v| v != "0"))
 }
 
+/// Whether a part of `t` tokens (`lanes`: verify mode) takes the chunked WY kernels in [`step`].
+pub fn takes_chunked(u_device: &candle_core::Device, t: usize, lanes: bool, d: GdnDims) -> bool {
+    #[cfg(feature = "cuda")]
+    if u_device.is_cuda() {
+        return !lanes && d.dk <= 256 && t >= CHUNKED_MIN_TOKENS && chunked_enabled();
+    }
+    let _ = (u_device, t, lanes, d);
+    false
+}
+
+/// Whether the token-by-token parts of a batch run together in one set of launches
+/// ([`super::cuda_batch::step_batch`]): CUDA with the column-split step, not turned off by
+/// `TANDEM_GDN_BATCH=0` (for comparisons, which then run one sequence at a time).
+pub fn batches(device: &candle_core::Device, d: GdnDims) -> bool {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("TANDEM_GDN_BATCH").map_or(true, |v| v != "0"));
+        return on && super::cuda::split_columns() && d.dk <= 256;
+    }
+    let _ = (device, d);
+    false
+}
+
 /// The layer's step after the conv (norms, gates, delta rule, gated output norm; see
 /// [`super::step`]): on CUDA one fused token-by-token kernel, or for prefill chunks of
 /// [`CHUNKED_MIN_TOKENS`] or more the chunked WY kernels; plain candle ops elsewhere.
@@ -73,7 +97,7 @@ pub fn step(
     lanes: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     #[cfg(feature = "cuda")]
-    if u.device().is_cuda() && !lanes && d.dk <= 256 && u.dim(0)? >= CHUNKED_MIN_TOKENS && chunked_enabled() {
+    if takes_chunked(u.device(), u.dim(0)?, lanes, d) {
         let (o, next) = super::cuda_chunked::step_chunked(u, z, b, a, state, p, d)?;
         return Ok((o, next, None));
     }

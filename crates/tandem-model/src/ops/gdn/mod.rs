@@ -9,14 +9,16 @@
 //! Maths: `docs/qwen-hybrid-architecture.md` §4 of the shared brief.
 //!
 //! Models on a GPU keep their state on the device and run the same ops on tensors
-//! ([`device`]: CUDA kernels in `cuda` (token by token) and `cuda_chunked` (the WY form for
-//! prefill chunks), plain candle ops in [`portable`] elsewhere), each tested against these
+//! ([`device`]: CUDA kernels in `cuda` (token by token), `cuda_batch` (token by token for a
+//! whole batch of sequences at once) and `cuda_chunked` (the WY form for prefill chunks), plain candle ops in [`portable`] elsewhere), each tested against these
 //! slice kernels.
 
 pub mod chunked;
 pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_chunked;
 pub mod device;

@@ -1,0 +1,173 @@
+//! One GDN layer's decode / verify work for a whole batch of sequences in three launches
+//! (`gdn_conv_silu_batch`, `gdn_delta_cols_batch_*`, `gdn_gated_norm` in
+//! `tandem-kernels/cuda/gdn.cu`), instead of three per sequence. Each sequence keeps its own
+//! input state tensors: the kernels read them through a table of device addresses uploaded
+//! with the token offsets (one small copy per layer), and write every sequence's next state
+//! into one `[B, ...]` buffer whose rows become the sequences' new states (views; device states
+//! are never written in place, so sharing a buffer is safe). Each sequence's arithmetic is the
+//! one-sequence kernels' exactly ([`super::cuda::delta_fused`] with the column split): a batch
+//! gives the bits of its parts, which `conformance` checks.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{DType, Device, Tensor};
+
+use super::device::StepTensors;
+use super::GdnDims;
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
+
+const MODULE: &str = "tandem_gdn";
+
+/// One sequence of a batch: its token count and input states (`conv` `[K-1, ch]`, `ssm`
+/// `[nv dk dv]`, f32 on the device).
+pub struct BatchSeq<'a> {
+    pub len: usize,
+    pub conv: &'a Tensor,
+    pub ssm: &'a Tensor,
+}
+
+/// What [`step_batch`] returns: the normed output `[total, nv dv]` (the sequences' tokens one
+/// after another), the next states (`conv` `[B, K-1, ch]`, `ssm` `[B, nv, dk, dv]`) and, with
+/// lanes, the states after every token (`[total, K-1, ch]`, `[total, nv, dk, dv]`).
+pub struct BatchStep {
+    pub o: Tensor,
+    pub conv: Tensor,
+    pub ssm: Tensor,
+    pub conv_lanes: Option<Tensor>,
+    pub ssm_lanes: Option<Tensor>,
+}
+
+fn f32c(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?.contiguous()?)
+}
+
+/// The conv (with the weights `conv_w` `[ch, K]`) and the fused step of
+/// [`super::device::step`] for every sequence of `seqs`, whose pre-conv channels `x`
+/// `[total, ch]`, gate `z` `[total, nv dv]` and raw `b`, `a` `[total, nv]` lie one after another.
+#[allow(clippy::too_many_arguments)]
+pub fn step_batch(
+    x: &Tensor,
+    z: &Tensor,
+    b: &Tensor,
+    a: &Tensor,
+    seqs: &[BatchSeq<'_>],
+    conv_w: &Tensor,
+    p: &StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+) -> Result<BatchStep> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("gdn batch step: not a CUDA tensor".into()))?;
+    let (total, ch) = x.dims2()?;
+    let (wch, kernel) = conv_w.dims2()?;
+    let hist = kernel.saturating_sub(1);
+    let bsz = seqs.len();
+    if total != seqs.iter().map(|s| s.len).sum::<usize>() || bsz == 0 || wch != ch {
+        return Err(ModelError::Input(format!("gdn batch step: {total} tokens over {bsz} sequences, {ch} channels")));
+    }
+    if !(1..=8).contains(&kernel) || d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dk == 0 || d.dv == 0 {
+        return Err(ModelError::Input(format!(
+            "gdn batch step: conv kernel {kernel}, {} v-heads over {} k-heads, dims {} x {}",
+            d.nv, d.nk, d.dk, d.dv
+        )));
+    }
+    let name = match d.dk {
+        0..=32 => "gdn_delta_cols_batch_32",
+        33..=64 => "gdn_delta_cols_batch_64",
+        65..=128 => "gdn_delta_cols_batch_128",
+        129..=256 => "gdn_delta_cols_batch_256",
+        _ => return Err(ModelError::Input(format!("gdn batch step: key dim {} (up to 256)", d.dk))),
+    };
+    // The input states as contiguous f32 (already so, unless made elsewhere) and their addresses.
+    let mut states = Vec::with_capacity(2 * bsz);
+    for s in seqs {
+        if s.conv.elem_count() != hist * ch || s.ssm.elem_count() != d.state_len() {
+            return Err(ModelError::Input("gdn batch step: a sequence's state does not fit the layer".into()));
+        }
+        states.push(f32c(s.conv)?);
+        states.push(f32c(s.ssm)?);
+    }
+    let mut meta = Vec::with_capacity(3 * bsz + 1);
+    let mut off = 0i64;
+    meta.push(0);
+    for s in seqs {
+        off += s.len as i64;
+        meta.push(off);
+    }
+    for which in 0..2 {
+        for i in 0..bsz {
+            meta.push(device_address(&states[2 * i + which])? as i64);
+        }
+    }
+    let meta = Tensor::from_vec(meta, 3 * bsz + 1, &Device::Cuda(dev.clone()))?;
+    let ts = [x, z, b, a, conv_w, p.dt_bias, p.neg_a, p.norm_w].map(f32c);
+    let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
+    let inputs = Inputs::new(&ts.iter().chain([&meta]).collect::<Vec<_>>())?;
+    let v = |i: usize| inputs.view::<f32>(i);
+    let (xv, zv, bv, av, wv, dtb, nga, nw) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?, v(7)?);
+    let mv = inputs.view::<i64>(8)?;
+    let null = 0u64;
+    let (bi, chi, ki) = (i32_of(bsz)?, i32_of(ch)?, i32_of(kernel)?);
+    let bz = u32::try_from(bsz).map_err(|_| ModelError::Input(format!("gdn batch step: {bsz} sequences")))?;
+
+    let u = alloc_f32(&dev, total * ch)?;
+    let conv_next = alloc_f32(&dev, bsz * hist * ch)?;
+    let conv_lanes = if lanes { Some(alloc_f32(&dev, total * hist * ch)?) } else { None };
+    let f = dev.get_or_load_custom_func("gdn_conv_silu_batch", MODULE, tandem_kernels::GDN)?;
+    let mut bl = f.builder();
+    bl.arg(&u).arg(&conv_next);
+    match &conv_lanes {
+        Some(l) => bl.arg(l),
+        None => bl.arg(&null),
+    };
+    bl.arg(&xv).arg(&mv).arg(&wv).arg(&bi).arg(&chi).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, bz, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in gdn_conv_silu_batch's order; u holds total*ch, conv_next B*hist*ch,
+    // lanes total*hist*ch; meta holds B+1 offsets (the last = total) and B live state addresses.
+    unsafe { run(&mut bl, cfg, "gdn_conv_silu_batch")? };
+    drop(bl);
+
+    let o_raw = alloc_f32(&dev, total * d.nv * d.dv)?;
+    let ssm_next = alloc_f32(&dev, bsz * d.state_len())?;
+    let ssm_lanes = if lanes { Some(alloc_f32(&dev, total * d.state_len())?) } else { None };
+    let (nk, nv, dk, dv) = (i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let mut bl = f.builder();
+    bl.arg(&o_raw).arg(&ssm_next);
+    match &ssm_lanes {
+        Some(l) => bl.arg(l),
+        None => bl.arg(&null),
+    };
+    bl.arg(&u).arg(&bv).arg(&av).arg(&dtb).arg(&nga).arg(&mv).arg(&bi);
+    bl.arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale);
+    let cfg = LaunchConfig {
+        grid_dim: (d.nv as u32, d.dv.div_ceil(32) as u32, bz),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((2 * d.dk + 4) * 4) as u32,
+    };
+    // SAFETY: arguments in gdn_delta_cols_batch_*'s order; o_raw holds total*nv*dv, ssm_next
+    // B*nv*dk*dv, lanes total times that; u is the conv output [total, ch]; shared memory holds
+    // q, k and one float per warp of the 128-thread block.
+    unsafe { run(&mut bl, cfg, name)? };
+    drop(bl);
+
+    let rows = total * d.nv;
+    let (rowsi, eps) = (i32_of(rows)?, p.eps);
+    let o = alloc_f32(&dev, rows * d.dv)?;
+    let f = dev.get_or_load_custom_func("gdn_gated_norm", "tandem_gdn_chunked", tandem_kernels::GDN_CHUNKED)?;
+    let mut bl = f.builder();
+    bl.arg(&o).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dv).arg(&eps);
+    let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in gdn_gated_norm's order; o and o_raw hold rows*dv, z rows*dv, one
+    // warp per row.
+    unsafe { run(&mut bl, cfg, "gdn_gated_norm")? };
+    drop(bl);
+    drop(inputs);
+    drop(states);
+    Ok(BatchStep {
+        o: tensor(o, &dev, (total, d.nv * d.dv)),
+        conv: tensor(conv_next, &dev, (bsz, hist, ch)),
+        ssm: tensor(ssm_next, &dev, (bsz, d.nv, d.dk, d.dv)),
+        conv_lanes: conv_lanes.map(|l| tensor(l, &dev, (total, hist, ch))),
+        ssm_lanes: ssm_lanes.map(|l| tensor(l, &dev, (total, d.nv, d.dk, d.dv))),
+    })
+}
