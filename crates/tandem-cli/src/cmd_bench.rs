@@ -268,13 +268,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                         .collect();
                     let out = model.forward(&mut chunks)?;
                     drop(chunks);
-                    for (tok, l) in toks.iter_mut().zip(out) {
-                        // Each row is a view of the batch's logits: on a GPU reading a view
-                        // back copies the whole buffer, so copy the row out first.
-                        let l = l.context("no logits")?;
-                        let l = if l.device().is_cpu() { l } else { l.force_contiguous()? };
-                        let l = l.flatten_all()?.to_vec1::<f32>()?;
-                        tok[0] = tandem_engine::sampler::argmax(&l);
+                    // Greedy, as the engine does on a device: every row's argmax where the
+                    // logits live, one read back for the batch.
+                    let rows = out.into_iter().map(|l| l.context("no logits")?.flatten_all().map_err(Into::into));
+                    let rows = rows.collect::<anyhow::Result<Vec<_>>>()?;
+                    let ids = candle_core::Tensor::stack(&rows, 0)?.argmax(1)?.to_vec1::<u32>()?;
+                    for (tok, id) in toks.iter_mut().zip(ids) {
+                        tok[0] = id;
                     }
                 }
                 totals.push((b * a.gen_tokens) as f64 / t.elapsed().as_secs_f64());

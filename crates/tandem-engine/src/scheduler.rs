@@ -443,9 +443,34 @@ impl Scheduler {
             Ok(Err(e)) => return self.forward_failed(plan, snaps, &format!("forward pass failed: {e}"), elapsed),
             Err(_) => return self.forward_failed(plan, snaps, "forward pass panicked", elapsed),
         };
-        for (e, l) in plan.iter().zip(logits) {
+        // Greedy rows on a GPU: every such sequence's argmax in one batched read.
+        let greedy: Vec<bool> = plan
+            .iter()
+            .zip(&logits)
+            .map(|(e, l)| {
+                !e.verify && l.as_ref().is_some_and(|l| !l.device().is_cpu()) && self.running[e.seq].argmax_only()
+            })
+            .collect();
+        let mut argmax =
+            match device_argmax_rows(logits.iter().zip(&greedy).filter(|(_, &g)| g).filter_map(|(l, _)| l.as_ref())) {
+                Ok(ids) => ids.into_iter().map(Ok).collect::<Vec<_>>().into_iter(),
+                Err(err) => {
+                    let n = greedy.iter().filter(|&&g| g).count();
+                    (0..n).map(|_| Err(err.to_string())).collect::<Vec<_>>().into_iter()
+                }
+            };
+        for ((e, l), g) in plan.iter().zip(logits).zip(greedy) {
             let s = &mut self.running[e.seq];
             s.consumed(e.n, elapsed);
+            if g {
+                // Greedy on a GPU: one id came back instead of the whole vocabulary's logits.
+                match argmax.next() {
+                    Some(Ok(id)) => s.on_argmax(id, &self.tokenizer, self.context_length),
+                    Some(Err(err)) => s.fail(&format!("reading the argmax failed: {err}")),
+                    None => s.fail("reading the argmax failed: a row went missing"),
+                }
+                continue;
+            }
             let Some(l) = l else { continue };
             if e.verify {
                 let rows = match own_rows(&l).and_then(|l| l.to_vec2::<f32>()) {
@@ -461,14 +486,6 @@ impl Scheduler {
                     continue;
                 }
                 speculate::count(&self.stats, s.spec.usage.drafted_tokens - d0, s.spec.usage.accepted_tokens - a0);
-                continue;
-            }
-            if !l.device().is_cpu() && s.argmax_only() {
-                // Greedy on a GPU: one id comes back instead of the whole vocabulary's logits.
-                match device_argmax(&l) {
-                    Ok(id) => s.on_argmax(id, &self.tokenizer, self.context_length),
-                    Err(err) => s.fail(&format!("reading the argmax failed: {err}")),
-                }
                 continue;
             }
             if self.cfg.device_sampling && !l.device().is_cpu() {
@@ -583,16 +600,20 @@ fn own_rows(l: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor>
     }
 }
 
-/// The index of the largest logit of a `[1, vocab]` (or `[vocab]`) row, computed where the row
-/// lives. Ties go to the lowest index, like the host sampler's argmax.
-fn device_argmax(l: &candle_core::Tensor) -> candle_core::Result<u32> {
-    let row = l.flatten_all()?;
-    let max = row.max_keepdim(0)?;
+/// The index of the largest logit of each `[1, vocab]` row, computed where the rows live, with
+/// one read back for all of them. Ties go to the lowest index, like the host sampler's argmax.
+fn device_argmax_rows<'a>(rows: impl Iterator<Item = &'a candle_core::Tensor>) -> candle_core::Result<Vec<u32>> {
+    let rows: Vec<candle_core::Tensor> = rows.map(|l| l.flatten_all()).collect::<candle_core::Result<_>>()?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let m = candle_core::Tensor::stack(&rows, 0)?;
+    let n = m.dim(1)?;
+    let max = m.max_keepdim(1)?;
     // First index whose logit equals the maximum (candle's argmax does not promise which one).
-    let hits = row.broadcast_eq(&max)?.to_dtype(candle_core::DType::F32)?;
-    let n = row.dim(0)?;
-    let idx = candle_core::Tensor::arange(0f32, n as f32, row.device())?;
-    let big = (hits.ones_like()? - &hits)? * (n as f64);
-    let first = (idx + big)?.min(0)?;
-    Ok(first.to_scalar::<f32>()? as u32)
+    let hits = m.broadcast_eq(&max)?.to_dtype(candle_core::DType::F32)?;
+    let idx = candle_core::Tensor::arange(0f32, n as f32, m.device())?;
+    let big = ((hits.ones_like()? - &hits)? * (n as f64))?;
+    let first = big.broadcast_add(&idx)?.min(1)?;
+    Ok(first.to_vec1::<f32>()?.into_iter().map(|x| x as u32).collect())
 }

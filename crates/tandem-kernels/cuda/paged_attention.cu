@@ -44,17 +44,20 @@ struct Q4 {
 
 // part (when non-null): [t, nh, nsplit, hd + 2] = (sums[hd], max, normaliser) per segment.
 // Block (tile, kv head, segment); tile = row tile * head_tiles + head tile.
+// One block's work: tile `tile` of a sequence's t rows, segment sp of its nsplit. q and out
+// hold qrows rows per head ([nh, qrows, hd], the sequence's rows at the pointers given), part
+// pstride segments per (row, head).
 template <typename L, int NR, int U>
 __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
                              const typename L::elem* __restrict__ kp, const typename L::elem* __restrict__ vp,
                              const uint32_t* __restrict__ blocks, int nh, int nkv, int t, int hd, int past, int bs,
-                             float scale) {
+                             float scale, int tile, int sp, int nsplit, int qrows, int pstride) {
     typedef typename L::elem T;
     const size_t re = L::row_elems(hd);
     const int G = nh / nkv;
     const int Gb = min(G, U), R = U / Gb, head_tiles = (G + Gb - 1) / Gb;
-    const int r0 = (blockIdx.x / head_tiles) * R, hg0 = (blockIdx.x % head_tiles) * Gb;
-    const int kvh = blockIdx.y, sp = blockIdx.z, nsplit = gridDim.z;
+    const int r0 = (tile / head_tiles) * R, hg0 = (tile % head_tiles) * Gb;
+    const int kvh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int start = sp * SPLIT;
     // Unit u: query head kvh * G + hg0 + u % Gb, row r0 + u / Gb; len 0 when it is not one.
@@ -70,7 +73,7 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         len[u] = unit_len(u);
         const bool act = len[u] > 0;
         end_max = max(end_max, min(len[u], start + SPLIT));
-        const float* qrow = q + ((size_t)(kvh * G + hg0 + u % Gb) * t + r0 + u / Gb) * hd;
+        const float* qrow = q + ((size_t)(kvh * G + hg0 + u % Gb) * qrows + r0 + u / Gb) * hd;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             const int d = lane + 32 * r;
@@ -130,8 +133,8 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         for (int w = 0; w < WARPS; w++) gm = fmaxf(gm, sm[u][w]);
         float gl = 0.f;
         for (int w = 0; w < WARPS; w++) gl += sm[u][w] == -INFINITY ? 0.f : sl[u][w] * expf(sm[u][w] - gm);
-        float* prow = part ? part + (((size_t)qi * nh + h) * nsplit + sp) * (hd + 2) : nullptr;
-        float* orow = out + ((size_t)h * t + qi) * hd;
+        float* prow = nsplit > 1 ? part + (((size_t)qi * nh + h) * pstride + sp) * (hd + 2) : nullptr;
+        float* orow = out + ((size_t)h * qrows + qi) * hd;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float a = 0.f;
             for (int w = 0; w < WARPS; w++) a += sm[u][w] == -INFINITY ? 0.f : sacc[w][u][d] * expf(sm[u][w] - gm);
@@ -151,14 +154,14 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
 
 // out row (qi, h) from its segments, in order: sum_s e^(m_s - M) sums_s / sum_s e^(m_s - M) l_s.
 // With one segment this is sums / l, the bits a one-segment call writes directly.
-extern "C" __global__ void paged_attention_merge(float* __restrict__ out, const float* __restrict__ part, int nh,
-                                                 int t, int hd, int past, int nsplit) {
-    const int qi = blockIdx.x, h = blockIdx.y;
+__device__ void merge_row(float* __restrict__ out, const float* __restrict__ part, int nh, int qi, int h, int hd,
+                          int past, int pstride, int qrows) {
     const int len = past + qi + 1;
     const int used = (len + SPLIT - 1) / SPLIT;
-    const float* p = part + ((size_t)qi * nh + h) * nsplit * (hd + 2);
+    const float* p = part + ((size_t)qi * nh + h) * pstride * (hd + 2);
+    float* orow = out + ((size_t)h * qrows + qi) * hd;
     if (used == 1) {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) out[((size_t)h * t + qi) * hd + d] = p[d] / p[hd + 1];
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) orow[d] = p[d] / p[hd + 1];
         return;
     }
     float gm = -INFINITY;
@@ -174,7 +177,51 @@ extern "C" __global__ void paged_attention_merge(float* __restrict__ out, const 
             const float* ps = p + (size_t)s * (hd + 2);
             a += ps[hd] == -INFINITY ? 0.f : ps[d] * expf(ps[hd] - gm);
         }
-        out[((size_t)h * t + qi) * hd + d] = a / gl;
+        orow[d] = a / gl;
+    }
+}
+
+extern "C" __global__ void paged_attention_merge(float* __restrict__ out, const float* __restrict__ part, int nh,
+                                                 int t, int hd, int past, int nsplit) {
+    merge_row(out, part, nh, blockIdx.x, blockIdx.y, hd, past, nsplit, t);
+}
+
+// Batched calls (many sequences, one launch): meta holds per sequence (first row in the
+// batch, rows t, past, first entry of its block table in `tables`); q, out [nh, total, hd]
+// and part [total, nh, pstride, hd + 2] hold all sequences' rows. Grid (tiles of the longest
+// sequence, nkv, pstride x sequences); each sequence runs exactly the blocks (tiles,
+// segments) it would alone, with its own segment count, so its rows get the same bits.
+__device__ __forceinline__ void batch_seq(const int* meta, int s, int* off, int* t, int* past, int* toff) {
+    *off = meta[4 * s];
+    *t = meta[4 * s + 1];
+    *past = meta[4 * s + 2];
+    *toff = meta[4 * s + 3];
+}
+
+extern "C" __global__ void paged_attention_merge_batch(float* __restrict__ out, const float* __restrict__ part,
+                                                       const int* __restrict__ meta, int nh, int hd, int total,
+                                                       int pstride) {
+    int off, t, past, toff;
+    batch_seq(meta, blockIdx.z, &off, &t, &past, &toff);
+    const int qi = blockIdx.x;
+    if (qi >= t || (past + t + SPLIT - 1) / SPLIT <= 1) return;  // one segment: written directly
+    merge_row(out + (size_t)off * hd, part + (size_t)off * nh * pstride * (hd + 2), nh, qi, blockIdx.y, hd, past,
+              pstride, total);
+}
+
+// Scatters rows: row i of src (row_bytes bytes) to pool row slots[i]. One warp per row.
+extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uint8_t* __restrict__ src,
+                                           const uint32_t* __restrict__ slots, int n, long long row_bytes) {
+    const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (i >= n) return;
+    uint8_t* dst = pool + (size_t)slots[i] * row_bytes;
+    const uint8_t* from = src + (size_t)i * row_bytes;
+    if (row_bytes % 4 == 0) {
+        for (long long b = lane; b < row_bytes / 4; b += 32)
+            reinterpret_cast<uint32_t*>(dst)[b] = reinterpret_cast<const uint32_t*>(from)[b];
+    } else {
+        for (long long b = lane; b < row_bytes; b += 32) dst[b] = from[b];
     }
 }
 
@@ -182,7 +229,21 @@ extern "C" __global__ void paged_attention_merge(float* __restrict__ out, const 
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
         name(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,                    \
              const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale) {          \
-        attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale);              \
+        attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale, blockIdx.x,     \
+                               blockIdx.z, gridDim.z, t, gridDim.z);                                           \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
+        name##_batch(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,            \
+                     const uint32_t* tables, const int* meta, int nh, int nkv, int hd, int bs, int total,      \
+                     int pstride, float scale) {                                                               \
+        int off, t, past, toff;                                                                                \
+        batch_seq(meta, blockIdx.z / pstride, &off, &t, &past, &toff);                                         \
+        const int sp = blockIdx.z % pstride, nsplit = (past + t + SPLIT - 1) / SPLIT;                          \
+        const int G = nh / nkv, Gb = min(G, U), tiles = (t + U / Gb - 1) / (U / Gb) * ((G + Gb - 1) / Gb);  \
+        if ((int)blockIdx.x >= tiles || sp >= nsplit) return;                                                  \
+        attend_units<L, NR, U>(out + (size_t)off * hd, part + (size_t)off * nh * pstride * (hd + 2),           \
+                               q + (size_t)off * hd, kp, vp, tables + toff, nh, nkv, t, hd, past, bs, scale,  \
+                               blockIdx.x, sp, nsplit, total, pstride);                                        \
     }
 // Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4).
 #define PAGED(name, L)                     \

@@ -31,6 +31,11 @@ pub const KV_QUANT: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_quant.ptx"
 #[cfg(feature = "cuda")]
 pub const QMATMUL: &str = include_str!(concat!(env!("OUT_DIR"), "/qmatmul.ptx"));
 
+/// PTX of `cuda/qmma.cu`: Q8_0 matmuls on the tensor cores (int8 mma) with 8-bit activations,
+/// row-invariant for every call size, and the activation quantiser they read.
+#[cfg(feature = "cuda")]
+pub const QMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/qmma.ptx"));
+
 /// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
 #[cfg(feature = "cuda")]
 pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));

@@ -17,9 +17,11 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
 
+mod batch;
 pub mod dtype;
 pub mod paged;
 mod persist;
+pub use batch::attend_batch;
 pub use dtype::KvDtype;
 pub use paged::{LayerKv, PagedKvStore};
 

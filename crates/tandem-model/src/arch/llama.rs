@@ -162,7 +162,15 @@ impl CausalLm for Llama {
             let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
             let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
             let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
-            let att = if let [c] = chunks {
+            let batched = {
+                let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+                let kvs = chunks.iter_mut().map(|c| c.cache.layer_kv(li)).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&crate::kv::LayerKv<'_>> = kvs.iter().collect();
+                crate::kv::attend_batch(&refs, &lens, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)?
+            };
+            let att = if let Some(att) = batched {
+                att
+            } else if let [c] = chunks {
                 c.cache.layer_kv(li)?.attend(&q, &k, &v, scale)?
             } else {
                 let mut outs = Vec::with_capacity(chunks.len());

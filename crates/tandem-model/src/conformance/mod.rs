@@ -16,6 +16,7 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
+pub mod attn_batch;
 pub mod fused;
 pub mod gdn_batch;
 pub mod gdn_step;
@@ -140,6 +141,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     let mut checks = ops::run(dev);
     checks.extend(gdn_step::run(dev));
     checks.extend(gdn_batch::run(dev));
+    checks.extend(attn_batch::run(dev));
     checks.extend(rope::run(dev));
     checks.extend(moe::run(dev));
     checks.extend(fused::run(dev));

@@ -387,7 +387,7 @@ const QTYPES: [GgmlDType; 10] = [
 
 fn quantised(dev: &Device, out: &mut Vec<Check>) {
     for q in QTYPES {
-        for (n, k) in [(512, 1024), (37, 2304)] {
+        for (n, k) in [(512, 1024), (37, 2304), (100, 4096)] {
             let shape = format!("n{n} k{k}");
             let fmt = format!("{q:?}").to_lowercase();
             push(out, "quant_matmul", shape.clone(), &fmt, quant_case(dev, q, n, k, &shape, &fmt));
@@ -401,6 +401,17 @@ fn own_quant_kernel(dev: &Device, q: GgmlDType) -> bool {
     #[cfg(feature = "cuda")]
     if dev.is_cuda() {
         return crate::ops::quant::cuda_quant::WeightFormat::of_ggml(q).is_some();
+    }
+    let _ = (dev, q);
+    false
+}
+
+/// Whether `q` runs on the tensor-core Q8_0 kernels on `dev` (8-bit activations, so the
+/// tolerance of candle's kernels; still row-invariant).
+fn q8_mma(dev: &Device, q: GgmlDType) -> bool {
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        return q == GgmlDType::Q8_0 && crate::ops::quant::cuda_qmma::enabled();
     }
     let _ = (dev, q);
     false
@@ -425,7 +436,7 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     // candle's kernels (the CPU's, and CUDA's for Q2_K / Q3_K) quantise activations to 8 bits;
     // ours decode the weights exactly and keep activations f32.
     let own = own_quant_kernel(dev, q);
-    let tol = if own { 1e-4 } else { 2e-2 };
+    let tol = if own && !q8_mma(dev, q) { 1e-4 } else { 2e-2 };
     let mut checks =
         vec![Check::new("quant_matmul", shape.into(), fmt, rel_err(&got, &want)?, Judge::Tolerance(tol), ms)];
     let last =

@@ -261,6 +261,31 @@ impl PagedKvStore {
         paged_attention_with_table(q, &l.k, &l.v, kv, device_table, past, scale)
     }
 
+    /// Every sequence's new rows `k`, `v` `[kv_heads, total, head_dim]` written and `q`
+    /// `[n_heads, total, head_dim]` attended over each one's own blocks, in a few launches for
+    /// the batch (see [`crate::kv::attend_batch`]). `None` when the layer's format or head dim
+    /// has no batched kernel (nothing written then).
+    #[cfg(feature = "cuda")]
+    pub fn attend_batch(
+        &self,
+        li: usize,
+        seqs: &[crate::ops::paged_attention::cuda_batch::SeqRows<'_>],
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+    ) -> Result<Option<Tensor>> {
+        use crate::ops::paged_attention::{cuda, cuda_batch};
+        let l = self.layer(li)?;
+        if !self.device.is_cuda() || !cuda::supports(self.dtype, l.head_dim) {
+            return Ok(None);
+        }
+        let bt = cuda_batch::BatchTables::new(seqs, self.block_size, self.num_blocks, &self.device)?;
+        cuda_batch::scatter_rows(&l.k, &self.encode(k)?, &bt)?;
+        cuda_batch::scatter_rows(&l.v, &self.encode(v)?, &bt)?;
+        Ok(Some(cuda_batch::attention(q, &l.k, &l.v, self.dtype, &bt, self.block_size, scale)?))
+    }
+
     /// Positions `0..len` of layer `li` as contiguous f32 `[kv_heads, len, head_dim]` K and V
     /// (decoded from the store's format).
     pub fn read(&self, li: usize, blocks: &[u32], len: usize) -> Result<(Tensor, Tensor)> {

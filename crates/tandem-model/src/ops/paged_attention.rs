@@ -214,6 +214,8 @@ impl CustomOp3 for PagedAttentionOp {
 mod avx2;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda_batch;
 mod format;
 mod kernel;
 #[cfg(test)]

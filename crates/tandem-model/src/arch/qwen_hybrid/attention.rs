@@ -59,7 +59,8 @@ impl GatedAttention {
     /// token's position, in the same order. Returns `[tokens, hidden]`.
     ///
     /// What is per token (the q/k norms, RoPE, the output gate) runs once over the whole
-    /// batch; only attention over each sequence's own KV runs per part, on that part's rows.
+    /// batch; attention over each sequence's own KV too where the device batches it
+    /// ([`crate::kv::attend_batch`]), else part by part on each part's rows.
     /// Every op here is row by row, so a sequence gets the same bits alone or in a batch.
     pub fn forward(
         &self,
@@ -81,7 +82,13 @@ impl GatedAttention {
         let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
         let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
         let vc = v.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-        let att = if let [part] = parts {
+        let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
+        let kvs: Vec<&LayerKv<'_>> = parts.iter().map(|p| &p.kv).collect();
+        let batched = crate::kv::attend_batch(&kvs, &lens, &q.contiguous()?, &kc, &vc, scale)?;
+        drop(kvs);
+        let att = if let Some(att) = batched {
+            att
+        } else if let [part] = parts {
             part.kv.attend(&q.contiguous()?, &kc, &vc, scale)?
         } else {
             let mut outs = Vec::with_capacity(parts.len());

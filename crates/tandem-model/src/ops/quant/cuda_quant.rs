@@ -139,6 +139,10 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     }
     out_shape[last] = n;
     let m = x.elem_count() / k;
+    if fmt.suffix == "q8_0" && super::cuda_qmma::enabled() {
+        let x = x.reshape((m, k))?;
+        return Ok(super::cuda_qmma::matmul_q8_0(w, n, k, fmt.row_bytes(k), &x)?.reshape(out_shape)?);
+    }
     let mut x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
     if !x.layout().start_offset().is_multiple_of(4) {
         // float4 loads need rows on 16-byte boundaries: a compact copy starts at offset 0

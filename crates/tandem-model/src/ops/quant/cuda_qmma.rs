@@ -1,0 +1,93 @@
+//! Q8_0 matmuls on the tensor cores (`tandem-kernels/cuda/qmma.cu`): the activations are
+//! quantised to 8 bits per 32-value block (`q8_quantize_rows`), each block's dot product with
+//! the weights is an exact integer (an int8 `mma.sync`; for one row, decode, `__dp4a` on a warp
+//! per output column, which spreads a matrix over more warps), and the blocks' scaled products
+//! are added in a chain fixed by `k` alone, so every call size (decode, verify chunks,
+//! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
+//! kernels (f32 activations) this trades the activations' last bits (the CPU's Q8_0 kernels
+//! quantise them the same way) for the tensor cores' throughput: batches and prefill stop
+//! being bound by f32 multiply-adds. `TANDEM_Q8_MMA=0` sends Q8_0 back to the CUDA-core
+//! kernels, for comparisons.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+
+const MODULE: &str = "tandem_qmma";
+
+/// Whether Q8_0 weights take the tensor-core kernels (the default).
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_Q8_MMA").map_or(true, |v| v != "0"))
+}
+
+/// `x · Wᵀ` for `x` `[m, k]` (f32, contiguous) and W `n` Q8_0 rows of `k` values at device
+/// address `w` (rows `rb` bytes apart, kept alive by the caller); `[m, n]` f32.
+pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("q8_0 mma matmul: not a CUDA tensor".into()))?;
+    let (m, xk) = x.dims2()?;
+    if xk != k || k == 0 || !k.is_multiple_of(32) {
+        return Err(ModelError::Input(format!("q8_0 mma matmul: x [{m}, {xk}] against W [{n}, {k}]")));
+    }
+    let y = alloc_f32(&dev, m * n)?;
+    if m == 0 || n == 0 {
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let grid_y = u32::try_from(n.div_ceil(16)).ok().filter(|&g| g <= 65_535);
+    let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("q8_0 mma matmul: {n} output columns")))?;
+    let (mi, ni, ki, rbl) = (i32_of(m)?, i32_of(n)?, i32_of(k)?, rb as i64);
+    let nb = k / 32;
+    // SAFETY: q8_quantize_rows writes every byte of xq (m*k) and every scale (m*nb).
+    let xq = unsafe { dev.alloc::<i8>(m * k) }?;
+    let dx = alloc_f32(&dev, m * nb)?;
+    let inputs = Inputs::new(&[&x])?;
+    let xv = inputs.view::<f32>(0)?;
+    let f = dev.get_or_load_custom_func("q8_quantize_rows", MODULE, tandem_kernels::QMMA)?;
+    let mut b = f.builder();
+    b.arg(&xq).arg(&dx).arg(&xv).arg(&mi).arg(&ki);
+    let blocks = (m * nb).div_ceil(8);
+    let cfg = LaunchConfig {
+        grid_dim: (u32::try_from(blocks).map_err(|_| ModelError::Input("q8_0 mma matmul: x too large".into()))?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
+    unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
+    drop(b);
+
+    if m == 1 {
+        // Decode: a warp per output column on the CUDA cores, the same chain (qdot1_q8_0).
+        let f = dev.get_or_load_custom_func("qdot1_q8_0", MODULE, tandem_kernels::QMMA)?;
+        let mut b = f.builder();
+        b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&ni).arg(&ki).arg(&rbl);
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: arguments in qdot1_q8_0's order; y holds n, xq k, dx k/32, W n rows of rb bytes.
+        unsafe { run(&mut b, cfg, "qdot1_q8_0")? };
+        drop(b);
+        drop(xv);
+        drop(inputs);
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    let nt = match m {
+        0..=8 => 8,
+        9..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    };
+    let name = format!("qmma_q8_0_{nt}");
+    let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::QMMA)?;
+    let mut b = f.builder();
+    b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
+    let cfg =
+        LaunchConfig { grid_dim: (m.div_ceil(nt) as u32, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in qmma_q8_0_*'s order; y holds m*n, xq m*k, dx m*k/32, W n rows of rb
+    // bytes (Q8_0 blocks); the kernel's shared memory is static.
+    unsafe { run(&mut b, cfg, &name)? };
+    drop(b);
+    drop(xv);
+    drop(inputs);
+    Ok(tensor(y, &dev, (m, n)))
+}
