@@ -191,10 +191,12 @@ __device__ __forceinline__ void load8_2aligned(const uint8_t* p, uint32_t* lo, u
         *lo = q[0];
         *hi = q[1];
     } else {
+        // Words at p - 2 and p + 2, then the last two bytes alone (no read past p + 8).
         const uint32_t* q = reinterpret_cast<const uint32_t*>(p - 2);
-        const uint32_t a = q[0], b = q[1], c = q[2];
+        const uint32_t a = q[0], b = q[1];
+        const uint32_t c = *reinterpret_cast<const uint16_t*>(p + 6);
         *lo = __funnelshift_r(a, b, 16);
-        *hi = __funnelshift_r(b, c, 16);
+        *hi = (b >> 16) | (c << 16);
     }
 }
 
