@@ -29,8 +29,18 @@ pub struct ModelArgs {
     /// of 32.
     #[arg(long, default_value = "f16")]
     pub kv_cache_dtype: KvDtype,
+    /// Quantise the weights at load time: q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, q3_k,
+    /// q2_k (or f16 / bf16 to keep a GPU's matmul weights 16-bit), for safetensors and GGUF
+    /// inputs alike. The LM head takes Q6_K below six bits; rows that do not fit a K-quant take
+    /// Q8_0.
+    #[arg(long, value_parser = parse_quant)]
+    pub quantize: Option<tandem_model::loader::quantize::WeightQuant>,
     #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+fn parse_quant(s: &str) -> Result<tandem_model::loader::quantize::WeightQuant, String> {
+    s.parse().map_err(|e: tandem_model::ModelError| e.to_string())
 }
 
 /// Speculative decoding flags.
@@ -87,6 +97,11 @@ impl ModelArgs {
         Ok(src.path().to_path_buf())
     }
 
+    /// What `--quantize` asks of the loader.
+    pub fn load_options(&self) -> tandem_model::loader::LoadOptions {
+        tandem_model::loader::LoadOptions { quantize: self.quantize }
+    }
+
     /// Loads the model and starts an engine on it.
     pub fn start_engine(&self, mut cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
         set_threads(self.threads);
@@ -98,15 +113,18 @@ impl ModelArgs {
         cfg.speculative = self.spec.config();
         cfg.kv_dtype = self.kv_cache_dtype;
         let device = tandem_model::device::default_device()?;
-        let loaded =
-            tandem_model::loader::load(&path, &device).with_context(|| format!("cannot load {}", path.display()))?;
+        let loaded = tandem_model::loader::load_with(&path, &device, &self.load_options())
+            .with_context(|| format!("cannot load {}", path.display()))?;
         let draft = match &self.spec.draft_model {
             Some(d) => {
                 let reporter = crate::progress::pull_reporter();
                 let src = tandem_model::resolve::resolve(d, !self.no_pull, &reporter)
                     .with_context(|| format!("cannot find draft model `{d}`"))?;
                 let p = src.path();
-                Some(tandem_model::loader::load(p, &device).with_context(|| format!("cannot load {}", p.display()))?)
+                Some(
+                    tandem_model::loader::load_with(p, &device, &self.load_options())
+                        .with_context(|| format!("cannot load {}", p.display()))?,
+                )
             }
             None => None,
         };

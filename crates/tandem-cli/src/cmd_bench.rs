@@ -118,7 +118,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         None => {
             let path = a.model.resolve()?;
-            let loaded = tandem_model::loader::load(&path, &device)
+            let loaded = tandem_model::loader::load_with(&path, &device, &a.model.load_options())
                 .with_context(|| format!("cannot load {}", path.display()))?;
             (path.display().to_string(), loaded.model)
         }

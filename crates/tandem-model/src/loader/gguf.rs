@@ -57,28 +57,8 @@ impl GgufSource {
         else {
             return Ok(None);
         };
-        // Q8_0 has SIMD kernels in candle on every CPU (NEON included): ours only where ours
-        // are SIMD too (x86 with AVX2), never the scalar reference in their place.
-        if ty == QuantType::Q8_0 && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::Reference {
+        if !prefers_own_kernel(ty, *n, *k) {
             return Ok(None);
-        }
-        // Q8_0: where candle repacks the matrix into VNNI tiles (k a multiple of 256, n of 16,
-        // a CPU with VNNI) those beat our row-major blocks (random 0.8B hybrid, 2 threads:
-        // pp512 180 vs 123 tok/s, decode 25.2 vs 15.4); elsewhere candle runs its compact
-        // blocks and ours win (SmolLM2, k = 576: decode 112 vs 103; qwen2.5-coder-0.5b's tied
-        // 151,936 x 896 head: 27.3 vs 22.7). `TANDEM_Q8_KERNEL=ours|candle` forces one side.
-        if ty == QuantType::Q8_0 {
-            let candle_repacks = k.is_multiple_of(256)
-                && n.is_multiple_of(16)
-                && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::AvxVnni;
-            let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
-                Ok("ours") => true,
-                Ok("candle") => false,
-                _ => !candle_repacks,
-            };
-            if !ours {
-                return Ok(None);
-            }
         }
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
         let start = (self.content.tensor_data_offset + info.offset) as usize;
@@ -133,6 +113,35 @@ impl WeightSource for GgufSource {
     }
 }
 
+/// Whether a CPU model runs a `ty` matrix `[n, k]` on our [`GgmlMatrix`] kernels rather than
+/// candle's (GGUF weights, and weights quantised at load alike).
+pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
+    // Q8_0 has SIMD kernels in candle on every CPU (NEON included): ours only where ours
+    // are SIMD too (x86 with AVX2), never the scalar reference in their place.
+    if ty == QuantType::Q8_0 && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::Reference {
+        return false;
+    }
+    // Q8_0: where candle repacks the matrix into VNNI tiles (k a multiple of 256, n of 16,
+    // a CPU with VNNI) those beat our row-major blocks (random 0.8B hybrid, 2 threads:
+    // pp512 180 vs 123 tok/s, decode 25.2 vs 15.4); elsewhere candle runs its compact
+    // blocks and ours win (SmolLM2, k = 576: decode 112 vs 103; qwen2.5-coder-0.5b's tied
+    // 151,936 x 896 head: 27.3 vs 22.7). `TANDEM_Q8_KERNEL=ours|candle` forces one side.
+    if ty == QuantType::Q8_0 {
+        let candle_repacks = k.is_multiple_of(256)
+            && n.is_multiple_of(16)
+            && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::AvxVnni;
+        let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
+            Ok("ours") => true,
+            Ok("candle") => false,
+            _ => !candle_repacks,
+        };
+        if !ours {
+            return false;
+        }
+    }
+    true
+}
+
 /// Reads only the metadata and builds the config (no weights): for `inspect` and estimates.
 pub fn read_config(src: &GgufSource) -> Result<LlamaConfig> {
     LlamaConfig::from_gguf(
@@ -143,11 +152,11 @@ pub fn read_config(src: &GgufSource) -> Result<LlamaConfig> {
     )
 }
 
-pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
+pub fn load_gguf(path: &Path, device: &Device, opts: &super::LoadOptions) -> Result<LoadedModel> {
     let src = GgufSource::open(path, device)?;
     let cfg = read_config(&src)?;
     let tokenizer = Tokenizer::from_gguf(&src.content)?;
-    let model = Llama::load(&cfg, &src)?;
+    let model = Llama::load(&cfg, &*opts.source(&src))?;
     let summary = summary_of(&src, &cfg, path);
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }

@@ -4,6 +4,7 @@
 
 pub mod gguf;
 pub mod gguf_check;
+pub mod quantize;
 pub mod safetensors;
 pub mod summary;
 mod weights;
@@ -26,12 +27,64 @@ pub struct LoadedModel {
     pub summary: ModelSummary,
 }
 
+/// How to load: what to do to the weights on the way in.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Quantise every matmul weight (and the embedding) to this type at load time.
+    pub quantize: Option<quantize::WeightQuant>,
+}
+
+impl LoadOptions {
+    /// `src` as the model should see it: quantising where asked, else as it is.
+    pub fn source<'a>(&self, src: &'a dyn WeightSource) -> Box<dyn WeightSource + 'a> {
+        match self.quantize {
+            Some(q) => Box::new(quantize::Quantizing::new(src, q)),
+            None => Box::new(Plain(src)),
+        }
+    }
+}
+
+/// A source passed through unchanged.
+struct Plain<'a>(&'a dyn WeightSource);
+
+impl WeightSource for Plain<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        self.0.qmatmul(name)
+    }
+    fn tensor_f32(&self, name: &str) -> Result<candle_core::Tensor> {
+        self.0.tensor_f32(name)
+    }
+    fn embedding(&self, name: &str) -> Result<Embedding> {
+        self.0.embedding(name)
+    }
+    fn device(&self) -> &Device {
+        self.0.device()
+    }
+    fn stacked_experts(&self, prefix: &str, proj: &str) -> Result<Option<StackedExperts>> {
+        self.0.stacked_experts(prefix, proj)
+    }
+    fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
+        self.0.stacked_data(storage)
+    }
+    fn linear(&self, name: &str) -> Result<Linear> {
+        self.0.linear(name)
+    }
+}
+
 /// Loads a GGUF file or a Hugging Face directory (config.json + safetensors + tokenizer.json).
 pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
+    load_with(path, device, &LoadOptions::default())
+}
+
+/// [`load`] with options (load-time quantisation).
+pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
     let free_before = crate::device::memory_info(device);
     // A file must not be able to panic the process: our code returns errors, and a panic in a
     // library underneath (tokenizers, safetensors, candle) on a hostile file becomes one too.
-    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_any(path, device)))
+    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load_any(path, device, opts)))
         .unwrap_or_else(|p| Err(ModelError::Config(format!("{}: loading failed: {}", path.display(), panic_text(&p)))));
     loaded.map_err(|e| match free_before {
         // A GPU that runs out of memory while loading: say so, and what to change.
@@ -45,18 +98,22 @@ pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
     })
 }
 
-fn load_any(path: &Path, device: &Device) -> Result<LoadedModel> {
-    if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
-        crate::arch::qwen_hybrid::load_hf_dir(path, device)
+fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
+    let mut loaded = if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
+        crate::arch::qwen_hybrid::load_hf_dir(path, device, opts)?
     } else if path.is_dir() {
-        safetensors::load_hf_dir(path, device)
+        safetensors::load_hf_dir(path, device, opts)?
     } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
-        crate::arch::qwen_hybrid::gguf::load_gguf(path, device)
+        crate::arch::qwen_hybrid::gguf::load_gguf(path, device, opts)?
     } else if path.is_file() {
-        gguf::load_gguf(path, device)
+        gguf::load_gguf(path, device, opts)?
     } else {
-        Err(ModelError::NotFound(format!("{} is neither a GGUF file nor a model directory", path.display())))
+        return Err(ModelError::NotFound(format!("{} is neither a GGUF file nor a model directory", path.display())));
+    };
+    if let Some(q) = opts.quantize {
+        loaded.summary.quantized_at_load = Some(q.to_string());
     }
+    Ok(loaded)
 }
 
 thread_local! {

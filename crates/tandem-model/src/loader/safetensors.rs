@@ -149,11 +149,11 @@ pub fn read_config(dir: &Path) -> Result<LlamaConfig> {
     LlamaConfig::from_hf_json(&v)
 }
 
-pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<LoadedModel> {
+pub fn load_hf_dir(dir: &Path, device: &Device, opts: &super::LoadOptions) -> Result<LoadedModel> {
     let cfg = read_config(dir)?;
     let src = SafetensorsSource::open(dir, device)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let model = Llama::load(&cfg, &src)?;
+    let model = Llama::load(&cfg, &*opts.source(&src))?;
     let summary = summary_of(&src, &cfg, dir)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }

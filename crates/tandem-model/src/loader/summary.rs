@@ -22,6 +22,8 @@ pub struct ModelSummary {
     pub tie_word_embeddings: bool,
     pub rope: String,
     pub chat_template: Option<String>,
+    /// The type `--quantize` turned the matmul weights into at load, if it was given.
+    pub quantized_at_load: Option<String>,
 }
 
 impl ModelSummary {

@@ -415,10 +415,10 @@ impl WeightSource for HybridGgufSource {
 }
 
 /// Loads a hybrid GGUF: model (with its MTP head when present), tokenizer, chat template.
-pub fn load_gguf(path: &Path, device: &Device) -> Result<LoadedModel> {
+pub fn load_gguf(path: &Path, device: &Device, opts: &crate::loader::LoadOptions) -> Result<LoadedModel> {
     let src = HybridGgufSource::open(path, device)?;
     let tokenizer = Tokenizer::from_gguf(&src.inner.content)?;
-    let model = QwenHybrid::load(&src.config, &src)?;
+    let model = QwenHybrid::load(&src.config, &*opts.source(&src))?;
     let summary = src.summary(path);
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }

@@ -270,11 +270,11 @@ pub fn read_config(dir: &Path) -> Result<HybridConfig> {
 }
 
 /// Loads a Hugging Face directory of a hybrid model (vision weights, if any, are not read).
-pub fn load_hf_dir(dir: &Path, device: &Device) -> Result<LoadedModel> {
+pub fn load_hf_dir(dir: &Path, device: &Device, opts: &crate::loader::LoadOptions) -> Result<LoadedModel> {
     let cfg = read_config(dir)?;
     let src = SafetensorsSource::open(dir, device)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let model = QwenHybrid::load(&cfg, &src)?;
+    let model = QwenHybrid::load(&cfg, &*opts.source(&src))?;
     let summary = summary_of(&cfg, &src, dir)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
