@@ -66,16 +66,21 @@ fn over_budget_and_unsupported_cells_are_skipped_not_attempted() {
         summary,
         progress: false,
     };
-    let axes = GridAxes { weights: vec!["native".into(), "q4_0".into()], kv: vec!["f32".into()], chunks: vec![64] };
+    let axes = GridAxes {
+        weights: vec!["native".into(), "q4_0".into(), "fp3".into()],
+        kv: vec!["f32".into()],
+        chunks: vec![64],
+    };
     let mut cells = grid(&axes, &small);
     cells.push(CellSpec { prefill_chunk: 128, ..huge });
     let mut rec = Recorder::default();
     let res = run_sweep(&cells, &opts, &mut rec).unwrap();
-    assert_eq!(rec.ran, vec!["weights=native,kv=f32,chunk=64".to_string()]);
+    assert_eq!(rec.ran, vec!["weights=native,kv=f32,chunk=64".to_string(), "weights=q4_0,kv=f32,chunk=64".to_string()]);
     let outcome = |id: &str| res.get(id).unwrap().outcome.clone();
     assert!(matches!(outcome("weights=native,kv=f32,chunk=64"), CellOutcome::Done(_)));
-    match outcome("weights=q4_0,kv=f32,chunk=64") {
-        CellOutcome::Skipped { reason } => assert!(reason.contains("not available"), "{reason}"),
+    assert!(matches!(outcome("weights=q4_0,kv=f32,chunk=64"), CellOutcome::Done(_)));
+    match outcome("weights=fp3,kv=f32,chunk=64") {
+        CellOutcome::Skipped { reason } => assert!(reason.contains("unknown weight precision"), "{reason}"),
         o => panic!("{o:?}"),
     }
     match outcome("weights=native,kv=f32,chunk=128") {
@@ -86,10 +91,10 @@ fn over_budget_and_unsupported_cells_are_skipped_not_attempted() {
     let mut again = Recorder::default();
     let res2 = run_sweep(&cells, &opts, &mut again).unwrap();
     assert!(again.ran.is_empty(), "{:?}", again.ran);
-    assert_eq!(res2.cells.len(), 3);
+    assert_eq!(res2.cells.len(), 4);
     // The report renders skipped cells with their reasons.
     let md = tandem_bench::report::sweep_markdown(&res2);
-    assert!(md.contains("exceeds the memory budget") && md.contains("not available"), "{md}");
+    assert!(md.contains("exceeds the memory budget") && md.contains("unknown weight precision"), "{md}");
     tandem_bench::report::write_sweep_report(dir.path(), &res2).unwrap();
     assert!(dir.path().join("sweep_memory.png").exists() && dir.path().join("sweep_memory.svg").exists());
 }
@@ -103,14 +108,23 @@ fn memory_estimate_within_20_percent_of_measured_peak() {
     };
     let baseline = launcher.probe().unwrap();
     assert!(baseline > 0, "probe measured no memory");
-    let mut models = vec![repo("fixtures/tiny/llama"), repo("fixtures/tiny/qwen3"), repo("fixtures/hybrid/qwen3_5")];
+    // (model, weights): the checkpoints' own, and quantised at load.
+    let mut models: Vec<(PathBuf, &str)> = vec![
+        (repo("fixtures/tiny/llama"), "native"),
+        (repo("fixtures/tiny/qwen3"), "native"),
+        (repo("fixtures/hybrid/qwen3_5"), "native"),
+        (repo("fixtures/hybrid/qwen3_5"), "q8_0"),
+        (repo("fixtures/tiny/llama"), "q4_0"),
+    ];
     let smollm2 = repo("models/smollm2-135m.gguf");
     if smollm2.exists() {
-        models.push(smollm2);
+        models.push((smollm2.clone(), "native"));
+        models.push((smollm2, "q8_0"));
     }
-    for model in models {
+    let mut ppl = std::collections::HashMap::new();
+    for (model, weights) in models {
         let summary = tandem_model::loader::summarize(&model).unwrap();
-        let s = spec(&model);
+        let s = CellSpec { weights: weights.into(), ..spec(&model) };
         let est = estimate(&summary, &s, baseline);
         let m = launcher.run(&s).unwrap_or_else(|e| panic!("{}: {e:#}", model.display()));
         let ratio = est.total_bytes as f64 / m.peak_rss_bytes as f64;
@@ -122,8 +136,15 @@ fn memory_estimate_within_20_percent_of_measured_peak() {
             m.perplexity,
             m.runs
         );
-        assert!((0.8..=1.2).contains(&ratio), "{}: ratio {ratio}", model.display());
+        assert!((0.8..=1.2).contains(&ratio), "{} {weights}: ratio {ratio}", model.display());
         assert!(m.perplexity.is_some_and(|p| p.is_finite() && p > 1.0));
+        // A cell quantised at load measures other weights than the checkpoint's own.
+        match ppl.get(&model) {
+            Some(native) => assert_ne!(Some(*native), m.perplexity, "{} {weights}", model.display()),
+            None => {
+                ppl.insert(model.clone(), m.perplexity.unwrap_or_default());
+            }
+        }
         assert!(m.runs.iter().all(|r| r.skipped.is_none() && r.decode_tok_s > 0.0 && r.ttft_s > 0.0));
     }
 }

@@ -40,7 +40,9 @@ pub fn run_cell(spec: &CellSpec) -> anyhow::Result<CellMeasurement> {
     let baseline_rss_bytes = current_rss_bytes().unwrap_or(0);
     let t0 = Instant::now();
     let path = Path::new(&spec.model);
-    let loaded = tandem_model::loader::load(path, &device).with_context(|| format!("cannot load {}", spec.model))?;
+    let opts = tandem_model::loader::LoadOptions { quantize: spec.quantize() };
+    let loaded =
+        tandem_model::loader::load_with(path, &device, &opts).with_context(|| format!("cannot load {}", spec.model))?;
     let load_s = t0.elapsed().as_secs_f64();
     let context = loaded.model.context_length();
     let vocab = loaded.model.vocab_size();

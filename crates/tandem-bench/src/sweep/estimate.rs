@@ -46,8 +46,14 @@ pub struct MemoryEstimate {
 /// Estimates the peak resident memory of a cell process.
 pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> MemoryEstimate {
     let gguf = summary.format.to_ascii_lowercase().contains("gguf");
-    // GGUF tensors stay in their stored types; Hugging Face weights are converted to f32.
-    let weights_bytes = if gguf { summary.file_bytes } else { summary.parameters.saturating_mul(4) };
+    // GGUF tensors stay in their stored types; Hugging Face weights are converted to f32;
+    // quantised at load, every parameter takes its type's bytes (f16 / bf16 run as f32 on
+    // the CPU, which is where cells are measured).
+    let weights_bytes = match spec.quantize() {
+        Some(q) => (summary.parameters as f64 * bytes_per_param(q.0)) as u64,
+        None if gguf => summary.file_bytes,
+        None => summary.parameters.saturating_mul(4),
+    };
     let mapped_bytes = summary.file_bytes;
     let tokenizer_bytes = summary.vocab_size as u64 * TOKENIZER_BYTES_PER_TOKEN;
     let bs = spec.kv_block_size.max(1);
@@ -66,7 +72,9 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
     let ppl_act = ppl_window * (2 * vocab * f32b + hidden * ACTIVATION_HIDDENS_PER_TOKEN as u64 * f32b);
     let activation_bytes = prefill_act.max(ppl_act);
     let base = baseline + RUNTIME_OVERHEAD_BYTES;
-    let load_peak_bytes = base + weights_bytes + mapped_bytes + tokenizer_bytes;
+    // Quantising at load holds one tensor as f32 at a time: the largest, the embedding.
+    let staging_bytes = if spec.quantize().is_some() { vocab * hidden * f32b } else { 0 };
+    let load_peak_bytes = base + weights_bytes + mapped_bytes + tokenizer_bytes + staging_bytes;
     let run_peak_bytes = base + weights_bytes + tokenizer_bytes + kv_bytes + activation_bytes;
     MemoryEstimate {
         baseline_bytes: baseline,
@@ -79,5 +87,14 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
         load_peak_bytes,
         run_peak_bytes,
         total_bytes: load_peak_bytes.max(run_peak_bytes),
+    }
+}
+
+/// Bytes per weight of a GGML type (block bytes over block values).
+fn bytes_per_param(t: candle_core::quantized::GgmlDType) -> f64 {
+    use candle_core::quantized::GgmlDType as G;
+    match t {
+        G::F32 | G::F16 | G::BF16 => 4.0,
+        other => other.type_size() as f64 / other.block_size() as f64,
     }
 }

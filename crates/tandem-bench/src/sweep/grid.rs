@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 use tandem_model::kv::KvDtype;
 
 /// Weight precisions the sweep knows: the checkpoint's own (`native`) and load-time variants.
-pub const WEIGHT_PRECISIONS: &[&str] = &["native", "f16", "bf16", "q8_0", "q4_0", "q2_k"];
+pub const WEIGHT_PRECISIONS: &[&str] =
+    &["native", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0", "q3_k", "q2_k"];
 /// KV-cache precisions the sweep knows.
 pub const KV_PRECISIONS: &[&str] = &["f32", "f16", "q8_0", "q4_0"];
 
@@ -47,13 +48,15 @@ impl CellSpec {
         if !KV_PRECISIONS.contains(&self.kv.as_str()) {
             return Err(format!("unknown KV precision `{}` (known: {})", self.kv, KV_PRECISIONS.join(", ")));
         }
-        if self.weights != "native" {
-            return Err(format!("load-time conversion of weights to {} is not available in tandem yet", self.weights));
-        }
         if self.prefill_chunk == 0 {
             return Err("prefill chunk must be positive".into());
         }
         Ok(())
+    }
+
+    /// The load-time quantisation the cell asks for (`None`: the checkpoint's own weights).
+    pub fn quantize(&self) -> Option<tandem_model::loader::quantize::WeightQuant> {
+        (self.weights != "native").then(|| self.weights.parse().ok()).flatten()
     }
 
     /// The cell's KV-cache format (f32 for an unknown name; such cells are never run).

@@ -9,7 +9,8 @@
 //! Per tensor: the LM head (and a tied embedding, which is the head) takes Q6_K where the
 //! target has fewer than six bits, as llama.cpp's `Q4_K_M` does; K-quant types need rows that
 //! are multiples of 256 values and fall back to Q8_0 elsewhere; 32-value block types need
-//! multiples of 32 and leave other rows f32. `f16` / `bf16` keep matmul weights 16-bit dense.
+//! multiples of 32 and leave other rows f32. `f16` / `bf16` keep matmul weights 16-bit dense on
+//! a GPU; on the CPU (f32 kernels) they round the values to 16 bits and hold them as f32.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -140,9 +141,12 @@ impl WeightSource for Quantizing<'_> {
         let dev = self.inner.device();
         Ok(LinearWeight::Candle(match ty {
             None => QMatMul::Tensor(t.to_device(dev)?),
-            // 16-bit dense: kept 16-bit on a GPU; the CPU kernels read f32 rows.
-            Some(GgmlDType::F16) if !dev.is_cpu() => QMatMul::Tensor(t.to_dtype(DType::F16)?.to_device(dev)?),
-            Some(GgmlDType::BF16) if !dev.is_cpu() => QMatMul::Tensor(t.to_dtype(DType::BF16)?.to_device(dev)?),
+            // 16-bit dense: kept 16-bit on a GPU; on the CPU, whose kernels read f32 rows, the
+            // values rounded to 16 bits and held as f32 (the precision, not the memory).
+            Some(ty @ (GgmlDType::F16 | GgmlDType::BF16)) => {
+                let t16 = t.to_dtype(if ty == GgmlDType::F16 { DType::F16 } else { DType::BF16 })?;
+                QMatMul::Tensor(if dev.is_cpu() { t16.to_dtype(DType::F32)? } else { t16.to_device(dev)? })
+            }
             Some(ty) => {
                 let q = quantise_onto(&t, ty, PIECE, dev)?;
                 // On the CPU the kernels a GGUF of this type would get.
@@ -173,6 +177,8 @@ impl WeightSource for Quantizing<'_> {
                 }
                 Embedding::Quantized(Arc::new(q))
             }
+            Some(GgmlDType::F16) => Embedding::Dense(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?.to_device(dev)?),
+            Some(GgmlDType::BF16) => Embedding::Dense(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?.to_device(dev)?),
             _ => Embedding::Dense(t.to_device(dev)?),
         })
     }
