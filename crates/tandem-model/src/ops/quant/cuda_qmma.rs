@@ -23,6 +23,13 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_Q8_MMA").map_or(true, |v| v != "0"))
 }
 
+/// Whether one-row calls take `qdot1_q8_0` (`TANDEM_Q8_DOT1=1`) rather than the mma kernel's
+/// 8-row tile (the default until qdot1 has been measured on a GPU; both give the same bits).
+fn dot1_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_Q8_DOT1").is_ok_and(|v| v == "1"))
+}
+
 /// `x · Wᵀ` for `x` `[m, k]` (f32, contiguous) and W `n` Q8_0 rows of `k` values at device
 /// address `w` (rows `rb` bytes apart, kept alive by the caller); `[m, n]` f32.
 pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> Result<Tensor> {
@@ -58,7 +65,7 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
     drop(b);
 
-    if m == 1 {
+    if m == 1 && dot1_enabled() {
         // Decode: a warp per output column on the CUDA cores, the same chain (qdot1_q8_0).
         let f = dev.get_or_load_custom_func("qdot1_q8_0", MODULE, tandem_kernels::QMMA)?;
         let mut b = f.builder();
