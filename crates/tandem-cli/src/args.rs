@@ -1,6 +1,7 @@
 //! Flags shared by several subcommands, and turning them into engine settings.
 
 use std::path::PathBuf;
+use tandem_model::loader::LoadOptions;
 
 use anyhow::Context;
 use clap::Args;
@@ -35,6 +36,10 @@ pub struct ModelArgs {
     /// Q8_0.
     #[arg(long, value_parser = parse_quant)]
     pub quantize: Option<tandem_model::loader::quantize::WeightQuant>,
+    /// Take the MTP head from this checkpoint (an HF directory or GGUF of the same hybrid
+    /// model that kept it), for checkpoints whose converter dropped theirs (mlx-lm does).
+    #[arg(long, value_name = "PATH")]
+    pub mtp_from: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -99,7 +104,7 @@ impl ModelArgs {
 
     /// What `--quantize` asks of the loader.
     pub fn load_options(&self) -> tandem_model::loader::LoadOptions {
-        tandem_model::loader::LoadOptions { quantize: self.quantize }
+        tandem_model::loader::LoadOptions { quantize: self.quantize, mtp_from: self.mtp_from.clone() }
     }
 
     /// Loads the model and starts an engine on it.
@@ -122,7 +127,7 @@ impl ModelArgs {
                     .with_context(|| format!("cannot find draft model `{d}`"))?;
                 let p = src.path();
                 Some(
-                    tandem_model::loader::load_with(p, &device, &self.load_options())
+                    tandem_model::loader::load_with(p, &device, &LoadOptions { mtp_from: None, ..self.load_options() })
                         .with_context(|| format!("cannot load {}", p.display()))?,
                 )
             }

@@ -29,7 +29,7 @@ fn sweep_runs_skips_and_resumes() {
         "-t",
         "1",
         "--weights",
-        "native,q4_0",
+        "native,q4_0,fp3",
         "--kv",
         "f32",
         "--chunks",
@@ -52,10 +52,13 @@ fn sweep_runs_skips_and_resumes() {
     };
     let v = read();
     let cells = v["cells"].as_array().unwrap();
-    assert_eq!(cells.len(), 2);
+    assert_eq!(cells.len(), 3);
     assert_eq!(cells[0]["outcome"]["status"], "done");
     assert!(cells[0]["outcome"]["peak_rss_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(cells[1]["outcome"]["status"], "skipped");
+    // Quantised at load.
+    assert_eq!(cells[1]["outcome"]["status"], "done");
+    assert_ne!(cells[1]["outcome"]["perplexity"], cells[0]["outcome"]["perplexity"]);
+    assert_eq!(cells[2]["outcome"]["status"], "skipped");
     for f in ["sweep.md", "sweep_memory.png", "sweep_memory.svg"] {
         assert!(out.join(f).exists(), "{f}");
     }

@@ -22,7 +22,7 @@ fn fixture(path: &str) -> PathBuf {
 }
 
 fn opts(q: Option<&str>) -> LoadOptions {
-    LoadOptions { quantize: q.map(|q| q.parse().expect("type")) }
+    LoadOptions { quantize: q.map(|q| q.parse().expect("type")), ..Default::default() }
 }
 
 fn reference(path: &str) -> (Vec<u32>, Tensor) {

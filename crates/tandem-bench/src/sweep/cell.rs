@@ -40,7 +40,7 @@ pub fn run_cell(spec: &CellSpec) -> anyhow::Result<CellMeasurement> {
     let baseline_rss_bytes = current_rss_bytes().unwrap_or(0);
     let t0 = Instant::now();
     let path = Path::new(&spec.model);
-    let opts = tandem_model::loader::LoadOptions { quantize: spec.quantize() };
+    let opts = tandem_model::loader::LoadOptions { quantize: spec.quantize(), ..Default::default() };
     let loaded =
         tandem_model::loader::load_with(path, &device, &opts).with_context(|| format!("cannot load {}", spec.model))?;
     let load_s = t0.elapsed().as_secs_f64();

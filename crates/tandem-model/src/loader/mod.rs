@@ -4,6 +4,7 @@
 
 pub mod gguf;
 pub mod gguf_check;
+pub mod graft;
 pub mod quantize;
 pub mod safetensors;
 pub mod summary;
@@ -28,13 +29,41 @@ pub struct LoadedModel {
 }
 
 /// How to load: what to do to the weights on the way in.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// Quantise every matmul weight (and the embedding) to this type at load time.
     pub quantize: Option<quantize::WeightQuant>,
+    /// Take the MTP head from this checkpoint (hybrid models; see [`graft`]).
+    pub mtp_from: Option<std::path::PathBuf>,
 }
 
 impl LoadOptions {
+    /// `src` with the MTP head grafted from `--mtp-from` where asked, then as [`Self::source`]
+    /// makes it; `donor` holds the open donor for as long as the source is used.
+    pub fn hybrid_source<'a>(
+        &self,
+        src: &'a dyn WeightSource,
+        donor: &'a Option<graft::Donor>,
+        graft_slot: &'a mut Option<graft::Graft<'a>>,
+    ) -> Box<dyn WeightSource + 'a> {
+        match donor {
+            Some(d) => {
+                let g: &'a graft::Graft<'a> = graft_slot.insert(graft::Graft { base: src, donor: d });
+                self.source(g)
+            }
+            None => self.source(src),
+        }
+    }
+
+    /// The donor of `--mtp-from`, opened and checked against `cfg`.
+    pub fn mtp_donor(
+        &self,
+        cfg: &crate::arch::qwen_hybrid::config::HybridConfig,
+        device: &Device,
+    ) -> Result<Option<graft::Donor>> {
+        self.mtp_from.as_deref().map(|p| graft::open_donor(p, cfg, device)).transpose()
+    }
+
     /// `src` as the model should see it: quantising where asked, else as it is.
     pub fn source<'a>(&self, src: &'a dyn WeightSource) -> Box<dyn WeightSource + 'a> {
         match self.quantize {
@@ -101,6 +130,11 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
 fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut loaded = if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::load_hf_dir(path, device, opts)?
+    } else if opts.mtp_from.is_some() && !crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
+        return Err(ModelError::Config(format!(
+            "--mtp-from: {} is not a hybrid model (Qwen3.5 / Qwen3.6 / Qwen3-Next); only those have MTP heads",
+            path.display()
+        )));
     } else if path.is_dir() {
         safetensors::load_hf_dir(path, device, opts)?
     } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
@@ -112,6 +146,12 @@ fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
     };
     if let Some(q) = opts.quantize {
         loaded.summary.quantized_at_load = Some(q.to_string());
+    }
+    if let Some(p) = &opts.mtp_from {
+        let a = &mut loaded.summary.architecture;
+        for was in ["MTP head: no", "MTP head: dropped", "MTP head: yes"] {
+            *a = a.replace(was, &format!("MTP head: grafted from {}", p.display()));
+        }
     }
     Ok(loaded)
 }

@@ -418,7 +418,9 @@ impl WeightSource for HybridGgufSource {
 pub fn load_gguf(path: &Path, device: &Device, opts: &crate::loader::LoadOptions) -> Result<LoadedModel> {
     let src = HybridGgufSource::open(path, device)?;
     let tokenizer = Tokenizer::from_gguf(&src.inner.content)?;
-    let model = QwenHybrid::load(&src.config, &*opts.source(&src))?;
+    let donor = opts.mtp_donor(&src.config, device)?;
+    let mut slot = None;
+    let model = QwenHybrid::load(&src.config, &*opts.hybrid_source(&src, &donor, &mut slot))?;
     let summary = src.summary(path);
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }

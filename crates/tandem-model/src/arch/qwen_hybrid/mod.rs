@@ -274,7 +274,9 @@ pub fn load_hf_dir(dir: &Path, device: &Device, opts: &crate::loader::LoadOption
     let cfg = read_config(dir)?;
     let src = SafetensorsSource::open(dir, device)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let model = QwenHybrid::load(&cfg, &*opts.source(&src))?;
+    let donor = opts.mtp_donor(&cfg, device)?;
+    let mut slot = None;
+    let model = QwenHybrid::load(&cfg, &*opts.hybrid_source(&src, &donor, &mut slot))?;
     let summary = summary_of(&cfg, &src, dir)?;
     Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
@@ -307,12 +309,18 @@ fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result
     })
 }
 
-/// `qwen3_5_text (layers GGAG: G = Gated DeltaNet, A = gated attention; MTP head: yes)`.
+/// `qwen3_5_text (layers GGAG: G = Gated DeltaNet, A = gated attention; MTP head: yes)`; the
+/// head is `dropped` when the config declares one and the weights are missing.
 pub(crate) fn describe(name: &str, cfg: &HybridConfig, mtp: bool) -> String {
     let kinds: String = cfg.layer_kinds.iter().map(|k| if *k == LayerKind::Full { 'A' } else { 'G' }).collect();
     format!(
         "{name} (layers {kinds}: G = Gated DeltaNet, A = gated attention; MTP head: {})",
-        if mtp { "yes" } else { "no" }
+        match (mtp, cfg.mtp_layers > 0) {
+            (true, _) => "yes",
+            // The config has one, the weights are gone (mlx-lm's converter drops `mtp.*`).
+            (false, true) => "dropped",
+            (false, false) => "no",
+        }
     )
 }
 
