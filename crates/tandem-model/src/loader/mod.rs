@@ -5,6 +5,7 @@
 pub mod gguf;
 pub mod gguf_check;
 pub mod graft;
+pub mod mlx;
 pub mod quantize;
 pub mod safetensors;
 pub mod summary;

@@ -22,6 +22,8 @@ pub struct SafetensorsSource {
     device: Device,
     /// Prefix of the text model's weights (`model.` or `model.language_model.`).
     prefix: String,
+    /// MLX affine quantisation (`config.json`'s `quantization` block), if the checkpoint has it.
+    mlx: Option<super::mlx::MlxQuant>,
 }
 
 /// Maps a GGUF-style tensor name to the Hugging Face name.
@@ -70,7 +72,72 @@ impl SafetensorsSource {
         } else {
             "model."
         };
-        Ok(Self { st, names, device: device.clone(), prefix: prefix.into() })
+        let mlx = match std::fs::read_to_string(dir.join("config.json")) {
+            Ok(text) => {
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| ModelError::Config(format!("{}: {e}", dir.join("config.json").display())))?;
+                super::mlx::MlxQuant::from_config(&v)?
+            }
+            Err(_) => None,
+        };
+        Ok(Self { st, names, device: device.clone(), prefix: prefix.into(), mlx })
+    }
+
+    /// The HF name of `gguf`'s MLX `scales` tensor when that weight is MLX-quantised.
+    fn mlx_quantised(&self, gguf: &str) -> Option<String> {
+        self.mlx.as_ref()?;
+        let hf = hf_name(gguf, &self.prefix);
+        let scales = format!("{}.scales", hf.strip_suffix(".weight")?);
+        self.names.contains(&scales).then_some(hf)
+    }
+
+    /// An MLX-quantised weight: `(n, k, 4-bit values repacked as Q4_1 blocks)` where that is
+    /// exact, else the f32 values.
+    fn mlx_weight(&self, hf: &str) -> Result<std::result::Result<(usize, usize, Vec<u8>), Tensor>> {
+        let cfg = self.mlx.as_ref().ok_or_else(|| ModelError::Config("not an MLX checkpoint".into()))?;
+        let (bits, group) = cfg.params(hf)?;
+        let stem = hf.strip_suffix(".weight").unwrap_or(hf);
+        let cpu = Device::Cpu;
+        let words = self.st.load(hf, &cpu)?;
+        let (n, wpr) = words.dims2()?;
+        let words = words.flatten_all()?.to_vec1::<u32>()?;
+        let f32s = |name: String| -> Result<Vec<f32>> {
+            Ok(self.st.load(&name, &cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let (scales, biases) = (f32s(format!("{stem}.scales"))?, f32s(format!("{stem}.biases"))?);
+        let k = wpr * 32 / bits;
+        if scales.len() != n * (k / group) || biases.len() != scales.len() {
+            return Err(ModelError::Config(format!(
+                "{stem}: scales / biases do not fit [{n}, {k}] in groups of {group}"
+            )));
+        }
+        let q = super::mlx::unpack(&words, n, k, bits)?;
+        if bits == 4 {
+            if let Some(bytes) = super::mlx::to_q4_1(&q, &scales, &biases, n, k, group) {
+                return Ok(Ok((n, k, bytes)));
+            }
+        }
+        tracing::warn!("{stem}: MLX {bits}-bit weights dequantised to f32 (no exact repacking for them yet)");
+        let vals = super::mlx::dequantize(&q, &scales, &biases, n, k, group);
+        Ok(Err(Tensor::from_vec(vals, (n, k), &cpu)?))
+    }
+
+    /// An MLX-quantised weight as a matmul weight on the source's device.
+    fn mlx_linear(&self, hf: &str) -> Result<LinearWeight> {
+        Ok(match self.mlx_weight(hf)? {
+            Ok((n, k, bytes)) if self.device.is_cpu() => LinearWeight::Ggml(std::sync::Arc::new(
+                crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?,
+            )),
+            Ok((n, k, bytes)) => LinearWeight::Candle(QMatMul::from_arc(std::sync::Arc::new(
+                candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    candle_core::quantized::GgmlDType::Q4_1,
+                    &bytes,
+                    vec![n, k],
+                    &self.device,
+                )?,
+            ))?),
+            Err(t) => LinearWeight::Candle(QMatMul::Tensor(t.to_device(&self.device)?)),
+        })
     }
 
     fn load(&self, gguf: &str) -> Result<Tensor> {
@@ -79,6 +146,17 @@ impl SafetensorsSource {
             return Err(ModelError::MissingTensor(name));
         }
         Ok(self.st.load(&name, &self.device)?.to_dtype(DType::F32)?)
+    }
+
+    /// `safetensors`, or `safetensors (MLX affine 4-bit, groups of 64)`.
+    pub fn format(&self) -> String {
+        match &self.mlx {
+            Some(q) => {
+                let (bits, group) = q.params("").unwrap_or((0, 0));
+                format!("safetensors (MLX affine {bits}-bit, groups of {group})")
+            }
+            None => "safetensors".into(),
+        }
     }
 
     pub fn tensor_types(&self) -> (BTreeMap<String, usize>, u64) {
@@ -97,12 +175,34 @@ impl WeightSource for SafetensorsSource {
         self.names.contains(&hf_name(name, &self.prefix))
     }
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        if let Some(hf) = self.mlx_quantised(name) {
+            return self.mlx_linear(&hf);
+        }
         Ok(LinearWeight::Candle(QMatMul::Tensor(self.load(name)?)))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        if let Some(hf) = self.mlx_quantised(name) {
+            return Ok(match self.mlx_weight(&hf)? {
+                Ok((n, k, bytes)) => Tensor::from_vec(
+                    crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?
+                        .dequantize(),
+                    (n, k),
+                    &self.device,
+                )?,
+                Err(t) => t.to_device(&self.device)?,
+            });
+        }
         self.load(name)
     }
     fn embedding(&self, name: &str) -> Result<Embedding> {
+        if let Some(hf) = self.mlx_quantised(name) {
+            return Ok(match self.mlx_linear(&hf)? {
+                LinearWeight::Ggml(m) => Embedding::Ggml(m),
+                LinearWeight::Candle(QMatMul::QTensor(q)) => Embedding::Quantized(q),
+                LinearWeight::Candle(QMatMul::Tensor(t)) => Embedding::Dense(t),
+                LinearWeight::Candle(QMatMul::TensorF16(t)) => Embedding::Dense(t.to_dtype(DType::F32)?),
+            });
+        }
         Ok(Embedding::Dense(self.load(name)?))
     }
     fn device(&self) -> &Device {
@@ -170,7 +270,7 @@ fn summary_of(src: &SafetensorsSource, cfg: &LlamaConfig, dir: &Path) -> Result<
     let file_bytes = shard_files(dir)?.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     Ok(ModelSummary {
         path: dir.display().to_string(),
-        format: "safetensors".into(),
+        format: src.format(),
         parameters,
         file_bytes,
         tensor_types,

@@ -299,7 +299,7 @@ fn summary_of(cfg: &HybridConfig, src: &SafetensorsSource, dir: &Path) -> Result
         .sum();
     Ok(ModelSummary {
         path: dir.display().to_string(),
-        format: "safetensors".into(),
+        format: src.format(),
         architecture: describe(&cfg.model_type, cfg, src.has("mtp.fc.weight")),
         parameters,
         file_bytes,

@@ -1,0 +1,181 @@
+//! MLX-quantised safetensors (mlx-lm's format, the usual one on Apple Silicon): a quantised
+//! linear `X` is stored as `X.weight` (uint32 words, `32 / bits` values each, low bits
+//! first), `X.scales` and `X.biases` (one per group of `group_size` values of a row), with
+//! `w = scale * q + bias`; `config.json`'s `quantization` block gives `bits` and `group_size`,
+//! with per-module overrides keyed by the module's path.
+//!
+//! 4-bit weights whose scales and biases are exact in f16 (mlx-lm writes them in the model's
+//! dtype: f16 exactly, bf16 almost always) are repacked at load into GGML Q4_1 blocks of 32
+//! values (a group of 64 or 128 is two or four blocks with the same scale and bias): the same
+//! values, on the Q4_1 kernels, with no f32 copy of the model. Other widths (2, 3, 5, 6, 8 bits)
+//! and inexact scales are dequantised to f32 for that tensor, with a warning naming it.
+//! [`dequantize`] is the plain reference the repacking is tested against.
+
+use std::collections::HashMap;
+
+use half::f16;
+
+use crate::error::{ModelError, Result};
+
+/// Bits and group size of each quantised module.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlxQuant {
+    bits: usize,
+    group: usize,
+    overrides: HashMap<String, (usize, usize)>,
+}
+
+impl MlxQuant {
+    /// From a parsed `config.json`: `None` when it has no `quantization` block.
+    pub fn from_config(v: &serde_json::Value) -> Result<Option<Self>> {
+        let Some(q) = v.get("quantization").and_then(|q| q.as_object()) else { return Ok(None) };
+        let pair = |o: &serde_json::Map<String, serde_json::Value>| -> Option<(usize, usize)> {
+            Some((o.get("bits")?.as_u64()? as usize, o.get("group_size")?.as_u64()? as usize))
+        };
+        let (bits, group) = pair(q)
+            .ok_or_else(|| ModelError::Config("config.json: `quantization` without bits / group_size".into()))?;
+        if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
+            if mode != "affine" {
+                return Err(ModelError::Config(format!(
+                    "MLX `{mode}` quantisation is not supported yet (affine only)"
+                )));
+            }
+        }
+        let overrides = q.iter().filter_map(|(k, v)| Some((k.clone(), pair(v.as_object()?)?))).collect();
+        let me = Self { bits, group, overrides };
+        me.check(bits, group)?;
+        Ok(Some(me))
+    }
+
+    fn check(&self, bits: usize, group: usize) -> Result<()> {
+        if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) || !matches!(group, 32 | 64 | 128) {
+            return Err(ModelError::Config(format!(
+                "MLX quantisation: {bits} bits in groups of {group} (unsupported)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `(bits, group)` of the module whose weight is `hf_weight` (`model.layers.0.mlp.up_proj.weight`).
+    pub fn params(&self, hf_weight: &str) -> Result<(usize, usize)> {
+        let module = hf_weight.strip_suffix(".weight").unwrap_or(hf_weight);
+        let p = self.overrides.get(module).copied().unwrap_or((self.bits, self.group));
+        self.check(p.0, p.1)?;
+        Ok(p)
+    }
+}
+
+/// Unpacks rows of `k` `bits`-bit values from `words` (`[n, k * bits / 32]`).
+pub fn unpack(words: &[u32], n: usize, k: usize, bits: usize) -> Result<Vec<u8>> {
+    let per_row = k * bits / 32;
+    if k * bits % 32 != 0 || words.len() != n * per_row {
+        return Err(ModelError::Config(format!("MLX weight: {} words for [{n}, {k}] at {bits} bits", words.len())));
+    }
+    let mask = (1u64 << bits) - 1;
+    let mut out = Vec::with_capacity(n * k);
+    for row in words.chunks(per_row) {
+        for j in 0..k {
+            // Value j starts at bit j * bits of the row (it may straddle two words at 3, 5, 6 bits).
+            let bit = j * bits;
+            let (w, o) = (bit / 32, bit % 32);
+            let lo = row[w] as u64;
+            let hi = if o + bits > 32 { row[w + 1] as u64 } else { 0 };
+            out.push((((lo | (hi << 32)) >> o) & mask) as u8);
+        }
+    }
+    Ok(out)
+}
+
+/// The plain reference: `[n, k]` f32 values `scale * q + bias`.
+pub fn dequantize(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, group: usize) -> Vec<f32> {
+    let groups = k / group;
+    let mut out = Vec::with_capacity(n * k);
+    for r in 0..n {
+        for j in 0..k {
+            let g = r * groups + j / group;
+            out.push(scales[g] * q[r * k + j] as f32 + biases[g]);
+        }
+    }
+    out
+}
+
+/// GGML Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles: value i low, value i + 16 high) of
+/// 4-bit values `q` `[n, k]` with their groups' scales and biases, when every scale and bias
+/// is exact in f16 (then the blocks hold exactly the MLX values); `None` otherwise.
+pub fn to_q4_1(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, group: usize) -> Option<Vec<u8>> {
+    let exact = |x: f32| f16::from_f32(x).to_f32() == x;
+    if !scales.iter().chain(biases).all(|&x| exact(x)) || group % 32 != 0 || k % group != 0 {
+        return None;
+    }
+    let groups = k / group;
+    let mut out = Vec::with_capacity(n * k / 32 * 20);
+    for r in 0..n {
+        for b in 0..k / 32 {
+            let g = r * groups + b * 32 / group;
+            out.extend_from_slice(&f16::from_f32(scales[g]).to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(biases[g]).to_le_bytes());
+            let vals = &q[r * k + b * 32..r * k + b * 32 + 32];
+            out.extend((0..16).map(|i| (vals[i] & 0xF) | (vals[i + 16] << 4)));
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::quant::{GgmlMatrix, QuantType};
+
+    #[test]
+    fn unpacks_every_width_low_bits_first() {
+        // 3 bits straddle words: value 10 sits in bits 30..33.
+        for bits in [2usize, 3, 4, 5, 6, 8] {
+            let k = 64;
+            let vals: Vec<u8> = (0..k).map(|j| ((j * 7 + 3) % (1 << bits)) as u8).collect();
+            let mut words = vec![0u32; k * bits / 32];
+            for (j, &v) in vals.iter().enumerate() {
+                let bit = j * bits;
+                words[bit / 32] |= (v as u32) << (bit % 32);
+                if bit % 32 + bits > 32 {
+                    words[bit / 32 + 1] |= (v as u32) >> (32 - bit % 32);
+                }
+            }
+            assert_eq!(unpack(&words, 1, k, bits).unwrap(), vals, "{bits} bits");
+        }
+        assert!(unpack(&[0; 3], 1, 64, 4).is_err());
+    }
+
+    /// Repacked Q4_1 blocks decode to exactly the MLX values, for groups of 32, 64 and 128.
+    #[test]
+    fn q4_1_repack_is_exact() {
+        let (n, k) = (3, 256);
+        let q: Vec<u8> = (0..n * k).map(|i| ((i * 11 + 5) % 16) as u8).collect();
+        for group in [32, 64, 128] {
+            let groups = n * k / group;
+            let scales: Vec<f32> = (0..groups).map(|g| f16::from_f32(0.01 + g as f32 * 0.003).to_f32()).collect();
+            let biases: Vec<f32> = (0..groups).map(|g| f16::from_f32(-0.05 * g as f32).to_f32()).collect();
+            let want = dequantize(&q, &scales, &biases, n, k, group);
+            let bytes = to_q4_1(&q, &scales, &biases, n, k, group).expect("exact in f16");
+            let m = GgmlMatrix::from_bytes(QuantType::Q4_1, n, k, &bytes).unwrap();
+            assert_eq!(m.dequantize(), want, "group {group}");
+        }
+        // A scale f16 cannot hold: no repack.
+        let scales = vec![0.1f32; n * k / 32];
+        assert!(to_q4_1(&q, &scales, &vec![0.0; n * k / 32], n, k, 32).is_none());
+    }
+
+    #[test]
+    fn reads_the_config_block() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+                "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}}}"#,
+        )
+        .unwrap();
+        let q = MlxQuant::from_config(&v).unwrap().unwrap();
+        assert_eq!(q.params("model.layers.1.mlp.up_proj.weight").unwrap(), (4, 64));
+        assert_eq!(q.params("model.layers.0.mlp.down_proj.weight").unwrap(), (8, 32));
+        assert!(MlxQuant::from_config(&serde_json::json!({})).unwrap().is_none());
+        let fp = serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}});
+        assert!(MlxQuant::from_config(&fp).is_err());
+    }
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""MLX-format fixtures: fixtures/tiny/llama converted by mlx-lm's own converter (affine
+quantisation, f16 scales and biases) at 4 bits in groups of 32 and 64 and at 8 bits in groups
+of 64, each with mlx-lm's logits for the tiny fixture's reference prompt
+(`mlx_reference.safetensors`: prompt_ids, prompt_logits f32). tandem's loader is tested
+against these (crates/tandem-model/tests/mlx.rs).
+
+Needs `pip install mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2` (runs on Linux x86 CPUs).
+Usage: python3 scripts/gen_mlx_fixtures.py [fixtures]
+"""
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm import load
+from safetensors.numpy import load_file, save_file
+
+root = Path(sys.argv[1] if len(sys.argv) > 1 else "fixtures")
+ref = load_file(str(root / "tiny" / "llama" / "reference.safetensors"))
+# mlx-lm reads RoPE settings from the pre-transformers-5 keys (`rope_theta`, `rope_scaling`),
+# not `rope_parameters`: convert a copy whose config says the same in those keys (tandem reads
+# both), so that mlx-lm runs the same model.
+src = Path(tempfile.mkdtemp()) / "llama"
+shutil.copytree(root / "tiny" / "llama", src)
+cfg = json.loads((src / "config.json").read_text())
+rp = cfg.pop("rope_parameters")
+cfg["rope_theta"] = rp.pop("rope_theta")
+cfg["rope_scaling"] = rp
+(src / "config.json").write_text(json.dumps(cfg, indent=2))
+check, _ = load(str(src))
+err = np.abs(np.array(check(mx.array([[int(x) for x in ref["prompt_ids"]]]))[0]) - ref["prompt_logits"]).max()
+print("mlx-lm on the f32 copy vs transformers, max abs logit error:", err)
+assert err < 1e-3 * np.abs(ref["prompt_logits"]).max()
+ids = [int(x) for x in ref["prompt_ids"]]
+for bits, group in [(4, 32), (4, 64), (8, 64)]:
+    out = root / "mlx" / f"llama-q{bits}-g{group}"
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path", str(out), "-q",
+         "--q-bits", str(bits), "--q-group-size", str(group), "--dtype", "float16"],
+        check=True,
+    )
+    (out / "README.md").unlink(missing_ok=True)
+    model, _ = load(str(out))
+    logits = model(mx.array([ids]))[0].astype(mx.float32)
+    tensors = {"prompt_ids": np.array(ids, dtype=np.int64), "prompt_logits": np.array(logits)}
+    # mlx's own dequantisation (in f32) of two weights, to check tandem's unpacking exactly.
+    w = mx.load(str(out / "model.safetensors"))
+    for name in ["model.layers.0.mlp.down_proj", "model.embed_tokens"]:
+        s, b = w[name + ".scales"].astype(mx.float32), w[name + ".biases"].astype(mx.float32)
+        deq = mx.dequantize(w[name + ".weight"], s, b, group_size=group, bits=bits)
+        tensors["dequant." + name] = np.array(deq.astype(mx.float32))
+    save_file(tensors, str(out / "mlx_reference.safetensors"))
+    print(out, logits.shape)
