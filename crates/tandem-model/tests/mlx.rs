@@ -65,3 +65,35 @@ fn mlx_checkpoints_give_mlx_lm_logits() {
         assert!(loaded.summary.format.contains("MLX"), "{}", loaded.summary.format);
     }
 }
+
+/// A `quantization` block that disagrees with the tensors, or an unknown mode, is an error
+/// naming the tensor (or the mode), never a panic.
+#[test]
+fn bad_mlx_checkpoints_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("llama-q4-g64");
+    let copy = |edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
+        let dir = tmp.path().join(format!("c{}", std::fs::read_dir(tmp.path()).unwrap().count()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in std::fs::read_dir(&src).unwrap().filter_map(|e| e.ok()) {
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
+        let p = dir.join("config.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&p, v.to_string()).unwrap();
+        dir
+    };
+    let err = |dir: PathBuf| match tandem_model::loader::load(&dir, &Device::Cpu) {
+        Ok(_) => panic!("{}: loaded", dir.display()),
+        Err(e) => e.to_string(),
+    };
+    let e = err(copy(&|v| v["quantization"]["bits"] = 8.into()));
+    assert!(e.contains("model.embed_tokens") || e.contains("model.layers"), "{e}");
+    let e = err(copy(&|v| v["quantization"]["group_size"] = 32.into()));
+    assert!(e.contains("do not fit"), "{e}");
+    let e = err(copy(&|v| v["quantization"]["mode"] = "mxfp4".into()));
+    assert!(e.contains("mxfp4"), "{e}");
+    let e = err(copy(&|v| v["quantization"]["bits"] = 7.into()));
+    assert!(e.contains("7 bits"), "{e}");
+}
