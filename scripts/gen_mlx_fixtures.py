@@ -57,3 +57,38 @@ for bits, group in [(4, 32), (4, 64), (8, 64)]:
         tensors["dequant." + name] = np.array(deq.astype(mx.float32))
     save_file(tensors, str(out / "mlx_reference.safetensors"))
     print(out, logits.shape)
+
+# The Qwen3.5 hybrid fixture, tamed (every linear weight but the conv and the embedding scaled
+# by 0.2, as tests/hybrid_gguf.rs and tests/load_quantize.rs do: the random fixture is chaotic,
+# so f16 activations alone would move its logits by tens of percent), in a config mlx-lm reads:
+# model_type `qwen3_5`, RoPE keys at the top level, and `full_attention_interval: 3`, which is
+# mlx-lm's way of saying the fixture's `layer_types` (G G A G). Converted without quantisation
+# (the MTP graft test) and at 8 and 4 bits in groups of 32; mlx-lm drops the MTP head.
+hsrc = root / "hybrid" / "qwen3_5"
+href = load_file(str(hsrc / "reference.safetensors"))
+hids = [int(x) for x in href["prompt_ids"]]
+tamed = Path(tempfile.mkdtemp()) / "qwen3_5"
+shutil.copytree(hsrc, tamed)
+w = load_file(str(hsrc / "model.safetensors"))
+w = {
+    k: (v * np.float32(0.2) if v.ndim >= 2 and "conv1d" not in k and "embed_tokens" not in k and "lm_head" not in k else v)
+    for k, v in w.items()
+}
+save_file(w, str(tamed / "model.safetensors"))
+cfg = json.loads((tamed / "config.json").read_text())
+rp = cfg["rope_parameters"]
+cfg.update(model_type="qwen3_5", rope_theta=rp["rope_theta"], partial_rotary_factor=rp["partial_rotary_factor"],
+           full_attention_interval=3)
+(tamed / "config.json").write_text(json.dumps(cfg, indent=2))
+for bits, group in [(None, None), (8, 32), (4, 32)]:
+    out = root / "mlx" / (f"qwen3_5-q{bits}-g{group}" if bits else "qwen3_5-f16")
+    shutil.rmtree(out, ignore_errors=True)
+    q = ["-q", "--q-bits", str(bits), "--q-group-size", str(group)] if bits else []
+    subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(tamed), "--mlx-path", str(out),
+                    "--dtype", "float16", *q], check=True)
+    (out / "README.md").unlink(missing_ok=True)
+    model, _ = load(str(out))
+    logits = model(mx.array([hids]))[0].astype(mx.float32)
+    save_file({"prompt_ids": np.array(hids, dtype=np.int64), "prompt_logits": np.array(logits)},
+              str(out / "mlx_reference.safetensors"))
+    print(out, logits.shape)

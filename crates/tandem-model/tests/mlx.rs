@@ -97,3 +97,86 @@ fn bad_mlx_checkpoints_are_errors() {
     let e = err(copy(&|v| v["quantization"]["bits"] = 7.into()));
     assert!(e.contains("7 bits"), "{e}");
 }
+
+/// The Qwen3.5 hybrid fixture, tamed (linear weights x0.2) and converted by mlx-lm (f16, 8-bit
+/// and 4-bit in groups of 32; its layout: `language_model.model.*`, norms stored as 1 + w, the
+/// conv as `[C, K, 1]`): tandem gives mlx-lm's logits, and reports the MTP head mlx-lm dropped.
+#[test]
+fn mlx_hybrid_checkpoints_give_mlx_lm_logits() {
+    for (name, tol) in [("qwen3_5-f16", 1e-2), ("qwen3_5-q8-g32", 1e-2), ("qwen3_5-q4-g32", 2e-2)] {
+        let dir = fixture(name);
+        let r = candle_core::safetensors::load(dir.join("mlx_reference.safetensors"), &Device::Cpu).unwrap();
+        let ids: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
+        let loaded = tandem_model::loader::load(&dir, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(loaded.model.mtp().is_none(), "{name}: mlx-lm dropped the head");
+        assert!(loaded.summary.architecture.contains("MTP head: dropped"), "{}", loaded.summary.architecture);
+        let model = &*loaded.model;
+        let mut cache = SequenceCache::new(&model.cache_spec(), &Device::Cpu);
+        let mut chunks = [SeqChunk { tokens: &ids, cache: &mut cache, logits: LogitsWanted::All }];
+        let got = model.forward(&mut chunks).unwrap().pop().flatten().unwrap();
+        let e = rel_err(&got, &r["prompt_logits"]);
+        eprintln!("{name}: logits relative error against mlx-lm {e:.2e}");
+        assert!(e <= tol, "{name}: relative error {e}, bound {tol}");
+    }
+}
+
+/// The tamed Qwen3.5 HF fixture (what the MLX fixtures were converted from), rebuilt here.
+fn tamed_hf(tmp: &std::path::Path) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hybrid/qwen3_5");
+    let dir = tmp.join("qwen3_5-tamed");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let ts: std::collections::HashMap<String, Tensor> =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| {
+                let linear =
+                    v.rank() >= 2 && !k.contains("conv1d") && !k.contains("embed_tokens") && !k.contains("lm_head");
+                (k, if linear { v.affine(0.2, 0.0).unwrap() } else { v })
+            })
+            .collect();
+    candle_core::safetensors::save(&ts, dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// The MLX checkpoint that lost its MTP head, grafted with the HF checkpoint's head
+/// (`--mtp-from`), drafts what the HF checkpoint drafts.
+#[test]
+fn mlx_hybrid_with_grafted_head_drafts_like_the_hf_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tamed_hf(tmp.path());
+    let opts = tandem_model::loader::LoadOptions { mtp_from: Some(hf.clone()), ..Default::default() };
+    let grafted = tandem_model::loader::load_with(&fixture("qwen3_5-f16"), &Device::Cpu, &opts).unwrap();
+    let original = tandem_model::loader::load(&hf, &Device::Cpu).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| 7 + (i * 29) % 360).collect();
+    let drafts = |m: &tandem_model::loader::LoadedModel| -> Vec<Vec<f32>> {
+        let model = &*m.model;
+        let mut cache = SequenceCache::new(&model.cache_spec(), &Device::Cpu);
+        let mut chunks = [SeqChunk { tokens: &ids, cache: &mut cache, logits: LogitsWanted::Last }];
+        let (_, hidden) = model.forward_with_hidden(&mut chunks).unwrap();
+        let hidden = hidden.unwrap();
+        let mtp = model.mtp().expect("MTP head");
+        let n = ids.len() - 1;
+        let y = mtp.mtp_forward(&hidden.narrow(0, 0, n).unwrap(), &ids[1..], &mut cache, 0).unwrap();
+        mtp.mtp_logits(&y).unwrap().to_vec2::<f32>().unwrap()
+    };
+    let (got, want) = (drafts(&grafted), drafts(&original));
+    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0;
+    let mut compared = 0;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let mut s = w.clone();
+        s.sort_by(|x, y| y.total_cmp(x));
+        if s[0] - s[1] > 0.05 {
+            assert_eq!(argmax(g), argmax(w), "draft at position {i}");
+            compared += 1;
+        }
+    }
+    assert!(compared > ids.len() / 2, "only {compared} positions had a clear draft");
+    let e =
+        rel_err(&Tensor::new(got.concat(), &Device::Cpu).unwrap(), &Tensor::new(want.concat(), &Device::Cpu).unwrap());
+    eprintln!("grafted MTP logits against the HF checkpoint's: relative error {e:.2e}");
+    assert!(e <= 2e-2, "grafted MTP logits: relative error {e}");
+}

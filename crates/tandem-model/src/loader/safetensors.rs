@@ -24,6 +24,9 @@ pub struct SafetensorsSource {
     prefix: String,
     /// MLX affine quantisation (`config.json`'s `quantization` block), if the checkpoint has it.
     mlx: Option<super::mlx::MlxQuant>,
+    /// mlx-lm's hybrid converters store the zero-centred norms as 1 + w (and the GDN conv as
+    /// `[C, K, 1]`): those norms are read back as w.
+    norms_plus_one: bool,
 }
 
 /// Maps a GGUF-style tensor name to the Hugging Face name.
@@ -69,6 +72,9 @@ impl SafetensorsSource {
         let names: std::collections::HashSet<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
         let prefix = if names.iter().any(|n| n.starts_with("model.language_model.")) {
             "model.language_model."
+        } else if names.iter().any(|n| n.starts_with("language_model.model.")) {
+            // mlx-lm's layout of multimodal checkpoints (Qwen3.5).
+            "language_model.model."
         } else {
             "model."
         };
@@ -80,13 +86,35 @@ impl SafetensorsSource {
             }
             Err(_) => None,
         };
-        Ok(Self { st, names, device: device.clone(), prefix: prefix.into(), mlx })
+        // mlx-lm's sanitised hybrid layout: the GDN conv as [C, K, 1] and norms as 1 + w.
+        let norms_plus_one = st
+            .tensors()
+            .iter()
+            .any(|(n, v)| n.ends_with("linear_attn.conv1d.weight") && matches!(v.shape(), [_, k, 1] if *k > 1));
+        Ok(Self { st, names, device: device.clone(), prefix: prefix.into(), mlx, norms_plus_one })
+    }
+
+    /// The HF name of GGUF-style `gguf` in this checkpoint.
+    fn hf(&self, gguf: &str) -> String {
+        if gguf == "output.weight" && self.prefix == "language_model.model." {
+            return "language_model.lm_head.weight".into();
+        }
+        hf_name(gguf, &self.prefix)
+    }
+
+    /// Whether `hf` is a zero-centred norm stored as 1 + w (mlx-lm's hybrid converters).
+    fn baked_norm(&self, hf: &str) -> bool {
+        self.norms_plus_one
+            && ([".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight"]
+                .iter()
+                .any(|s| hf.ends_with(s))
+                || hf == format!("{}norm.weight", self.prefix))
     }
 
     /// The HF name of `gguf`'s MLX `scales` tensor when that weight is MLX-quantised.
     fn mlx_quantised(&self, gguf: &str) -> Option<String> {
         self.mlx.as_ref()?;
-        let hf = hf_name(gguf, &self.prefix);
+        let hf = self.hf(gguf);
         let scales = format!("{}.scales", hf.strip_suffix(".weight")?);
         self.names.contains(&scales).then_some(hf)
     }
@@ -141,11 +169,12 @@ impl SafetensorsSource {
     }
 
     fn load(&self, gguf: &str) -> Result<Tensor> {
-        let name = hf_name(gguf, &self.prefix);
+        let name = self.hf(gguf);
         if !self.names.contains(&name) {
             return Err(ModelError::MissingTensor(name));
         }
-        Ok(self.st.load(&name, &self.device)?.to_dtype(DType::F32)?)
+        let t = self.st.load(&name, &self.device)?.to_dtype(DType::F32)?;
+        Ok(if self.baked_norm(&name) { t.affine(1.0, -1.0)? } else { t })
     }
 
     /// `safetensors`, or `safetensors (MLX affine 4-bit, groups of 64)`.
@@ -172,7 +201,7 @@ impl SafetensorsSource {
 
 impl WeightSource for SafetensorsSource {
     fn has(&self, name: &str) -> bool {
-        self.names.contains(&hf_name(name, &self.prefix))
+        self.names.contains(&self.hf(name))
     }
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
         if let Some(hf) = self.mlx_quantised(name) {
