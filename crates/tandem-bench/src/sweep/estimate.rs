@@ -49,8 +49,13 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
     // GGUF tensors stay in their stored types; Hugging Face weights are converted to f32;
     // quantised at load, every parameter takes its type's bytes (f16 / bf16 run as f32 on
     // the CPU, which is where cells are measured).
+    // A GGUF of 16-bit matrices is widened to f32 on the CPU: twice its bytes.
+    let sixteen = |t: &str| matches!(t, "F16" | "BF16");
+    let n16: usize = summary.tensor_types.iter().filter(|(t, _)| sixteen(t)).map(|(_, n)| n).sum();
+    let mostly_16bit = 2 * n16 > summary.tensor_types.values().sum::<usize>();
     let weights_bytes = match spec.quantize() {
         Some(q) => (summary.parameters as f64 * bytes_per_param(q.0)) as u64,
+        None if gguf && mostly_16bit => summary.file_bytes.saturating_mul(2),
         None if gguf => summary.file_bytes,
         None => summary.parameters.saturating_mul(4),
     };
