@@ -12,6 +12,7 @@ mod cmd_bench_sweep;
 mod cmd_cache;
 mod cmd_chat;
 mod cmd_check_device;
+mod cmd_convert;
 mod cmd_inspect;
 mod cmd_pull;
 mod cmd_run;
@@ -56,6 +57,8 @@ enum Command {
     CheckDevice(cmd_check_device::CheckDeviceArgs),
     /// The prefix cache's disk tier: `stats`, `ls`, `clear`.
     Cache(cmd_cache::CacheArgs),
+    /// Write a hybrid model's Hugging Face checkpoint as GGUF, keeping its MTP head.
+    Convert(cmd_convert::ConvertArgs),
 }
 
 fn main() {
@@ -88,6 +91,7 @@ fn main() {
         Command::Bench(a) => cmd_bench::run(a),
         Command::CheckDevice(a) => cmd_check_device::run(a),
         Command::Cache(a) => cmd_cache::run(a),
+        Command::Convert(a) => cmd_convert::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -128,6 +128,56 @@ fn random_preset_saved_as_gguf_loads_and_runs() {
     assert!(!out.status.success());
 }
 
+/// `tandem convert` writes a hybrid HF checkpoint as GGUF keeping its MTP head (Qwen3-Next's
+/// too, which llama.cpp drops), quantised when asked; `--quantize` and `--mtp-from` load;
+/// non-hybrid inputs are refused with the reason.
+#[test]
+fn convert_quantize_and_graft_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("qn.gguf");
+    let g = gguf.to_str().unwrap();
+    let qn = root().join("fixtures/hybrid/qwen3_next");
+    let out = tandem(&["convert", qn.to_str().unwrap(), g, "--quantize", "q8_0"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("qwen3next") && text.contains("MTP head: yes"), "{text}");
+    let out = tandem(&["inspect", g]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("Q8_0"), "{text}");
+    let llama = root().join("fixtures/tiny/llama");
+    let out = tandem(&["convert", llama.to_str().unwrap(), g]);
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("not a Hugging Face directory of a hybrid")
+    );
+    // Load-time quantisation and a grafted head from the command line (from a GGUF of the
+    // same model; the Qwen3-Next one is refused: its head is MoE).
+    let q35 = root().join("fixtures/hybrid/qwen3_5");
+    let out = tandem(&["bench", "-m", q35.to_str().unwrap(), "--mtp-from", g, "-p", "8", "-g", "2", "-r", "1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not the same model"));
+    let q35_gguf = dir.path().join("q35.gguf");
+    let g = q35_gguf.to_str().unwrap();
+    assert!(tandem(&["convert", q35.to_str().unwrap(), g]).status.success());
+    let out = tandem(&[
+        "bench",
+        "-m",
+        q35.to_str().unwrap(),
+        "--quantize",
+        "q4_0",
+        "--mtp-from",
+        g,
+        "-p",
+        "8",
+        "-g",
+        "2",
+        "-r",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("tg2"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let out = tandem(&["bench", "-m", q35.to_str().unwrap(), "--quantize", "q9"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown --quantize type"));
+}
+
 /// `tandem cache stats|ls|clear` over a cache directory holding one namespace.
 #[test]
 fn cache_stats_ls_and_clear() {

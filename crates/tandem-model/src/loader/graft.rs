@@ -60,6 +60,11 @@ pub fn open_donor(path: &Path, cfg: &HybridConfig, device: &Device) -> Result<Do
             return Err(what(format!("its {field} is {theirs}, the model's {mine}: not the same model")));
         }
     }
+    let moe_head = src.has("mtp.layers.0.mlp.gate.weight");
+    if moe_head != cfg.moe.is_some() {
+        let (head, model) = if moe_head { ("MoE", "dense") } else { ("dense", "MoE") };
+        return Err(what(format!("its head's FFN is {head}, the model's is {model}: not the same model")));
+    }
     let fc = src.tensor_f32("mtp.fc.weight")?;
     if fc.dims() != [cfg.hidden_size, 2 * cfg.hidden_size] {
         let h = cfg.hidden_size;

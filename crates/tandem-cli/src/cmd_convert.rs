@@ -1,0 +1,50 @@
+//! `tandem convert`: a Hugging Face checkpoint of the hybrid family (Qwen3.5 dense and MoE,
+//! Qwen3-Next) written as a llama.cpp-style GGUF (`arch::qwen_hybrid::to_gguf`: llama.cpp's
+//! converter transforms), keeping the MTP head (llama.cpp drops Qwen3-Next's), its weight
+//! matrices optionally quantised.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// A Hugging Face directory of a hybrid model (config.json + safetensors + tokenizer.json).
+    pub input: PathBuf,
+    /// The GGUF file to write.
+    pub output: PathBuf,
+    /// Quantise the weight matrices: q8_0, q6_k, q5_k, q5_0, q4_k, q4_0, q3_k, q2_k (rows that
+    /// fit no block of the type stay f32); norms, the conv and routers stay f32.
+    #[arg(long, value_parser = parse_quant)]
+    pub quantize: Option<tandem_model::loader::quantize::WeightQuant>,
+}
+
+fn parse_quant(s: &str) -> Result<tandem_model::loader::quantize::WeightQuant, String> {
+    s.parse().map_err(|e: tandem_model::ModelError| e.to_string())
+}
+
+pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
+    if !tandem_model::arch::qwen_hybrid::is_hybrid_dir(&a.input) {
+        anyhow::bail!(
+            "{} is not a Hugging Face directory of a hybrid model (Qwen3.5 / Qwen3.6 / Qwen3-Next): \
+             `tandem convert` writes those as GGUF; other models load as they are",
+            a.input.display()
+        );
+    }
+    let opts = ExportOptions { quantize: a.quantize.map(|q| q.0), qwen3next_mtp: true, ..Default::default() };
+    let t = std::time::Instant::now();
+    export_hf_dir(&a.input, &a.output, &opts)
+        .with_context(|| format!("cannot convert {} to {}", a.input.display(), a.output.display()))?;
+    let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
+    let summary = tandem_model::loader::summarize(&a.output)?;
+    println!(
+        "wrote {} ({:.1} MB, {}) in {:.1} s",
+        a.output.display(),
+        bytes as f64 / 1e6,
+        summary.architecture,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
