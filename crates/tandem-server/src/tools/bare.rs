@@ -2,7 +2,9 @@
 //! `{"name": …, "arguments": {…}}` (one object or several), bare or inside a ```json code fence,
 //! instead of their template's `<tool_call>` syntax. Such an answer is a call when every object
 //! names an offered tool and its arguments fit that tool's parameter schema; anything else
-//! stays content (a JSON answer that is not a call must not turn into one).
+//! stays content (a JSON answer that is not a call must not turn into one). A name that is
+//! the `title` of exactly one offered tool's parameter schema names that tool
+//! ([`ToolSchemas::resolve`]).
 
 use serde_json::Value;
 
@@ -24,8 +26,9 @@ pub(crate) fn parse(body: &str, schemas: &ToolSchemas) -> Option<Vec<RawCall>> {
             v => vec![v],
         };
         for v in &values {
-            let call = call_from_object(v)?;
-            let schema = schemas.function(&call.name)?;
+            let mut call = call_from_object(v)?;
+            let (name, schema) = schemas.resolve(&call.name)?;
+            call.name = name.to_string();
             let args: Value = serde_json::from_str(&call.arguments).ok()?;
             if !fits(&args, schema) {
                 return None;
@@ -163,5 +166,23 @@ mod tests {
         assert_eq!(fence_may_hold_call("```rust\nfn"), Some(false));
         assert_eq!(fence_may_hold_call("```js"), None);
         assert_eq!(fence_may_hold_call("no fence"), None);
+    }
+
+    /// A name that is one tool's schema `title` (pydantic's `<function>_args`) names that tool.
+    #[test]
+    fn a_schema_title_names_its_tool() {
+        let tools = serde_json::json!([
+            {"type": "function", "function": {"name": "city_population", "parameters": {"title": "city_population_args",
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "multiply", "parameters": {"title": "multiply_args",
+                "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
+        ]);
+        let schemas = ToolSchemas::from_tools(Some(&tools));
+        let calls = parse(r#"{"name": "city_population_args", "arguments": {"city": "Paris"}}"#, &schemas).unwrap();
+        assert_eq!(calls[0].name, "city_population");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+        // Arguments must still fit, and an unknown title stays content.
+        assert!(parse(r#"{"name": "multiply_args", "arguments": {"a": "x"}}"#, &schemas).is_none());
+        assert!(parse(r#"{"name": "other_args", "arguments": {}}"#, &schemas).is_none());
     }
 }

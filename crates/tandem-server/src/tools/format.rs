@@ -62,6 +62,19 @@ impl ToolSchemas {
         self.0.get(name)
     }
 
+    /// Offered function `name`, or else the one offered function whose parameter schema has
+    /// `name` as its `title`: small models asked for JSON calls sometimes name the schema
+    /// (pydantic's `<function>_args`, as the OpenAI Agents SDK sends) instead of the function.
+    /// The function's name and schema.
+    pub fn resolve(&self, name: &str) -> Option<(&str, &Value)> {
+        if let Some((n, s)) = self.0.get_key_value(name) {
+            return Some((n.as_str(), s));
+        }
+        let mut by_title = self.0.iter().filter(|(_, s)| s.get("title").and_then(Value::as_str) == Some(name));
+        let (n, s) = by_title.next()?;
+        by_title.next().is_none().then_some((n.as_str(), s))
+    }
+
     /// Whether any tool was offered.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
