@@ -7,6 +7,7 @@
 //! to the prefix cache, samples, applies stop rules and streams events.
 //! A failing step fails only the sequences in it.
 
+mod argmax;
 mod speculate;
 #[cfg(test)]
 mod tests;
@@ -451,14 +452,15 @@ impl Scheduler {
                 !e.verify && l.as_ref().is_some_and(|l| !l.device().is_cpu()) && self.running[e.seq].argmax_only()
             })
             .collect();
-        let mut argmax =
-            match device_argmax_rows(logits.iter().zip(&greedy).filter(|(_, &g)| g).filter_map(|(l, _)| l.as_ref())) {
-                Ok(ids) => ids.into_iter().map(Ok).collect::<Vec<_>>().into_iter(),
-                Err(err) => {
-                    let n = greedy.iter().filter(|&&g| g).count();
-                    (0..n).map(|_| Err(err.to_string())).collect::<Vec<_>>().into_iter()
-                }
-            };
+        let mut argmax = match argmax::device_argmax_rows(
+            logits.iter().zip(&greedy).filter(|(_, &g)| g).filter_map(|(l, _)| l.as_ref()),
+        ) {
+            Ok(ids) => ids.into_iter().map(Ok).collect::<Vec<_>>().into_iter(),
+            Err(err) => {
+                let n = greedy.iter().filter(|&&g| g).count();
+                (0..n).map(|_| Err(err.to_string())).collect::<Vec<_>>().into_iter()
+            }
+        };
         for ((e, l), g) in plan.iter().zip(logits).zip(greedy) {
             let s = &mut self.running[e.seq];
             s.consumed(e.n, elapsed);
@@ -598,22 +600,4 @@ fn own_rows(l: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor>
     } else {
         l.force_contiguous()
     }
-}
-
-/// The index of the largest logit of each `[1, vocab]` row, computed where the rows live, with
-/// one read back for all of them. Ties go to the lowest index, like the host sampler's argmax.
-fn device_argmax_rows<'a>(rows: impl Iterator<Item = &'a candle_core::Tensor>) -> candle_core::Result<Vec<u32>> {
-    let rows: Vec<candle_core::Tensor> = rows.map(|l| l.flatten_all()).collect::<candle_core::Result<_>>()?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let m = candle_core::Tensor::stack(&rows, 0)?;
-    let n = m.dim(1)?;
-    let max = m.max_keepdim(1)?;
-    // First index whose logit equals the maximum (candle's argmax does not promise which one).
-    let hits = m.broadcast_eq(&max)?.to_dtype(candle_core::DType::F32)?;
-    let idx = candle_core::Tensor::arange(0f32, n as f32, m.device())?;
-    let big = ((hits.ones_like()? - &hits)? * (n as f64))?;
-    let first = big.broadcast_add(&idx)?.min(1)?;
-    Ok(first.to_vec1::<f32>()?.into_iter().map(|x| x as u32).collect())
 }

@@ -19,14 +19,14 @@ use crate::loader::safetensors::SafetensorsSource;
 
 /// A donor checkpoint, open.
 pub enum Donor {
-    Hf(SafetensorsSource),
+    Hf(Box<SafetensorsSource>),
     Gguf(Box<HybridGgufSource>),
 }
 
 impl Donor {
     fn source(&self) -> &dyn WeightSource {
         match self {
-            Donor::Hf(s) => s,
+            Donor::Hf(s) => &**s,
             Donor::Gguf(s) => &**s,
         }
     }
@@ -37,7 +37,7 @@ impl Donor {
 pub fn open_donor(path: &Path, cfg: &HybridConfig, device: &Device) -> Result<Donor> {
     let what = |e: String| ModelError::Config(format!("--mtp-from {}: {e}", path.display()));
     let (donor, dcfg) = if path.is_dir() && is_hybrid_dir(path) {
-        (Donor::Hf(SafetensorsSource::open(path, device)?), read_config(path)?)
+        (Donor::Hf(Box::new(SafetensorsSource::open(path, device)?)), read_config(path)?)
     } else if path.is_file() && is_hybrid_gguf(path) {
         let s = HybridGgufSource::open(path, device)?;
         let c = s.config.clone();

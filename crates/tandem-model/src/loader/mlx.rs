@@ -68,7 +68,7 @@ impl MlxQuant {
 /// Unpacks rows of `k` `bits`-bit values from `words` (`[n, k * bits / 32]`).
 pub fn unpack(words: &[u32], n: usize, k: usize, bits: usize) -> Result<Vec<u8>> {
     let per_row = k * bits / 32;
-    if k * bits % 32 != 0 || words.len() != n * per_row {
+    if !(k * bits).is_multiple_of(32) || words.len() != n * per_row {
         return Err(ModelError::Config(format!("MLX weight: {} words for [{n}, {k}] at {bits} bits", words.len())));
     }
     let mask = (1u64 << bits) - 1;
@@ -104,7 +104,7 @@ pub fn dequantize(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, 
 /// is exact in f16 (then the blocks hold exactly the MLX values); `None` otherwise.
 pub fn to_q4_1(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, group: usize) -> Option<Vec<u8>> {
     let exact = |x: f32| f16::from_f32(x).to_f32() == x;
-    if !scales.iter().chain(biases).all(|&x| exact(x)) || group % 32 != 0 || k % group != 0 {
+    if !scales.iter().chain(biases).all(|&x| exact(x)) || !group.is_multiple_of(32) || !k.is_multiple_of(group) {
         return None;
     }
     let groups = k / group;

@@ -29,6 +29,12 @@ pub struct SafetensorsSource {
     norms_plus_one: bool,
 }
 
+/// An MLX-quantised weight as loaded: `[n, k]` Q4_1 blocks, or f32 values.
+enum MlxWeight {
+    Q4_1 { n: usize, k: usize, bytes: Vec<u8> },
+    F32(Tensor),
+}
+
 /// Maps a GGUF-style tensor name to the Hugging Face name.
 pub fn hf_name(gguf: &str, prefix: &str) -> String {
     let map_tail = |tail: &str| -> String {
@@ -119,9 +125,8 @@ impl SafetensorsSource {
         self.names.contains(&scales).then_some(hf)
     }
 
-    /// An MLX-quantised weight: `(n, k, 4-bit values repacked as Q4_1 blocks)` where that is
-    /// exact, else the f32 values.
-    fn mlx_weight(&self, hf: &str) -> Result<std::result::Result<(usize, usize, Vec<u8>), Tensor>> {
+    /// An MLX-quantised weight: repacked as Q4_1 blocks where that is exact, else f32 values.
+    fn mlx_weight(&self, hf: &str) -> Result<MlxWeight> {
         let cfg = self.mlx.as_ref().ok_or_else(|| ModelError::Config("not an MLX checkpoint".into()))?;
         let (bits, group) = cfg.params(hf)?;
         let stem = hf.strip_suffix(".weight").unwrap_or(hf);
@@ -142,21 +147,21 @@ impl SafetensorsSource {
         let q = super::mlx::unpack(&words, n, k, bits)?;
         if bits == 4 {
             if let Some(bytes) = super::mlx::to_q4_1(&q, &scales, &biases, n, k, group) {
-                return Ok(Ok((n, k, bytes)));
+                return Ok(MlxWeight::Q4_1 { n, k, bytes });
             }
         }
         tracing::warn!("{stem}: MLX {bits}-bit weights dequantised to f32 (no exact repacking for them yet)");
         let vals = super::mlx::dequantize(&q, &scales, &biases, n, k, group);
-        Ok(Err(Tensor::from_vec(vals, (n, k), &cpu)?))
+        Ok(MlxWeight::F32(Tensor::from_vec(vals, (n, k), &cpu)?))
     }
 
     /// An MLX-quantised weight as a matmul weight on the source's device.
     fn mlx_linear(&self, hf: &str) -> Result<LinearWeight> {
         Ok(match self.mlx_weight(hf)? {
-            Ok((n, k, bytes)) if self.device.is_cpu() => LinearWeight::Ggml(std::sync::Arc::new(
+            MlxWeight::Q4_1 { n, k, bytes } if self.device.is_cpu() => LinearWeight::Ggml(std::sync::Arc::new(
                 crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?,
             )),
-            Ok((n, k, bytes)) => LinearWeight::Candle(QMatMul::from_arc(std::sync::Arc::new(
+            MlxWeight::Q4_1 { n, k, bytes } => LinearWeight::Candle(QMatMul::from_arc(std::sync::Arc::new(
                 candle_core::quantized::ggml_file::qtensor_from_ggml(
                     candle_core::quantized::GgmlDType::Q4_1,
                     &bytes,
@@ -164,7 +169,7 @@ impl SafetensorsSource {
                     &self.device,
                 )?,
             ))?),
-            Err(t) => LinearWeight::Candle(QMatMul::Tensor(t.to_device(&self.device)?)),
+            MlxWeight::F32(t) => LinearWeight::Candle(QMatMul::Tensor(t.to_device(&self.device)?)),
         })
     }
 
@@ -212,13 +217,13 @@ impl WeightSource for SafetensorsSource {
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         if let Some(hf) = self.mlx_quantised(name) {
             return Ok(match self.mlx_weight(&hf)? {
-                Ok((n, k, bytes)) => Tensor::from_vec(
+                MlxWeight::Q4_1 { n, k, bytes } => Tensor::from_vec(
                     crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?
                         .dequantize(),
                     (n, k),
                     &self.device,
                 )?,
-                Err(t) => t.to_device(&self.device)?,
+                MlxWeight::F32(t) => t.to_device(&self.device)?,
             });
         }
         self.load(name)

@@ -52,6 +52,41 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     Ok(tensor(out, &dev, (n, row_bytes)))
 }
 
+/// The kernel (`paged_attention_{format}_{d64|d128|d256}`) for a `kv` cache in `pool` tensors
+/// and the thread-block tiles `t` query rows take: each block holds U (query row, query head)
+/// units, fixed by the head dim, as many heads of a GQA group as fit, then rows.
+pub(super) fn kernel_and_tiles(
+    kv: KvDtype,
+    pool: DType,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    t: usize,
+) -> Result<(String, usize)> {
+    let format = match (kv, pool) {
+        (KvDtype::Q8_0, DType::U8) => "q8_0",
+        (KvDtype::Q4_0, DType::U8) => "q4_0",
+        (_, DType::F32) => "f32",
+        (_, DType::F16) => "f16",
+        (_, DType::BF16) => "bf16",
+        (f, other) => {
+            return Err(ModelError::Input(format!("paged attention on CUDA: {other:?} pools for a {f} cache")))
+        }
+    };
+    if nkv == 0 || nh % nkv != 0 || hd == 0 || hd > 256 {
+        return Err(ModelError::Input(format!("paged attention on CUDA: {nh} heads over {nkv} KV heads of dim {hd}")));
+    }
+    let (class, units) = match hd {
+        0..=64 => ("d64", 16),
+        65..=128 => ("d128", 8),
+        _ => ("d256", 4),
+    };
+    let group = nh / nkv;
+    let heads_per_block = group.min(units);
+    let tiles = t.div_ceil(units / heads_per_block) * group.div_ceil(heads_per_block);
+    Ok((format!("paged_attention_{format}_{class}"), tiles))
+}
+
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
 const SPLIT: usize = 256;
 
@@ -68,30 +103,7 @@ pub fn paged_attention(
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
     let (nh, t, hd) = q.dims3()?;
     let (_, nkv, _) = k_pool.dims3()?;
-    let format = match (kv.dtype, k_pool.dtype()) {
-        (KvDtype::Q8_0, DType::U8) => "q8_0",
-        (KvDtype::Q4_0, DType::U8) => "q4_0",
-        (_, DType::F32) => "f32",
-        (_, DType::F16) => "f16",
-        (_, DType::BF16) => "bf16",
-        (f, other) => {
-            return Err(ModelError::Input(format!("paged attention on CUDA: {other:?} pools for a {f} cache")))
-        }
-    };
-    if nkv == 0 || nh % nkv != 0 || hd == 0 || hd > 256 {
-        return Err(ModelError::Input(format!("paged attention on CUDA: {nh} heads over {nkv} KV heads of dim {hd}")));
-    }
-    // Units (query row, query head) per block, fixed by the head dim (the kernel's U).
-    let (class, units) = match hd {
-        0..=64 => ("d64", 16),
-        65..=128 => ("d128", 8),
-        _ => ("d256", 4),
-    };
-    let name = format!("paged_attention_{format}_{class}");
-    let group = nh / nkv;
-    let heads_per_block = group.min(units);
-    let rows_per_block = units / heads_per_block;
-    let tiles = t.div_ceil(rows_per_block) * group.div_ceil(heads_per_block);
+    let (name, tiles) = kernel_and_tiles(kv.dtype, k_pool.dtype(), nh, nkv, hd, t)?;
     let need = (past + t).div_ceil(kv.block_size).min(kv.blocks.len());
     // An upload from pageable memory synchronises the stream: use the table the sequence
     // uploaded once for this step when there is one.

@@ -140,28 +140,11 @@ pub fn attention(
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
     let (nh, total, hd) = q.dims3()?;
     let (_, nkv, _) = k_pool.dims3()?;
-    if total != bt.total || nkv == 0 || nh % nkv != 0 || hd == 0 || hd > 256 {
-        return Err(ModelError::Input(format!("batched paged attention: q {:?} over {nkv} KV heads", q.dims())));
+    if total != bt.total {
+        return Err(ModelError::Input(format!("batched paged attention: q {:?} for {} rows", q.dims(), bt.total)));
     }
-    let format = match (dtype, k_pool.dtype()) {
-        (KvDtype::Q8_0, DType::U8) => "q8_0",
-        (KvDtype::Q4_0, DType::U8) => "q4_0",
-        (_, DType::F32) => "f32",
-        (_, DType::F16) => "f16",
-        (_, DType::BF16) => "bf16",
-        (f, other) => {
-            return Err(ModelError::Input(format!("paged attention on CUDA: {other:?} pools for a {f} cache")))
-        }
-    };
-    let (class, units) = match hd {
-        0..=64 => ("d64", 16),
-        65..=128 => ("d128", 8),
-        _ => ("d256", 4),
-    };
-    let name = format!("paged_attention_{format}_{class}_batch");
-    let group = nh / nkv;
-    let heads_per_block = group.min(units);
-    let tiles = bt.t_max.div_ceil(units / heads_per_block) * group.div_ceil(heads_per_block);
+    let (base, tiles) = super::cuda::kernel_and_tiles(dtype, k_pool.dtype(), nh, nkv, hd, bt.t_max)?;
+    let name = format!("{base}_batch");
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (k_pool, v_pool) = (k_pool.contiguous()?, v_pool.contiguous()?);
     let inputs = Inputs::new(&[&q, &k_pool, &v_pool, &bt.buf])?;
