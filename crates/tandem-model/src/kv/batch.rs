@@ -2,8 +2,9 @@
 //! sequence paged in one store): the new rows of all sequences written by one scatter per
 //! pool and attended by one launch ([`crate::ops::paged_attention::cuda_batch`]), with the
 //! bits each sequence gets alone. Elsewhere the callers go sequence by sequence
-//! ([`LayerKv::attend`]). Off by default until it has run on a GPU: `TANDEM_ATTN_BATCH=1` turns
-//! it on.
+//! ([`LayerKv::attend`]). On by default (checked bit for bit against the per-sequence path by
+//! `check-device`'s `attention batch` rows and the GPU suite on the H200); `TANDEM_ATTN_BATCH=0`
+//! turns it off.
 
 use candle_core::Tensor;
 
@@ -26,8 +27,7 @@ pub fn attend_batch(
     {
         use crate::ops::paged_attention::cuda_batch::SeqRows;
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        // Off unless `TANDEM_ATTN_BATCH=1` until the batched kernels have run on a GPU.
-        let on = *ON.get_or_init(|| std::env::var("TANDEM_ATTN_BATCH").is_ok_and(|v| v == "1"));
+        let on = *ON.get_or_init(|| std::env::var("TANDEM_ATTN_BATCH").map_or(true, |v| v != "0"));
         if !on || kvs.len() < 2 || kvs.len() != lens.len() || !q.device().is_cuda() {
             return Ok(None);
         }

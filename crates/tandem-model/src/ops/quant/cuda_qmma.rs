@@ -24,7 +24,8 @@ pub fn enabled() -> bool {
 }
 
 /// Whether one-row calls take `qdot1_q8_0` (`TANDEM_Q8_DOT1=1`) rather than the mma kernel's
-/// 8-row tile (the default until qdot1 has been measured on a GPU; both give the same bits).
+/// 8-row tile. Both give the same bits; measured on the H200 (9B Q8_0, batch 1) qdot1 decodes at
+/// 115.6 tok/s against the mma tile's 137.6, so it stays opt-in.
 fn dot1_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("TANDEM_Q8_DOT1").is_ok_and(|v| v == "1"))
