@@ -200,6 +200,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             // depth's first repetition, for `ncu --profile-from-start off`.
             let profile = std::env::var("TANDEM_PROFILE_DECODE").ok().and_then(|v| v.parse::<usize>().ok());
             let profile = profile.filter(|_| tg.is_empty());
+            // `TANDEM_PPROF=FILE` (with the `pprof` feature): host stacks over the same steps.
+            let host_profile = if tg.is_empty() { crate::host_profile::start() } else { None };
             for step in 0..a.gen_tokens {
                 if let Some(n) = profile {
                     if step == 2 {
@@ -216,10 +218,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 // On a GPU `forward` returns once its kernels are queued: the time until then is
                 // the host's, the rest of the step is waiting for the device (and the readback).
                 enqueue += step.elapsed().as_secs_f64();
-                let logits = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
-                tok[0] = tandem_engine::sampler::argmax(&logits);
+                let logits = out.into_iter().next().flatten().context("no logits")?.flatten_all()?;
+                tok[0] = if device.is_cpu() {
+                    tandem_engine::sampler::argmax(&logits.to_vec1::<f32>()?)
+                } else {
+                    // Greedy where the logits live, as the engine does on a device: one id read
+                    // back instead of the whole row.
+                    logits.argmax(0)?.to_scalar::<u32>()?
+                };
             }
             let wall = t.elapsed().as_secs_f64();
+            crate::host_profile::finish(host_profile);
             tg.push(a.gen_tokens as f64 / wall);
             host.push(100.0 * enqueue / wall);
             if a.verify > 0 {

@@ -17,6 +17,7 @@ mod cmd_inspect;
 mod cmd_pull;
 mod cmd_run;
 mod cmd_serve;
+mod host_profile;
 mod progress;
 
 use clap::{Parser, Subcommand};

@@ -200,6 +200,9 @@ __device__ __forceinline__ void load8_2aligned(const uint8_t* p, uint32_t* lo, u
     }
 }
 
+// Steps whose loads qdot1 issues together.
+#define QD_U 4
+
 extern "C" __global__ void __launch_bounds__(256)
     qdot1_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                const uint8_t* __restrict__ w, int n, int k, long long rb) {
@@ -214,26 +217,39 @@ extern "C" __global__ void __launch_bounds__(256)
     const uint8_t* row = w + (size_t)col * rb;
     float acc = 0.f;
     // Every lane runs every step (the shuffles need the whole warp); a group past its blocks
-    // adds nothing.
-    for (int it = 0; it < rounds * L; it++) {
-        const int s = part + QM_WARPS * (it / L);
-        const int b = s * L + it % L;
-        const bool live = s < nseg && it % L < min(L, nb - s * L);
-        int isum = 0;
-        float dw = 0.f, dxv = 0.f;
-        if (live) {
-            const uint8_t* blk = row + (size_t)b * QM_BLOCK_BYTES;
-            uint32_t w0, w1;
-            load8_2aligned(blk + 2 + q4 * 8, &w0, &w1);
-            const uint32_t* xp = reinterpret_cast<const uint32_t*>(xq + (size_t)b * 32 + q4 * 8);
-            isum = __dp4a((int)w0, (int)xp[0], 0);
-            isum = __dp4a((int)w1, (int)xp[1], isum);
-            dw = __half2float(*reinterpret_cast<const __half*>(blk));
-            dxv = dx[b];
+    // adds nothing. The loads of QD_U steps are issued before any of them is used, so a lane
+    // has QD_U blocks' worth of reads in flight; the chain steps then run in the same order.
+    const int steps = rounds * L;
+    for (int it0 = 0; it0 < steps; it0 += QD_U) {
+        uint32_t w0[QD_U], w1[QD_U], x0[QD_U], x1[QD_U];
+        float dw[QD_U], dxv[QD_U];
+        bool live[QD_U];
+#pragma unroll
+        for (int u = 0; u < QD_U; u++) {
+            const int it = it0 + u;
+            const int s = part + QM_WARPS * (it / L);
+            const int b = s * L + it % L;
+            live[u] = it < steps && s < nseg && it % L < min(L, nb - s * L);
+            w0[u] = w1[u] = x0[u] = x1[u] = 0;
+            dw[u] = dxv[u] = 0.f;
+            if (live[u]) {
+                const uint8_t* blk = row + (size_t)b * QM_BLOCK_BYTES;
+                load8_2aligned(blk + 2 + q4 * 8, &w0[u], &w1[u]);
+                const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xq + (size_t)b * 32 + q4 * 8));
+                x0[u] = xv.x;
+                x1[u] = xv.y;
+                dw[u] = __half2float(*reinterpret_cast<const __half*>(blk));
+                dxv[u] = __ldg(dx + b);
+            }
         }
-        isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-        isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-        if (live) acc = chain_step(acc, isum, dw, dxv);
+#pragma unroll
+        for (int u = 0; u < QD_U; u++) {
+            int isum = __dp4a((int)w0[u], (int)x0[u], 0);
+            isum = __dp4a((int)w1[u], (int)x1[u], isum);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+            if (live[u]) acc = chain_step(acc, isum, dw[u], dxv[u]);
+        }
     }
     float tot = __shfl_sync(0xffffffffu, acc, 0);
 #pragma unroll

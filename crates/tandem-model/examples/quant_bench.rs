@@ -3,7 +3,8 @@
 //!
 //! `cargo run --example quant_bench [-- MODEL.gguf [PROMPT_TOKENS GEN_TOKENS]]`; threads from
 //! `RAYON_NUM_THREADS`, `TANDEM_QUANT_KERNEL=reference|candle` to compare; `QB_M=1` (or 512)
-//! runs only that row count, `QB_CANDLE=0` skips candle's matmul.
+//! runs only that row count, `QB_CANDLE=0` skips candle's matmul, `QB_SHAPES=896x896,4864x896`
+//! (n x k) and `QB_TYPES=q5_0,q8_0` pick other shapes and types.
 
 use std::time::Instant;
 
@@ -20,8 +21,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::Cpu;
     let args: Vec<String> = std::env::args().skip(1).collect();
     println!("threads {}", rayon::current_num_threads());
-    for ty in [GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1] {
-        for (n, k) in [(576, 576), (1536, 576), (576, 1536)] {
+    let shapes: Vec<(usize, usize)> = match std::env::var("QB_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| s.split_once('x'))
+            .filter_map(|(n, k)| Some((n.trim().parse().ok()?, k.trim().parse().ok()?)))
+            .collect(),
+        Err(_) => vec![(576, 576), (1536, 576), (576, 1536)],
+    };
+    let types: Vec<GgmlDType> = match std::env::var("QB_TYPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|t| match t.trim().to_ascii_lowercase().as_str() {
+                "q4_1" => Some(GgmlDType::Q4_1),
+                "q5_0" => Some(GgmlDType::Q5_0),
+                "q5_1" => Some(GgmlDType::Q5_1),
+                "q8_0" => Some(GgmlDType::Q8_0),
+                _ => None,
+            })
+            .collect(),
+        Err(_) => vec![GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1],
+    };
+    for &ty in &types {
+        for &(n, k) in &shapes {
             let w = Tensor::randn(0f32, 0.05, (n, k), &dev)?;
             let q = QTensor::quantize(&w, ty)?;
             let ours = GgmlMatrix::from_qtensor(&q)?.expect("supported");

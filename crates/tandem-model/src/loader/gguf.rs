@@ -129,7 +129,7 @@ pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
     if ty == QuantType::Q8_0 {
         let candle_repacks = k.is_multiple_of(256)
             && n.is_multiple_of(16)
-            && crate::ops::quant::Kernel::best() == crate::ops::quant::Kernel::AvxVnni;
+            && crate::ops::quant::Kernel::best().is_vnni();
         let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
             Ok("ours") => true,
             Ok("candle") => false,

@@ -65,7 +65,7 @@ pub fn quantize_row(kernel: Kernel, x: &[f32], out: &mut [Q8Block]) {
     match kernel {
         Kernel::Reference => quantize_row_scalar(x, out),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::AvxVnni => {
+        Kernel::Avx2 | Kernel::AvxVnni | Kernel::Avx512Vnni => {
             assert_eq!(x.len(), out.len() * QK, "quantize_row: {} values for {} blocks", x.len(), out.len());
             assert!(Kernel::Avx2.available());
             // SAFETY: the CPU has AVX2 (checked above); lengths checked above.

@@ -79,11 +79,41 @@ unsafe fn unpack<B: WeightBlock>(p: *const B) -> __m256i {
     }
 }
 
+/// The block at `p` as 32 unsigned bytes `w + OFFSET` for the VNNI kernels ([`offset`]): the
+/// unsigned weights of Q4_1/Q5_1 as they are, `q` (= `w + 16`) for Q5_0, `w + 128` for Q8_0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn unpack_unsigned<B: WeightBlock>(p: *const B) -> __m256i {
+    let b = p as *const u8;
+    match B::TYPE {
+        QuantType::Q4_1 | QuantType::Q5_1 => unpack::<B>(p),
+        QuantType::Q5_0 => {
+            let hi = _mm256_and_si256(high_bits(b.wrapping_add(2)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles(b.wrapping_add(6)), hi)
+        }
+        QuantType::Q8_0 => {
+            _mm256_xor_si256(_mm256_lddqu_si256(b.wrapping_add(2) as *const __m256i), _mm256_set1_epi8(0x80u8 as i8))
+        }
+    }
+}
+
+/// What [`unpack_unsigned`] adds to a signed type's weights (0 for the unsigned types). The
+/// VNNI kernels take `Σ (w + o) · y` from `vpdpbusd` started at `-o · Σ y` (per lane of four
+/// bytes), which is the lane's `Σ w · y` exactly: the integers ggml's sign trick gives, one
+/// instruction fewer per (row, column, block).
+pub(super) const fn offset(t: QuantType) -> i8 {
+    match t {
+        QuantType::Q5_0 => 16,
+        QuantType::Q8_0 => -128, // 0x80 as the unsigned operand: 128
+        QuantType::Q4_1 | QuantType::Q5_1 => 0,
+    }
+}
+
 /// `[d0, m0, d1, m1, ...]` as f32 for the blocks at `p[0..C]` (C <= 4; unused lanes 0, `m`
 /// lanes 0 for Q5_0): every type starts with `d: f16`, then `m: f16` if it has one.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales<B: WeightBlock, const C: usize>(p: [*const B; C]) -> __m256 {
+pub(super) unsafe fn scales<B: WeightBlock, const C: usize>(p: [*const B; C]) -> __m256 {
     let ld = |c: usize| load16(p[c] as *const u8);
     let v = match C {
         1 => ld(0),
@@ -100,7 +130,7 @@ unsafe fn scales<B: WeightBlock, const C: usize>(p: [*const B; C]) -> __m256 {
 /// `[d, s, d, s, ...]` of the activation block at `a` (`d`, `s` are its last 8 bytes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn act_scales(a: *const Q8Block) -> __m256 {
+pub(super) unsafe fn act_scales(a: *const Q8Block) -> __m256 {
     let tail = _mm256_lddqu_si256((a as *const u8).wrapping_add(8) as *const __m256i);
     _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0xFF>(tail))
 }
@@ -118,7 +148,7 @@ unsafe fn lane<const L: i32>(v: __m256) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(x: __m256) -> f32 {
+pub(super) unsafe fn hsum(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -131,13 +161,6 @@ unsafe fn hsum(x: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_maddubs(w: __m256i, y: __m256i, ones: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)
-}
-
-/// The same sums in one AVX-VNNI instruction.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_vnni(w: __m256i, y: __m256i, _ones: __m256i) -> __m256i {
-    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, y)
 }
 
 /// One activation row against the tile's columns for one block: `prod` = `[d_w·d_a, m_w·s_a]`
@@ -167,12 +190,36 @@ macro_rules! row_step {
     }};
 }
 
+/// [`row_step!`] for the VNNI kernels: unsigned weights (`$wu`, from [`unpack_unsigned`]) and,
+/// for the signed types, each lane's integer sum started at `-o · Σ y` instead of the sign
+/// trick (same integers).
+macro_rules! row_step_offset {
+    ($B:ty, $ab:expr, $wu:ident, $dm:ident, $acc:expr, $msum:expr, [$($c:tt)+]) => {{
+        let ab: *const Q8Block = $ab;
+        let qy = _mm256_lddqu_si256(ab as *const __m256i);
+        let das = act_scales(ab);
+        let prod = _mm256_mul_ps($dm, das);
+        let start = if <$B>::HAS_MIN {
+            $msum = _mm256_fmadd_ps($dm, das, $msum);
+            _mm256_setzero_si256()
+        } else {
+            let zero = _mm256_setzero_si256();
+            _mm256_sub_epi32(zero, _mm256_dpbusd_avx_epi32(zero, _mm256_set1_epi8(offset(<$B>::TYPE)), qy))
+        };
+        $(
+            let p = _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(start, $wu[$c], qy));
+            $acc[$c] = _mm256_fmadd_ps(lane::<{ 2 * $c }>(prod), p, $acc[$c]);
+        )+
+    }};
+}
+
 /// Per-column pieces of [`tile!`] (a column list is passed around as one `[0 1 ..]` token).
 macro_rules! cols {
     (zeros [$($c:tt)+]) => { [$({ let _ = $c; _mm256_setzero_ps() }),+] };
     (count [$($c:tt)+]) => { [$($c),+].len() };
     (ptrs $w:ident, $nb:ident, [$($c:tt)+]) => { [$($w.wrapping_add($c * $nb)),+] };
     (unpack $B:ty, $wp:ident, [$($c:tt)+]) => { [$(unpack::<$B>($wp[$c])),+] };
+    (unpack_unsigned $B:ty, $wp:ident, [$($c:tt)+]) => { [$(unpack_unsigned::<$B>($wp[$c])),+] };
     (abs $wq:ident, [$($c:tt)+]) => { [$(_mm256_sign_epi8($wq[$c], $wq[$c])),+] };
     (bump $wp:ident, [$($c:tt)+]) => { $( $wp[$c] = $wp[$c].wrapping_add(1); )+ };
     (store $B:ty, $acc:expr, $ms:ident, $y:expr, [$($c:tt)+]) => {
@@ -186,6 +233,29 @@ macro_rules! cols {
 /// Defines `$name`: rows `[$r..]` × columns `$cols`, written out so every accumulator has a
 /// fixed name (the dev profile does not unroll loops over rows and columns reliably).
 macro_rules! tile {
+    ($name:ident, $feat:literal, dot_vnni, [$($r:tt)+], $cols:tt) => {
+        /// As the sign-trick tiles below, with [`row_step_offset!`].
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<B: WeightBlock>(w: *const B, a: *const Q8Block, nb: usize, y: *mut f32, n: usize) {
+            let mut wp = cols!(ptrs w, nb, $cols);
+            let mut ap = [$(a.wrapping_add($r * nb)),+];
+            let mut acc = [$({ let _ = $r; cols!(zeros $cols) }),+];
+            let mut msum = [$({ let _ = $r; _mm256_setzero_ps() }),+];
+            for _ in 0..nb {
+                let dm = scales::<B, { cols!(count $cols) }>(wp);
+                let wu = cols!(unpack_unsigned B, wp, $cols);
+                $( row_step_offset!(B, ap[$r], wu, dm, acc[$r], msum[$r], $cols); )+
+                cols!(bump wp, $cols);
+                $( ap[$r] = ap[$r].wrapping_add(1); )+
+            }
+            $(
+                let mut ms = [0f32; 8];
+                _mm256_storeu_ps(ms.as_mut_ptr(), msum[$r]);
+                cols!(store B, acc[$r], ms, y.add($r * n), $cols);
+            )+
+        }
+    };
     ($name:ident, $feat:literal, $dot:ident, [$($r:tt)+], $cols:tt) => {
         /// `w`: the tile's first weight row (rows `nb` blocks apart); `a`: the first activation
         /// row (rows `nb` blocks apart); `y`: the output for (first row, first column), rows
@@ -220,7 +290,7 @@ const TILE_BYTES: usize = 32 * 1024;
 
 /// The tiles and the column driver for one instruction set.
 macro_rules! kernels {
-    ($feat:literal, $dot:ident) => {
+    ($feat:literal, $dot:ident, $wide:literal) => {
         use super::*;
 
         tile!(tile_1x1, $feat, $dot, [0], [0]);
@@ -231,6 +301,10 @@ macro_rules! kernels {
         tile!(tile_3x2, $feat, $dot, [0 1 2], [0 1]);
         tile!(tile_4x1, $feat, $dot, [0 1 2 3], [0]);
         tile!(tile_4x2, $feat, $dot, [0 1 2 3], [0 1]);
+        // 8-16 accumulators: taken only in the AVX-512 build (32 vector registers).
+        tile!(tile_2x4, $feat, $dot, [0 1], [0 1 2 3]);
+        tile!(tile_3x4, $feat, $dot, [0 1 2], [0 1 2 3]);
+        tile!(tile_4x4, $feat, $dot, [0 1 2 3], [0 1 2 3]);
 
         /// `y[r, c]` for all rows `r < m` and the columns in `cols`: columns in tiles of about
         /// [`super::TILE_BYTES`] of weights, rows in groups of 4 within a tile.
@@ -275,6 +349,9 @@ macro_rules! kernels {
                             }
                         }
                         2 => {
+                            while $wide && c + 4 <= t1 {
+                                run!(tile_2x4, 4);
+                            }
                             while c + 2 <= t1 {
                                 run!(tile_2x2, 2);
                             }
@@ -283,6 +360,9 @@ macro_rules! kernels {
                             }
                         }
                         3 => {
+                            while $wide && c + 4 <= t1 {
+                                run!(tile_3x4, 4);
+                            }
                             while c + 2 <= t1 {
                                 run!(tile_3x2, 2);
                             }
@@ -291,6 +371,9 @@ macro_rules! kernels {
                             }
                         }
                         _ => {
+                            while $wide && c + 4 <= t1 {
+                                run!(tile_4x4, 4);
+                            }
                             while c + 2 <= t1 {
                                 run!(tile_4x2, 2);
                             }
@@ -309,10 +392,24 @@ macro_rules! kernels {
 
 /// AVX2 + FMA + F16C.
 pub(super) mod plain {
-    kernels!("avx2,fma,f16c", dot_maddubs);
+    kernels!("avx2,fma,f16c", dot_maddubs, false);
 }
 
 /// The same with AVX-VNNI's `vpdpbusd` for the integer sums (bit-identical results).
 pub(super) mod vnni {
-    kernels!("avx2,fma,f16c,avxvnni", dot_vnni);
+    kernels!("avx2,fma,f16c,avxvnni", dot_vnni, false);
+}
+
+/// [`vnni`] compiled with AVX-512 VL/BW as well: the same 256-bit instructions (so the same
+/// bits), but 32 vector registers, enough for tiles of 4 rows x 4 columns.
+pub(super) mod vnni_wide {
+    kernels!("avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw", dot_vnni, true);
+}
+
+/// Whether this CPU can run [`vnni_wide`].
+pub(super) fn wide_detected() -> bool {
+    detected(true)
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
 }

@@ -165,6 +165,9 @@ impl GgmlMatrix {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             Kernel::AvxVnni => unsafe { super::avx2::vnni::matmul_cols(w, nb, acts, m, cols, y, self.n) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Kernel::Avx512Vnni => unsafe { super::avx512::matmul_cols(w, nb, acts, m, cols, y, self.n) },
             // SAFETY: forwarded from the caller.
             _ => unsafe { reference::matmul_cols(w, nb, acts, m, cols, y, self.n) },
         })

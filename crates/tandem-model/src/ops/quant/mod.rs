@@ -5,8 +5,11 @@
 //! * [`blocks`]: the weight blocks in file layout, with scalar decoding;
 //! * [`activation`]: activations quantised to Q8_0/Q8_1 exactly as ggml does;
 //! * [`reference`]: the plain dot products;
-//! * `avx2`: the AVX2 + FMA + F16C kernels, with an AVX-VNNI variant (x86_64, picked at run
-//!   time);
+//! * `avx2`: the AVX2 + FMA + F16C kernels, with an AVX-VNNI variant (signed weights offset
+//!   to unsigned instead of ggml's sign trick: the same integers) and that variant built for
+//!   AVX-512's 32 registers (x86_64, picked at run time);
+//! * `avx512`: AVX-512 VNNI, two weight columns per 512-bit register (each half one column's
+//!   AVX2 chain: the same bits, half the instructions per column);
 //! * [`matrix`]: [`GgmlMatrix`] and its rayon-parallel matmul;
 //! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`);
 //! * [`row_stable`]: candle's `QMatMul` routed so every row's result is independent of the
@@ -22,6 +25,8 @@
 pub mod activation;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda_dense;
@@ -56,6 +61,9 @@ pub enum Kernel {
     Avx2,
     /// [`Kernel::Avx2`] with AVX-VNNI for the integer dot products (same results).
     AvxVnni,
+    /// AVX-512 VNNI: two weight columns per 512-bit register, each with [`Kernel::AvxVnni`]'s
+    /// arithmetic (same results).
+    Avx512Vnni,
 }
 
 impl Kernel {
@@ -73,6 +81,11 @@ impl Kernel {
                 static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 *DETECTED.get_or_init(|| avx2::detected(true))
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                *DETECTED.get_or_init(avx512::detected)
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -86,17 +99,23 @@ impl Kernel {
     }
 
     /// Every kernel, fastest last.
-    pub const ALL: [Kernel; 3] = [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni];
+    pub const ALL: [Kernel; 4] = [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni];
 
-    /// The fastest available kernel. `TANDEM_QUANT_KERNEL=reference` or `=avx2` caps the
-    /// choice (for comparisons).
+    /// Whether this kernel forms its integer sums with VNNI instructions.
+    pub fn is_vnni(self) -> bool {
+        matches!(self, Kernel::AvxVnni | Kernel::Avx512Vnni)
+    }
+
+    /// The fastest available kernel. `TANDEM_QUANT_KERNEL=reference`, `=avx2` or `=avxvnni`
+    /// caps the choice (for comparisons).
     pub fn best() -> Kernel {
         static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             let cap = match std::env::var("TANDEM_QUANT_KERNEL").map(|v| v.to_ascii_lowercase()).as_deref() {
                 Ok("reference") => Kernel::Reference,
                 Ok("avx2") => Kernel::Avx2,
-                _ => Kernel::AvxVnni,
+                Ok("avxvnni") => Kernel::AvxVnni,
+                _ => Kernel::Avx512Vnni,
             };
             let allowed = &Kernel::ALL[..=Kernel::ALL.iter().position(|&k| k == cap).unwrap_or(0)];
             allowed.iter().rev().copied().find(|k| k.available()).unwrap_or(Kernel::Reference)

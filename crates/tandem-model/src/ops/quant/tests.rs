@@ -163,7 +163,7 @@ fn check_type<B: WeightBlock>(seed: u64) {
             assert!(e <= tol, "{:?} m={m} k={k}: reference vs dequantised float rel err {e}", B::TYPE);
 
             let mut simd_results: Vec<Vec<f32>> = Vec::new();
-            for kernel in [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()) {
+            for kernel in [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()) {
                 let mut y_simd = vec![f32::NAN; m * N];
                 w.matmul_with(kernel, &x, m, &mut y_simd);
                 let e = rel_err(&y_simd, &y_ref);
@@ -172,12 +172,12 @@ fn check_type<B: WeightBlock>(seed: u64) {
                 simd_results.push(y_simd);
             }
             // The SIMD kernels only differ in how they form the exact integer sums.
-            if let [a, b] = &simd_results[..] {
-                assert_eq!(a, b, "{:?} m={m} k={k}: AVX2 and AVX-VNNI differ", B::TYPE);
+            for (i, r) in simd_results.iter().enumerate().skip(1) {
+                assert_eq!(r, &simd_results[0], "{:?} m={m} k={k}: SIMD kernel {i} differs from AVX2", B::TYPE);
             }
         }
     }
-    let simd: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()).collect();
+    let simd: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
     eprintln!(
         "{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), {simd:?} vs reference {:.1e}",
         B::TYPE,
@@ -209,14 +209,14 @@ fn ggml_avx2_dot<B: WeightBlock>(w: &[B], a: &[Q8Block]) -> f32 {
 
 #[test]
 fn simd_equals_ggml_order_bit_for_bit() {
-    let kernels: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni].into_iter().filter(|k| k.available()).collect();
+    let kernels: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
     if kernels.is_empty() {
         eprintln!("no AVX2 here: skipped");
         return;
     }
     fn check<B: WeightBlock>(kernels: &[Kernel], seed: u64) {
         let mut rng = Rng(seed);
-        let (m, k) = (5, 576);
+        let (m, k) = (13, 576);
         let blocks: Vec<B> = random_blocks(&mut rng, N * k / 32);
         let w = GgmlMatrix::from_blocks(N, k, &blocks).unwrap();
         let x = random_x(&mut rng, m * k);
