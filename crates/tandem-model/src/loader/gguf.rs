@@ -127,9 +127,8 @@ pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
     // blocks and ours win (SmolLM2, k = 576: decode 112 vs 103; qwen2.5-coder-0.5b's tied
     // 151,936 x 896 head: 27.3 vs 22.7). `TANDEM_Q8_KERNEL=ours|candle` forces one side.
     if ty == QuantType::Q8_0 {
-        let candle_repacks = k.is_multiple_of(256)
-            && n.is_multiple_of(16)
-            && crate::ops::quant::Kernel::best().is_vnni();
+        let candle_repacks =
+            k.is_multiple_of(256) && n.is_multiple_of(16) && crate::ops::quant::Kernel::best().is_vnni();
         let ours = match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
             Ok("ours") => true,
             Ok("candle") => false,

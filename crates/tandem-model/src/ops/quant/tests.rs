@@ -177,7 +177,8 @@ fn check_type<B: WeightBlock>(seed: u64) {
             }
         }
     }
-    let simd: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
+    let simd: Vec<_> =
+        [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
     eprintln!(
         "{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), {simd:?} vs reference {:.1e}",
         B::TYPE,
@@ -209,7 +210,8 @@ fn ggml_avx2_dot<B: WeightBlock>(w: &[B], a: &[Q8Block]) -> f32 {
 
 #[test]
 fn simd_equals_ggml_order_bit_for_bit() {
-    let kernels: Vec<_> = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
+    let kernels: Vec<_> =
+        [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
     if kernels.is_empty() {
         eprintln!("no AVX2 here: skipped");
         return;
