@@ -192,6 +192,8 @@ macro_rules! kernels {
     };
 }
 
+mod pair;
+
 /// AVX2 + FMA.
 mod plain {
     kernels!("avx2,fma", 4);
@@ -215,7 +217,7 @@ fn wide_available() -> bool {
 /// As the modules' `matmul_cols`, with AVX2 + FMA present (and AVX-512 VL/BW for `wide`).
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul_cols(
-    wide: bool,
+    kind: Kind,
     w: &[Q6],
     nb: usize,
     a: &[Q8],
@@ -224,21 +226,43 @@ unsafe fn matmul_cols(
     y: *mut f32,
     n: usize,
 ) {
-    if wide {
-        wide::matmul_cols(w, nb, a, m, cols, y, n)
-    } else {
-        plain::matmul_cols(w, nb, a, m, cols, y, n)
+    match kind {
+        Kind::Plain => plain::matmul_cols(w, nb, a, m, cols, y, n),
+        Kind::Wide => wide::matmul_cols(w, nb, a, m, cols, y, n),
+        Kind::Pair => pair::matmul_cols(w, nb, a, m, cols, y, n),
+    }
+}
+
+/// Which build of the kernel runs (all give the same bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// AVX2 + FMA, tiles of up to 4 rows.
+    Plain,
+    /// The same with AVX-512 registers, tiles of up to 8 rows.
+    Wide,
+    /// Two columns per 512-bit register ([`pair`]).
+    Pair,
+}
+
+impl Kind {
+    fn available(self) -> bool {
+        match self {
+            Kind::Plain => available(),
+            Kind::Wide => available() && wide_available(),
+            Kind::Pair => available() && pair::available(),
+        }
     }
 }
 
 /// `y[m, n] = x[m, k] · Wᵀ` for Q6K blocks `w` (`n` rows of `k / 256`), every element equal to
 /// candle's `vec_dot_q6k_q8k` of that row and column. Panics unless [`available`].
 pub fn matmul(w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
-    matmul_impl(wide_available(), w, n, k, x, m, y)
+    let kind = [Kind::Pair, Kind::Wide].into_iter().find(|k| k.available()).unwrap_or(Kind::Plain);
+    matmul_impl(kind, w, n, k, x, m, y)
 }
 
-fn matmul_impl(wide: bool, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
-    assert!(available() && (!wide || wide_available()), "Q6K matmul needs AVX2 + FMA");
+fn matmul_impl(kind: Kind, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
+    assert!(kind.available(), "Q6K matmul: {kind:?} needs AVX2 + FMA (and AVX-512 for Wide, Pair)");
     assert!(k.is_multiple_of(QK_K), "Q6K matmul: k = {k}");
     let nb = k / QK_K;
     assert_eq!(w.len(), n * nb, "Q6K matmul: {} blocks for [{n}, {k}]", w.len());
@@ -248,8 +272,14 @@ fn matmul_impl(wide: bool, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
         return;
     }
     let mut acts = vec![BlockQ8K::zeros(); m * nb];
-    for (row, a) in x.chunks_exact(k).zip(acts.chunks_exact_mut(nb)) {
-        BlockQ8K::from_float(row, a);
+    // Each row on its own (candle's quantisation of that row), in parallel for prefill.
+    if m >= 4 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        acts.par_chunks_exact_mut(nb).zip(x.par_chunks_exact(k)).for_each(|(a, row)| BlockQ8K::from_float(row, a));
+    } else {
+        for (row, a) in x.chunks_exact(k).zip(acts.chunks_exact_mut(nb)) {
+            BlockQ8K::from_float(row, a);
+        }
     }
     // SAFETY: same size and alignment (asserted above), plain data.
     let a = unsafe { std::slice::from_raw_parts(acts.as_ptr() as *const Q8, acts.len()) };
@@ -259,7 +289,7 @@ fn matmul_impl(wide: bool, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
     for_column_chunks(n, threads, m * n * k, 8, 1, |cols| {
         // SAFETY: available() asserted; sizes asserted; y borrowed mutably for the call and
         // tasks write disjoint column ranges.
-        unsafe { matmul_cols(wide, w, nb, a, m, cols, out.get(), n) };
+        unsafe { matmul_cols(kind, w, nb, a, m, cols, out.get(), n) };
     });
 }
 
@@ -271,7 +301,7 @@ mod tests {
     use super::*;
 
     /// Every row of every row count equals candle's own single-row result, bit for bit, over
-    /// row counts with 1..=3 leftover rows and odd column counts, for both compilations.
+    /// row counts with 1..=3 leftover rows and odd column counts, for every build this CPU runs.
     #[test]
     fn rows_equal_candles_decode_bits() {
         if !available() {
@@ -291,12 +321,12 @@ mod tests {
                 )
             };
             let qm = QMatMul::QTensor(q.clone());
-            for m in [1, 2, 3, 4, 5, 7, 11] {
+            for m in [1, 2, 3, 4, 5, 7, 11, 16] {
                 let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
                 let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                for wide in [false, true].into_iter().filter(|&w| !w || wide_available()) {
+                for kind in [Kind::Plain, Kind::Wide, Kind::Pair].into_iter().filter(|k| k.available()) {
                     let mut y = vec![0f32; m * n];
-                    matmul_impl(wide, blocks, n, k, &xs, m, &mut y);
+                    matmul_impl(kind, blocks, n, k, &xs, m, &mut y);
                     for r in 0..m {
                         let want = qm.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
                         let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -304,7 +334,7 @@ mod tests {
                             assert_eq!(
                                 y[r * n + c].to_bits(),
                                 want[c].to_bits(),
-                                "[{n}, {k}] m={m} row {r} col {c} wide={wide}"
+                                "[{n}, {k}] m={m} row {r} col {c} {kind:?}"
                             );
                         }
                     }
