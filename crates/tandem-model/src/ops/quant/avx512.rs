@@ -84,7 +84,14 @@ macro_rules! tile {
         /// `n` apart.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
-        unsafe fn $name<B: WeightBlock>(w: *const B, a: *const Q8Block, nb: usize, y: *mut f32, n: usize) {
+        unsafe fn $name<B: WeightBlock>(
+            w: *const B,
+            a: *const Q8Block,
+            st: *const __m256i,
+            nb: usize,
+            y: *mut f32,
+            n: usize,
+        ) {
             let mut wp = [[w, w.wrapping_add(nb)], [w.wrapping_add(2 * nb), w.wrapping_add(3 * nb)]];
             let mut ap = [$(a.wrapping_add($r * nb)),+];
             let mut acc = [$({ let _ = $r; [_mm512_setzero_ps(); 2] }),+];
@@ -97,7 +104,7 @@ macro_rules! tile {
                 _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
             ];
             let zero = _mm512_setzero_si512();
-            let off = _mm512_set1_epi8(offset(<B>::TYPE));
+            let mut sp = [$(st.wrapping_add($r * nb)),+];
             for _ in 0..nb {
                 let dm = scales::<B, 4>([wp[0][0], wp[0][1], wp[1][0], wp[1][1]]);
                 let dw = [
@@ -115,7 +122,8 @@ macro_rules! tile {
                         msum[$r] = _mm256_fmadd_ps(dm, act_scales(ab), msum[$r]);
                         zero
                     } else {
-                        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, qy))
+                        // -o · Σ y per lane, made once per call ([`starts`]).
+                        _mm512_broadcast_i64x4(_mm256_load_si256(sp[$r]))
                     };
                     pair_step!(0, dw, da, wu, qy, start, acc[$r]);
                     pair_step!(1, dw, da, wu, qy, start, acc[$r]);
@@ -125,6 +133,7 @@ macro_rules! tile {
                     [wp[1][0].wrapping_add(1), wp[1][1].wrapping_add(1)],
                 ];
                 $( ap[$r] = ap[$r].wrapping_add(1); )+
+                $( sp[$r] = sp[$r].wrapping_add(1); )+
             }
             $(
                 pair_store!(B, 0, acc[$r], msum[$r], y.add($r * n));
@@ -163,6 +172,10 @@ tile!(tile_1x2, [0]);
 
 /// Weight bytes per column tile: the tile is reused by every row group, so keep it in L1/L2.
 const TILE_BYTES: usize = 32 * 1024;
+/// Activation bytes (blocks and their starts) per block of rows.
+const ROW_BLOCK_BYTES: usize = 1024 * 1024;
+/// Bytes per activation block: the block and its start vector.
+const ACT_BYTES: usize = std::mem::size_of::<Q8Block>() + 32;
 
 /// `y[r, c]` for all rows `r < m` and the columns in `cols`: columns in tiles of about
 /// [`TILE_BYTES`] of weights, rows in groups of 8 within a tile, 4 columns at a time; columns
@@ -184,34 +197,83 @@ pub(super) unsafe fn matmul_cols<B: WeightBlock>(
     n: usize,
 ) {
     debug_assert!(w.len() >= cols.end * nb && a.len() >= m * nb);
+    STARTS.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if !B::HAS_MIN {
+            starts(offset(B::TYPE), &a[..m * nb], &mut buf);
+        }
+        matmul_tiles(w, nb, a, buf.as_ptr(), m, cols.clone(), y, n);
+    });
+}
+
+thread_local! {
+    /// Per activation block, `-o · Σ y` of each lane of four bytes (one task's scratch).
+    static STARTS: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `out[i]` = each lane's `-o · Σ y` over its four bytes of block `a[i]`: where `vpdpbusd` of
+/// the unsigned weights `w + o` starts, so that it ends at `Σ w · y`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn starts(o: i8, a: &[Q8Block], out: &mut Vec<__m256i>) {
+    out.clear();
+    out.reserve(a.len());
+    let (zero, off) = (_mm256_setzero_si256(), _mm256_set1_epi8(o));
+    for b in a {
+        let qy = _mm256_lddqu_si256(b.qs.as_ptr() as *const __m256i);
+        out.push(_mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, qy)));
+    }
+}
+
+/// [`matmul_cols`] with the blocks' starts at `st` (`m * nb`, unused for types with a minimum).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn matmul_tiles<B: WeightBlock>(
+    w: &[B],
+    nb: usize,
+    a: &[Q8Block],
+    st: *const __m256i,
+    m: usize,
+    cols: Range<usize>,
+    y: *mut f32,
+    n: usize,
+) {
     let whole = cols.start..cols.start + (cols.end - cols.start) / 4 * 4;
     let tile_cols = ((TILE_BYTES / (nb * B::BYTES)).max(4) & !3).max(4);
-    let mut t0 = whole.start;
-    while t0 < whole.end {
-        let t1 = (t0 + tile_cols).min(whole.end);
-        let mut r0 = 0;
-        while r0 < m {
-            let rows = match m - r0 {
-                8.. => 8,
-                4..=7 => 4,
-                2..=3 => 2,
-                _ => 1,
-            };
-            let ap = a.as_ptr().add(r0 * nb);
-            let mut c = t0;
-            while c < t1 {
-                let (wp, yp) = (w.as_ptr().add(c * nb), y.add(r0 * n + c));
-                match rows {
-                    8 => tile_8x2::<B>(wp, ap, nb, yp, n),
-                    4 => tile_4x2::<B>(wp, ap, nb, yp, n),
-                    2 => tile_2x2::<B>(wp, ap, nb, yp, n),
-                    _ => tile_1x2::<B>(wp, ap, nb, yp, n),
+    // Rows in blocks whose activations and starts stay in L2 while the task's columns pass
+    // over them (a long k would otherwise stream every row from memory once per column tile).
+    let block_rows = (ROW_BLOCK_BYTES / (nb * ACT_BYTES)).max(8) & !7;
+    let mut b0 = 0;
+    while b0 < m {
+        let b1 = (b0 + block_rows).min(m);
+        let mut t0 = whole.start;
+        while t0 < whole.end {
+            let t1 = (t0 + tile_cols).min(whole.end);
+            let mut r0 = b0;
+            while r0 < b1 {
+                let rows = match b1 - r0 {
+                    8.. => 8,
+                    4..=7 => 4,
+                    2..=3 => 2,
+                    _ => 1,
+                };
+                let ap = a.as_ptr().add(r0 * nb);
+                let sp = st.wrapping_add(r0 * nb);
+                let mut c = t0;
+                while c < t1 {
+                    let (wp, yp) = (w.as_ptr().add(c * nb), y.add(r0 * n + c));
+                    match rows {
+                        8 => tile_8x2::<B>(wp, ap, sp, nb, yp, n),
+                        4 => tile_4x2::<B>(wp, ap, sp, nb, yp, n),
+                        2 => tile_2x2::<B>(wp, ap, sp, nb, yp, n),
+                        _ => tile_1x2::<B>(wp, ap, sp, nb, yp, n),
+                    }
+                    c += 4;
                 }
-                c += 4;
+                r0 += rows;
             }
-            r0 += rows;
+            t0 = t1;
         }
-        t0 = t1;
+        b0 = b1;
     }
     if whole.end < cols.end {
         super::avx2::vnni_wide::matmul_cols(w, nb, a, m, whole.end..cols.end, y, n);
