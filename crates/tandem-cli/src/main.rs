@@ -1,5 +1,6 @@
 //! `tandem`: the command-line front end (run, chat, serve, inspect, pull, bench).
 
+mod allocator;
 mod args;
 mod cmd_bench;
 mod cmd_bench_agent;
@@ -63,6 +64,7 @@ enum Command {
 }
 
 fn main() {
+    allocator::tune();
     // A chat-template render worker (tandem_model::chat_template::sandbox): nothing else here.
     if std::env::args().nth(1).as_deref() == Some(tandem_model::chat_template::sandbox::WORKER_ARG) {
         tandem_model::chat_template::sandbox::worker_main();
