@@ -170,6 +170,50 @@ tile!(tile_4x2, [0 1 2 3]);
 tile!(tile_2x2, [0 1]);
 tile!(tile_1x2, [0]);
 
+/// One row against eight columns (two groups of four, each as [`tile_1x2`]): decode, where
+/// nothing is shared across rows, gets twice the independent work per block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn tile_1x8<B: WeightBlock>(w: *const B, a: *const Q8Block, st: *const __m256i, nb: usize, y: *mut f32) {
+    let col = |c: usize| w.wrapping_add(c * nb);
+    let mut wp = [[col(0), col(1)], [col(2), col(3)], [col(4), col(5)], [col(6), col(7)]];
+    let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+    let mut msum = [_mm256_setzero_ps(); 2];
+    let idx = [
+        _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+        _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
+    ];
+    let (mut ab, mut sp) = (a, st);
+    for _ in 0..nb {
+        let qy = _mm512_broadcast_i64x4(_mm256_lddqu_si256(ab as *const __m256i));
+        let da = _mm512_set1_ps((*ab).d);
+        let start = if B::HAS_MIN { _mm512_setzero_si512() } else { _mm512_broadcast_i64x4(_mm256_load_si256(sp)) };
+        for q in 0..2 {
+            let (p0, p1) = (wp[2 * q], wp[2 * q + 1]);
+            let dm = scales::<B, 4>([p0[0], p0[1], p1[0], p1[1]]);
+            if B::HAS_MIN {
+                msum[q] = _mm256_fmadd_ps(dm, act_scales(ab), msum[q]);
+            }
+            let dw = [
+                _mm512_permutexvar_ps(idx[0], _mm512_castps256_ps512(dm)),
+                _mm512_permutexvar_ps(idx[1], _mm512_castps256_ps512(dm)),
+            ];
+            let wu = [unpack_pair::<B>(p0[0], p0[1]), unpack_pair::<B>(p1[0], p1[1])];
+            pair_step!(0, dw, da, wu, qy, start, acc[q]);
+            pair_step!(1, dw, da, wu, qy, start, acc[q]);
+        }
+        for p in wp.iter_mut() {
+            *p = [p[0].wrapping_add(1), p[1].wrapping_add(1)];
+        }
+        ab = ab.wrapping_add(1);
+        sp = sp.wrapping_add(1);
+    }
+    for q in 0..2 {
+        pair_store!(B, 0, acc[q], msum[q], y.add(4 * q));
+        pair_store!(B, 1, acc[q], msum[q], y.add(4 * q));
+    }
+}
+
 /// Weight bytes per column tile: the tile is reused by every row group, so keep it in L1/L2.
 const TILE_BYTES: usize = 32 * 1024;
 /// Activation bytes (blocks and their starts) per block of rows.
@@ -259,6 +303,10 @@ unsafe fn matmul_tiles<B: WeightBlock>(
                 let ap = a.as_ptr().add(r0 * nb);
                 let sp = st.wrapping_add(r0 * nb);
                 let mut c = t0;
+                while rows == 1 && c + 8 <= t1 {
+                    tile_1x8::<B>(w.as_ptr().add(c * nb), ap, sp, nb, y.add(r0 * n + c));
+                    c += 8;
+                }
                 while c < t1 {
                     let (wp, yp) = (w.as_ptr().add(c * nb), y.add(r0 * n + c));
                     match rows {
