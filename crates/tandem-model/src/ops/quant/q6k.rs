@@ -233,6 +233,11 @@ unsafe fn matmul_cols(
     }
 }
 
+/// Whether the two-columns-per-register build runs here (then decode takes it too).
+pub fn pair_available() -> bool {
+    Kind::Pair.available()
+}
+
 /// Which build of the kernel runs (all give the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

@@ -72,7 +72,11 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
         if q.device().is_cpu() && x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 2 {
             let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
             match q.dtype() {
-                GgmlDType::Q6K if cfg!(target_arch = "x86_64") && rows > 1 => return compact_matmul(q, x),
+                // Several rows always (candle's multi-row kernel sums in another order); one
+                // row too where the AVX-512 pair kernel runs (the same bits as candle's, faster).
+                GgmlDType::Q6K if cfg!(target_arch = "x86_64") && (rows > 1 || q6k_pair()) => {
+                    return compact_matmul(q, x)
+                }
                 GgmlDType::Q4K if rows >= AMX_MIN_ROWS && amx_possible() => return in_pieces(w, x, AMX_PIECE),
                 _ => {}
             }
@@ -93,6 +97,18 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
 pub(crate) fn dense_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| !std::env::var("TANDEM_DENSE_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
+}
+
+/// Whether this CPU runs [`super::q6k`]'s two-columns-per-register kernel.
+fn q6k_pair() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::q6k::pair_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// candle sends Q4K calls of at least this many rows to AMX.
