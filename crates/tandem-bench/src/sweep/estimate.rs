@@ -46,9 +46,9 @@ pub struct MemoryEstimate {
 /// Estimates the peak resident memory of a cell process.
 pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> MemoryEstimate {
     let gguf = summary.format.to_ascii_lowercase().contains("gguf");
-    // GGUF tensors stay in their stored types; Hugging Face weights are converted to f32;
-    // quantised at load, every parameter takes its type's bytes (f16 / bf16 run as f32 on
-    // the CPU, which is where cells are measured).
+    // GGUF tensors stay in their stored types; Hugging Face matrices stored as bf16 / f16
+    // stay 16-bit (the rest, embeddings and norms, become f32); quantised at load, every
+    // parameter takes its type's bytes (f16 / bf16: two).
     // A GGUF of 16-bit matrices is widened to f32 on the CPU: twice its bytes.
     let sixteen = |t: &str| matches!(t, "F16" | "BF16");
     let n16: usize = summary.tensor_types.iter().filter(|(t, _)| sixteen(t)).map(|(_, n)| n).sum();
@@ -57,6 +57,11 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
         Some(q) => (summary.parameters as f64 * bytes_per_param(q.0)) as u64,
         None if gguf && mostly_16bit => summary.file_bytes.saturating_mul(2),
         None if gguf => summary.file_bytes,
+        // The embedding (vocab x hidden) is widened to f32, every matrix kept 16-bit.
+        None if mostly_16bit => summary
+            .parameters
+            .saturating_mul(2)
+            .saturating_add(2 * summary.vocab_size as u64 * summary.hidden_size as u64),
         None => summary.parameters.saturating_mul(4),
     };
     let mapped_bytes = summary.file_bytes;
@@ -99,7 +104,8 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
 fn bytes_per_param(t: candle_core::quantized::GgmlDType) -> f64 {
     use candle_core::quantized::GgmlDType as G;
     match t {
-        G::F32 | G::F16 | G::BF16 => 4.0,
+        G::F32 => 4.0,
+        G::F16 | G::BF16 => 2.0,
         other => other.type_size() as f64 / other.block_size() as f64,
     }
 }

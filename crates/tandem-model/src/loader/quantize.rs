@@ -141,11 +141,10 @@ impl WeightSource for Quantizing<'_> {
         let dev = self.inner.device();
         Ok(LinearWeight::Candle(match ty {
             None => QMatMul::Tensor(t.to_device(dev)?),
-            // 16-bit dense: kept 16-bit on a GPU; on the CPU, whose kernels read f32 rows, the
-            // values rounded to 16 bits and held as f32 (the precision, not the memory).
+            // 16-bit dense: kept 16-bit on every device (the dense kernels read bf16 / f16 rows).
             Some(ty @ (GgmlDType::F16 | GgmlDType::BF16)) => {
                 let t16 = t.to_dtype(if ty == GgmlDType::F16 { DType::F16 } else { DType::BF16 })?;
-                QMatMul::Tensor(if dev.is_cpu() { t16.to_dtype(DType::F32)? } else { t16.to_device(dev)? })
+                QMatMul::Tensor(t16.to_device(dev)?)
             }
             Some(ty) => {
                 let q = quantise_onto(&t, ty, PIECE, dev)?;

@@ -182,6 +182,19 @@ impl SafetensorsSource {
         Ok(if self.baked_norm(&name) { t.affine(1.0, -1.0)? } else { t })
     }
 
+    /// A matmul weight: bf16 and f16 matrices as stored (the CPU's dense kernels and the CUDA
+    /// ones read them directly, with the bits of the same values widened to f32, in half the
+    /// memory), anything else as f32.
+    fn load_matrix(&self, gguf: &str) -> Result<Tensor> {
+        let name = self.hf(gguf);
+        if !self.names.contains(&name) {
+            return Err(ModelError::MissingTensor(name));
+        }
+        let t = self.st.load(&name, &self.device)?;
+        let keep = matches!(t.dtype(), DType::BF16 | DType::F16) && t.rank() == 2 && !self.baked_norm(&name);
+        Ok(if keep { t } else { t.to_dtype(DType::F32)? })
+    }
+
     /// `safetensors`, or `safetensors (MLX affine 4-bit, groups of 64)`.
     pub fn format(&self) -> String {
         match &self.mlx {
@@ -212,7 +225,7 @@ impl WeightSource for SafetensorsSource {
         if let Some(hf) = self.mlx_quantised(name) {
             return self.mlx_linear(&hf);
         }
-        Ok(LinearWeight::Candle(QMatMul::Tensor(self.load(name)?)))
+        Ok(LinearWeight::Candle(QMatMul::Tensor(self.load_matrix(name)?)))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         if let Some(hf) = self.mlx_quantised(name) {

@@ -31,6 +31,40 @@
 
 use super::matrix::{for_column_chunks, OutPtr};
 
+/// The stored type of a weight element: f32, or a 16-bit float widened exactly to f32 as it
+/// is read (so a bf16 or f16 matrix gives the bits of the same values held as f32, in half
+/// the memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemKind {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// A weight element the dense kernels read.
+pub trait DenseElem: Copy + Send + Sync + 'static {
+    const KIND: ElemKind;
+    fn to_f32(self) -> f32;
+}
+impl DenseElem for f32 {
+    const KIND: ElemKind = ElemKind::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+impl DenseElem for half::bf16 {
+    const KIND: ElemKind = ElemKind::Bf16;
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+impl DenseElem for half::f16 {
+    const KIND: ElemKind = ElemKind::F16;
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
 /// Which implementation computes the dot products (all give the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseKernel {
@@ -52,7 +86,9 @@ impl DenseKernel {
             DenseKernel::Portable => true,
             #[cfg(target_arch = "x86_64")]
             DenseKernel::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             DenseKernel::Avx512 => {
@@ -82,7 +118,7 @@ const ROW_BLOCK_BYTES: usize = 512 * 1024;
 
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with the best kernel, columns split over candle's barrier
 /// pool. Every element has the bits described in the module docs.
-pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
+pub fn matmul<E: DenseElem>(w: &[E], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
     let threads = candle_core::utils::barrier_pool().n_workers() + 1;
     matmul_with(DenseKernel::best(), threads, w, n, k, x, m, y)
 }
@@ -91,10 +127,10 @@ pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32])
 /// into about `4 × threads` tasks (`threads <= 1`: all on this thread). Neither changes the
 /// result.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_with(
+pub fn matmul_with<E: DenseElem>(
     kernel: DenseKernel,
     threads: usize,
-    w: &[f32],
+    w: &[E],
     n: usize,
     k: usize,
     x: &[f32],
@@ -120,9 +156,9 @@ pub fn matmul_with(
 /// `kernel` is available; `w` is `[n, k]`, `x` `[m, k]`, `cols` within `0..n`; `y` is valid
 /// for exclusive writes at `r * n + c` for `r < m`, `c` in `cols`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_cols(
+unsafe fn matmul_cols<E: DenseElem>(
     kernel: DenseKernel,
-    w: &[f32],
+    w: &[E],
     k: usize,
     x: &[f32],
     m: usize,
@@ -139,10 +175,10 @@ unsafe fn matmul_cols(
         DenseKernel::Avx512 => unsafe { simd::wide::matmul_cols(w, k, x, m, cols, y, n) },
         _ => {
             for c in cols {
-                let wr = &w[c * k..(c + 1) * k];
+                let wr: Vec<f32> = w[c * k..(c + 1) * k].iter().map(|v| v.to_f32()).collect();
                 for r in 0..m {
                     // SAFETY: forwarded from the caller.
-                    unsafe { *y.add(r * n + c) = dot(&x[r * k..(r + 1) * k], wr) };
+                    unsafe { *y.add(r * n + c) = dot(&x[r * k..(r + 1) * k], &wr) };
                 }
             }
         }
@@ -177,7 +213,7 @@ pub fn dot(x: &[f32], w: &[f32]) -> f32 {
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{COLS, ROW_BLOCK_BYTES};
+    use super::{DenseElem, ElemKind, COLS, ROW_BLOCK_BYTES};
 
     /// The tile kernels for one set of target features, with tiles of up to `$max_rows` rows.
     macro_rules! kernels {
@@ -193,12 +229,26 @@ mod simd {
                 _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
             }
 
+            /// Eight weights at `p` as f32 (16-bit values widened exactly).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn load8<E: DenseElem>(p: *const E) -> __m256 {
+                match E::KIND {
+                    ElemKind::F32 => _mm256_loadu_ps(p as *const f32),
+                    ElemKind::Bf16 => {
+                        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+                    }
+                    ElemKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                }
+            }
+
             /// `out[r][c]` = row `r` of the `R` rows at `x` (`k` apart) · the weight row at
             /// `w[c]`, each in the module docs' order; every loaded vector feeds a whole row or
             /// column of the tile.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn tile<const R: usize>(x: *const f32, w: [*const f32; COLS], k: usize) -> [[f32; COLS]; R] {
+            unsafe fn tile<const R: usize, E: DenseElem>(x: *const f32, w: [*const E; COLS], k: usize) -> [[f32; COLS]; R] {
                 let k8 = k - k % 8;
                 let mut acc = [[_mm256_setzero_ps(); COLS]; R];
                 let mut t = 0;
@@ -208,7 +258,7 @@ mod simd {
                         xv[r] = _mm256_loadu_ps(x.add(r * k + t));
                     }
                     for c in 0..COLS {
-                        let wv = _mm256_loadu_ps(w[c].add(t));
+                        let wv = load8(w[c].add(t));
                         for r in 0..R {
                             acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
                         }
@@ -220,7 +270,7 @@ mod simd {
                     for c in 0..COLS {
                         let mut s = hsum(acc[r][c]);
                         for t in k8..k {
-                            s = (*x.add(r * k + t)).mul_add(*w[c].add(t), s);
+                            s = (*x.add(r * k + t)).mul_add((*w[c].add(t)).to_f32(), s);
                         }
                         out[r][c] = s;
                     }
@@ -228,13 +278,58 @@ mod simd {
                 out
             }
 
+            thread_local! {
+                /// A column tile's 16-bit weights widened to f32 (one task's scratch).
+                static WIDE_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+
+            /// Rows `rows` of `x` (`k` apart) against the tile's columns at `wp` (output
+            /// columns `c0..`, `live` of them real), in even groups of at most `$max_rows`.
+            #[allow(clippy::too_many_arguments)]
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn rows_of<E: DenseElem>(
+                wp: [*const E; COLS],
+                x: *const f32,
+                k: usize,
+                y: *mut f32,
+                n: usize,
+                rows: std::ops::Range<usize>,
+                c0: usize,
+                live: usize,
+            ) {
+                let mut r0 = rows.start;
+                while r0 < rows.end {
+                    // Even groups of at most $max_rows rows (5 = 3 + 2 rather than 4 + 1).
+                    let left = rows.end - r0;
+                    let g = left.div_ceil(left.div_ceil($max_rows));
+                    let xp = x.add(r0 * k);
+                    macro_rules! run {
+                        ($r:literal) => {
+                            for (i, row) in tile::<$r, E>(xp, wp, k).iter().enumerate() {
+                                for (j, v) in row[..live].iter().enumerate() {
+                                    *y.add((r0 + i) * n + c0 + j) = *v;
+                                }
+                            }
+                        };
+                    }
+                    match g {
+                        1 => run!(1),
+                        2 => run!(2),
+                        3 => run!(3),
+                        _ => run!(4),
+                    }
+                    r0 += g;
+                }
+            }
+
             /// `y[r, c]` for `r < m`, `c` in `cols`.
             ///
             /// # Safety
             /// As `super::super::matmul_cols`, with this module's features present.
             #[target_feature(enable = $feat)]
-            pub(in super::super) unsafe fn matmul_cols(
-                w: &[f32],
+            pub(in super::super) unsafe fn matmul_cols<E: DenseElem>(
+                w: &[E],
                 k: usize,
                 x: &[f32],
                 m: usize,
@@ -250,30 +345,30 @@ mod simd {
                     let mut c0 = cols.start;
                     while c0 < cols.end {
                         // A short last tile repeats the range's last column (results dropped).
-                        let wp: [*const f32; COLS] = std::array::from_fn(|i| w.as_ptr().add((c0 + i).min(last) * k));
+                        let wp: [*const E; COLS] = std::array::from_fn(|i| w.as_ptr().add((c0 + i).min(last) * k));
                         let live = COLS.min(cols.end - c0);
-                        let mut r0 = b0;
-                        while r0 < b1 {
-                            // Even groups of at most $max_rows rows (5 = 3 + 2 rather than 4 + 1).
-                            let left = b1 - r0;
-                            let rows = left.div_ceil(left.div_ceil($max_rows));
-                            let xp = x.as_ptr().add(r0 * k);
-                            macro_rules! run {
-                                ($r:literal) => {
-                                    for (i, row) in tile::<$r>(xp, wp, k).iter().enumerate() {
-                                        for (j, v) in row[..live].iter().enumerate() {
-                                            *y.add((r0 + i) * n + c0 + j) = *v;
-                                        }
+                        // 16-bit weights against many rows: widened once into f32 rows here
+                        // (the same values, so the same bits) instead of once per row group.
+                        if E::KIND != ElemKind::F32 && b1 - b0 > $max_rows {
+                            WIDE_ROWS.with(|cell| {
+                                let mut buf = cell.borrow_mut();
+                                buf.resize(COLS * k, 0.0);
+                                for (i, &p) in wp.iter().enumerate() {
+                                    let row = &mut buf[i * k..(i + 1) * k];
+                                    let mut t = 0;
+                                    while t + 8 <= k {
+                                        _mm256_storeu_ps(row.as_mut_ptr().add(t), load8(p.add(t)));
+                                        t += 8;
                                     }
-                                };
-                            }
-                            match rows {
-                                1 => run!(1),
-                                2 => run!(2),
-                                3 => run!(3),
-                                _ => run!(4),
-                            }
-                            r0 += rows;
+                                    for (j, v) in row.iter_mut().enumerate().skip(t) {
+                                        *v = (*p.add(j)).to_f32();
+                                    }
+                                }
+                                let wf: [*const f32; COLS] = std::array::from_fn(|i| buf.as_ptr().add(i * k));
+                                rows_of(wf, x.as_ptr(), k, y, n, b0..b1, c0, live);
+                            });
+                        } else {
+                            rows_of(wp, x.as_ptr(), k, y, n, b0..b1, c0, live);
                         }
                         c0 += COLS;
                     }
@@ -282,26 +377,27 @@ mod simd {
             }
         };
     }
-
     /// AVX2 + FMA: 16 registers, 2 × 6 tiles.
     pub(super) mod plain {
-        kernels!("avx2,fma", 2);
+        kernels!("avx2,fma,f16c", 2);
     }
 
     /// The same instructions with AVX-512 VL on: 32 registers, 4 × 6 tiles.
     pub(super) mod wide {
-        kernels!("avx2,fma,avx512f,avx512vl", 4);
+        kernels!("avx2,fma,f16c,avx512f,avx512vl", 4);
     }
 }
 
-/// `x · Wᵀ` for a CPU f32 `x` `[..., k]` and a CPU f32 `W` `[n, k]` (any strides: a
-/// non-contiguous `W` is copied, per call), every row with the bits of [`dot`].
+/// `x · Wᵀ` for a CPU f32 `x` `[..., k]` and a CPU `W` `[n, k]` of f32, bf16 or f16 (any
+/// strides: a non-contiguous `W` is copied, per call), every row with the bits of [`dot`] (of
+/// the weights widened to f32).
 pub fn forward(w: &candle_core::Tensor, x: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
     use candle_core::{DType, Device, Storage, Tensor};
 
     let (n, k) = w.dims2()?;
     let dims = x.dims().to_vec();
-    if dims.last() != Some(&k) || w.dtype() != DType::F32 || x.dtype() != DType::F32 {
+    let weight_ok = matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16);
+    if dims.last() != Some(&k) || !weight_ok || x.dtype() != DType::F32 {
         candle_core::bail!("dense matmul: input {dims:?} {:?} against weight [{n}, {k}] {:?}", x.dtype(), w.dtype());
     }
     let (w, x) = (w.contiguous()?, x.contiguous()?);
@@ -314,9 +410,12 @@ pub fn forward(w: &candle_core::Tensor, x: &candle_core::Tensor) -> candle_core:
             candle_core::bail!("dense matmul: tensors are not on the CPU")
         };
         let (wo, xo) = (wl.start_offset(), xl.start_offset());
-        let wv = &wc.as_slice::<f32>()?[wo..wo + n * k];
         let xv = &xc.as_slice::<f32>()?[xo..xo + m * k];
-        matmul(wv, n, k, xv, m, &mut dst);
+        match w.dtype() {
+            DType::BF16 => matmul(&wc.as_slice::<half::bf16>()?[wo..wo + n * k], n, k, xv, m, &mut dst),
+            DType::F16 => matmul(&wc.as_slice::<half::f16>()?[wo..wo + n * k], n, k, xv, m, &mut dst),
+            _ => matmul(&wc.as_slice::<f32>()?[wo..wo + n * k], n, k, xv, m, &mut dst),
+        }
     }
     let mut out = dims;
     *out.last_mut().unwrap_or_else(|| unreachable!()) = n;
@@ -369,6 +468,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// bf16 and f16 weights give every element the bits of [`dot`] over the same values widened
+    /// to f32, in every kernel (16-bit weights are read as they are stored, not copied to f32).
+    #[test]
+    fn sixteen_bit_weights_give_the_widened_bits() {
+        fn check<E: DenseElem>(from: fn(f32) -> E) {
+            for (m, n, k) in [(1, 7, 9), (3, 13, 64), (5, 6, 100), (9, 20, 257)] {
+                let w: Vec<E> = values(n as u64 + 11 * k as u64, n * k).into_iter().map(from).collect();
+                let wide: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+                let x = values(m as u64 * 5 + 2, m * k);
+                let want: Vec<u32> = (0..m * n)
+                    .map(|i| dot(&x[i / n * k..(i / n + 1) * k], &wide[i % n * k..(i % n + 1) * k]).to_bits())
+                    .collect();
+                for kernel in kernels() {
+                    let mut y = vec![f32::NAN; m * n];
+                    matmul_with(kernel, 2, &w, n, k, &x, m, &mut y);
+                    let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{:?} {kernel:?} [{m}, {k}] × [{n}, {k}]ᵀ", E::KIND);
+                }
+            }
+        }
+        check::<half::bf16>(half::bf16::from_f32);
+        check::<half::f16>(half::f16::from_f32);
     }
 
     /// Thread counts 1, 2 and 3 give the same bits on a matrix big enough to be split.

@@ -21,8 +21,9 @@
 //! other quantised type already gives each row the same bits for any `m`
 //! (`tests/row_invariance.rs` checks them all).
 //!
-//! Dense f32 weights (`QMatMul::Tensor`: safetensors models, GGUF F32/F16/BF16 tensors, which
-//! candle dequantises to f32, and dense embeddings used as LM heads) with CPU f32 inputs go,
+//! Dense weights (`QMatMul::Tensor`: safetensors models, whose bf16 / f16 matrices stay 16-bit,
+//! GGUF F32/F16/BF16 tensors, which candle dequantises to f32, and dense embeddings used as LM
+//! heads) with CPU f32 inputs go,
 //! for every `m` including decode's 1, to [`super::dense`], whose every element is one dot
 //! product in a fixed order: candle's f32 matmul (`gemm`) sums a single row differently from
 //! several. `TANDEM_DENSE_KERNEL=candle` sends them back to candle (for speed comparisons; not
@@ -59,7 +60,7 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     if let QMatMul::Tensor(t) = w {
         if t.device().is_cpu()
             && x.device().is_cpu()
-            && t.dtype() == DType::F32
+            && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
             && x.dtype() == DType::F32
             && t.rank() == 2
             && x.rank() >= 2
