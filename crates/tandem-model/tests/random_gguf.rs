@@ -1,6 +1,6 @@
 //! `random_gguf::export_random`: a random-weight preset written as GGUF (the file tandem and
 //! llama.cpp are both measured on) and loaded back through the GGUF path must be the model
-//! built in memory: the same logits for a prompt and for decode steps, f32 and Q8_0 weights,
+//! built in memory: the same logits for a prompt and for decode steps, f32, f16, bf16 and Q8_0 weights,
 //! dense (V heads reordered to the tiled order, MTP head as `nextn` blocks) and MoE.
 
 use candle_core::quantized::GgmlDType;
@@ -74,6 +74,10 @@ fn dense_tiny() -> HybridConfig {
 fn dense_preset_round_trips_through_gguf() {
     round_trip(&dense_tiny(), GgmlDType::F32, 1e-5);
     round_trip(&dense_tiny(), GgmlDType::Q8_0, 1e-4);
+    // 16-bit matrices stay 16-bit from the file, as in memory (the writer keeps a few small
+    // tensors in other types than the in-memory model does, hence not bit for bit).
+    round_trip(&dense_tiny(), GgmlDType::F16, 1e-5);
+    round_trip(&dense_tiny(), GgmlDType::BF16, 1e-5);
 }
 
 #[test]

@@ -49,13 +49,15 @@ pub fn estimate(summary: &ModelSummary, spec: &CellSpec, baseline: u64) -> Memor
     // GGUF tensors stay in their stored types; Hugging Face matrices stored as bf16 / f16
     // stay 16-bit (the rest, embeddings and norms, become f32); quantised at load, every
     // parameter takes its type's bytes (f16 / bf16: two).
-    // A GGUF of 16-bit matrices is widened to f32 on the CPU: twice its bytes.
+    // A GGUF of 16-bit matrices keeps them 16-bit; its embedding is widened to f32.
     let sixteen = |t: &str| matches!(t, "F16" | "BF16");
     let n16: usize = summary.tensor_types.iter().filter(|(t, _)| sixteen(t)).map(|(_, n)| n).sum();
     let mostly_16bit = 2 * n16 > summary.tensor_types.values().sum::<usize>();
     let weights_bytes = match spec.quantize() {
         Some(q) => (summary.parameters as f64 * bytes_per_param(q.0)) as u64,
-        None if gguf && mostly_16bit => summary.file_bytes.saturating_mul(2),
+        None if gguf && mostly_16bit => {
+            summary.file_bytes.saturating_add(2 * summary.vocab_size as u64 * summary.hidden_size as u64)
+        }
         None if gguf => summary.file_bytes,
         // The embedding (vocab x hidden) is widened to f32, every matrix kept 16-bit.
         None if mostly_16bit => summary

@@ -89,7 +89,18 @@ impl WeightSource for GgufSource {
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(LinearWeight::Ggml(Arc::new(w)));
         }
-        Ok(LinearWeight::Candle(QMatMul::from_qtensor(self.qtensor(name)?)?))
+        let q = self.qtensor(name)?;
+        // 16-bit matrices stay 16-bit (the dense kernels read them and widen exactly); candle
+        // would widen them to f32 here.
+        let keep = match q.dtype() {
+            candle_core::quantized::GgmlDType::F16 => Some(DType::F16),
+            candle_core::quantized::GgmlDType::BF16 => Some(DType::BF16),
+            _ => None,
+        };
+        if let (Some(dt), 2) = (keep, q.rank()) {
+            return Ok(LinearWeight::Candle(QMatMul::Tensor(q.dequantize(&self.device)?.to_dtype(dt)?)));
+        }
+        Ok(LinearWeight::Candle(QMatMul::from_qtensor(q)?))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
