@@ -64,8 +64,7 @@ fn write_report(p: &HostProfile) -> anyhow::Result<()> {
         total += count;
         *threads.entry(frames.thread_name_or_id()).or_default() += count;
         // frames[0] is the innermost frame; a frame holds its inlined functions, innermost first.
-        let names: Vec<String> =
-            frames.frames.iter().flat_map(|f| f.iter().map(|s| short(&s.name()))).collect();
+        let names: Vec<String> = frames.frames.iter().flat_map(|f| f.iter().map(|s| short(&s.name()))).collect();
         if let Some(leaf) = names.first() {
             *self_time.entry(leaf.clone()).or_default() += count;
         }

@@ -33,7 +33,7 @@ pub(super) fn detected(vnni: bool) -> bool {
 /// 16 bytes at `p` (any alignment).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load16(p: *const u8) -> __m128i {
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     _mm_lddqu_si128(p as *const __m128i)
 }
 
@@ -233,29 +233,6 @@ macro_rules! cols {
 /// Defines `$name`: rows `[$r..]` × columns `$cols`, written out so every accumulator has a
 /// fixed name (the dev profile does not unroll loops over rows and columns reliably).
 macro_rules! tile {
-    ($name:ident, $feat:literal, dot_vnni, [$($r:tt)+], $cols:tt) => {
-        /// As the sign-trick tiles below, with [`row_step_offset!`].
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn $name<B: WeightBlock>(w: *const B, a: *const Q8Block, nb: usize, y: *mut f32, n: usize) {
-            let mut wp = cols!(ptrs w, nb, $cols);
-            let mut ap = [$(a.wrapping_add($r * nb)),+];
-            let mut acc = [$({ let _ = $r; cols!(zeros $cols) }),+];
-            let mut msum = [$({ let _ = $r; _mm256_setzero_ps() }),+];
-            for _ in 0..nb {
-                let dm = scales::<B, { cols!(count $cols) }>(wp);
-                let wu = cols!(unpack_unsigned B, wp, $cols);
-                $( row_step_offset!(B, ap[$r], wu, dm, acc[$r], msum[$r], $cols); )+
-                cols!(bump wp, $cols);
-                $( ap[$r] = ap[$r].wrapping_add(1); )+
-            }
-            $(
-                let mut ms = [0f32; 8];
-                _mm256_storeu_ps(ms.as_mut_ptr(), msum[$r]);
-                cols!(store B, acc[$r], ms, y.add($r * n), $cols);
-            )+
-        }
-    };
     ($name:ident, $feat:literal, $dot:ident, [$($r:tt)+], $cols:tt) => {
         /// `w`: the tile's first weight row (rows `nb` blocks apart); `a`: the first activation
         /// row (rows `nb` blocks apart); `y`: the output for (first row, first column), rows
@@ -263,16 +240,13 @@ macro_rules! tile {
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn $name<B: WeightBlock>(w: *const B, a: *const Q8Block, nb: usize, y: *mut f32, n: usize) {
-            let ones = _mm256_set1_epi16(1);
             let mut wp = cols!(ptrs w, nb, $cols);
             let mut ap = [$(a.wrapping_add($r * nb)),+];
             let mut acc = [$({ let _ = $r; cols!(zeros $cols) }),+];
             let mut msum = [$({ let _ = $r; _mm256_setzero_ps() }),+];
             for _ in 0..nb {
                 let dm = scales::<B, { cols!(count $cols) }>(wp);
-                let wq = cols!(unpack B, wp, $cols);
-                let wabs = cols!(abs wq, $cols);
-                $( row_step!(B, $dot, ap[$r], wq, wabs, dm, ones, acc[$r], msum[$r], $cols); )+
+                block_step!($dot, B, wp, ap, dm, acc, msum, [$($r)+], $cols);
                 cols!(bump wp, $cols);
                 $( ap[$r] = ap[$r].wrapping_add(1); )+
             }
@@ -283,6 +257,21 @@ macro_rules! tile {
             )+
         }
     };
+}
+
+/// One block of a [`tile!`]: the VNNI kernels take unsigned weights and [`row_step_offset!`],
+/// the others ggml's sign trick and [`row_step!`].
+macro_rules! block_step {
+    (dot_vnni, $B:ty, $wp:ident, $ap:ident, $dm:ident, $acc:ident, $msum:ident, [$($r:tt)+], $cols:tt) => {{
+        let wu = cols!(unpack_unsigned $B, $wp, $cols);
+        $( row_step_offset!($B, $ap[$r], wu, $dm, $acc[$r], $msum[$r], $cols); )+
+    }};
+    ($dot:ident, $B:ty, $wp:ident, $ap:ident, $dm:ident, $acc:ident, $msum:ident, [$($r:tt)+], $cols:tt) => {{
+        let ones = _mm256_set1_epi16(1);
+        let wq = cols!(unpack $B, $wp, $cols);
+        let wabs = cols!(abs wq, $cols);
+        $( row_step!($B, $dot, $ap[$r], wq, wabs, $dm, ones, $acc[$r], $msum[$r], $cols); )+
+    }};
 }
 
 /// Weight bytes per column tile: the tile is reused by every row group, so keep it in L1/L2.

@@ -15,19 +15,12 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::activation::Q8Block;
-use super::avx2::{act_scales, hsum, offset, scales};
+use super::avx2::{act_scales, hsum, load16, offset, scales};
 use super::blocks::{QuantType, WeightBlock};
 
 /// Whether this CPU can run [`matmul_cols`].
 pub(super) fn detected() -> bool {
     super::avx2::wide_detected() && is_x86_feature_detected!("avx512vnni")
-}
-
-/// 16 bytes at `p` (any alignment).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn load16(p: *const u8) -> __m128i {
-    _mm_lddqu_si128(p as *const __m128i)
 }
 
 /// The weights of two 16-byte nibble arrays: bytes 0..16 the low nibbles of `a`, 16..32 its
@@ -230,43 +223,70 @@ const ACT_BYTES: usize = std::mem::size_of::<Q8Block>() + 32;
 /// `w` holds `n` rows and `a` `m` rows of `nb` blocks; `y` must be valid for writes at
 /// `r * n + c` for every `r < m`, `c` in `cols`, with no other thread accessing those
 /// elements meanwhile.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) unsafe fn matmul_cols<B: WeightBlock>(
     w: &[B],
     nb: usize,
     a: &[Q8Block],
+    st: &[Start],
     m: usize,
     cols: Range<usize>,
     y: *mut f32,
     n: usize,
 ) {
     debug_assert!(w.len() >= cols.end * nb && a.len() >= m * nb);
-    STARTS.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        if !B::HAS_MIN {
-            starts(offset(B::TYPE), &a[..m * nb], &mut buf);
-        }
-        matmul_tiles(w, nb, a, buf.as_ptr(), m, cols.clone(), y, n);
-    });
+    debug_assert!(B::HAS_MIN || st.len() >= m * nb);
+    matmul_tiles(w, nb, a, st.as_ptr() as *const __m256i, m, cols, y, n);
 }
 
-thread_local! {
-    /// Per activation block, `-o · Σ y` of each lane of four bytes (one task's scratch).
-    static STARTS: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Each activation block's starts for the signed types ([`starts`]), made once per call on
+/// the calling thread and read by every column task; empty for the other types.
+pub(super) fn with_starts<R>(ty: QuantType, a: &[Q8Block], f: impl FnOnce(&[Start]) -> R) -> R {
+    thread_local! {
+        static STARTS: std::cell::RefCell<Vec<Start>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let o = offset(ty);
+    if o == 0 || !detected() {
+        return f(&[]);
+    }
+    STARTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            // SAFETY: `detected()` checked above.
+            unsafe { starts(o, a, &mut buf) };
+            f(&buf)
+        }
+        Err(_) => {
+            let mut buf = Vec::new();
+            // SAFETY: as above.
+            unsafe { starts(o, a, &mut buf) };
+            f(&buf)
+        }
+    })
 }
 
 /// `out[i]` = each lane's `-o · Σ y` over its four bytes of block `a[i]`: where `vpdpbusd` of
 /// the unsigned weights `w + o` starts, so that it ends at `Σ w · y`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn starts(o: i8, a: &[Q8Block], out: &mut Vec<__m256i>) {
+unsafe fn starts(o: i8, a: &[Q8Block], out: &mut Vec<Start>) {
     out.clear();
     out.reserve(a.len());
     let (zero, off) = (_mm256_setzero_si256(), _mm256_set1_epi8(o));
     for b in a {
         let qy = _mm256_lddqu_si256(b.qs.as_ptr() as *const __m256i);
-        out.push(_mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, qy)));
+        let mut s = Start([0; 8]);
+        _mm256_store_si256(
+            s.0.as_mut_ptr() as *mut __m256i,
+            _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, qy)),
+        );
+        out.push(s);
     }
 }
+
+/// One activation block's start vector (eight i32 lanes, aligned for a vector load).
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(super) struct Start([i32; 8]);
 
 /// [`matmul_cols`] with the blocks' starts at `st` (`m * nb`, unused for types with a minimum).
 #[allow(clippy::too_many_arguments)]

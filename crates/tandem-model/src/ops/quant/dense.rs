@@ -248,7 +248,11 @@ mod simd {
             /// column of the tile.
             #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn tile<const R: usize, E: DenseElem>(x: *const f32, w: [*const E; COLS], k: usize) -> [[f32; COLS]; R] {
+            unsafe fn tile<const R: usize, E: DenseElem>(
+                x: *const f32,
+                w: [*const E; COLS],
+                k: usize,
+            ) -> [[f32; COLS]; R] {
                 let k8 = k - k % 8;
                 let mut acc = [[_mm256_setzero_ps(); COLS]; R];
                 let mut t = 0;

@@ -14,6 +14,12 @@ use super::activation::{quantize_row, Q8Block};
 use super::blocks::{parse_blocks, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBlock, QK};
 use super::{reference, Kernel};
 
+/// The AVX-512 kernel's per-block starts, made once per call (nothing elsewhere).
+#[cfg(target_arch = "x86_64")]
+type Starts<'a> = &'a [super::avx512::Start];
+#[cfg(not(target_arch = "x86_64"))]
+type Starts<'a> = std::marker::PhantomData<&'a ()>;
+
 /// The blocks of a matrix, row-major: row `c` is blocks `c*nb .. (c+1)*nb`.
 #[derive(Clone)]
 enum Blocks {
@@ -145,18 +151,34 @@ impl GgmlMatrix {
             quantize_rows(kernel, x, self.k, acts);
             let out = OutPtr(y.as_mut_ptr());
             let threads = candle_core::utils::barrier_pool().n_workers() + 1;
-            // Columns in multiples of 4 (the decode tile).
-            for_column_chunks(self.n, threads, m * self.n * self.k, 16, 4, |cols| {
-                // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call; tasks
-                // write disjoint column ranges.
-                unsafe { self.matmul_cols(kernel, acts, m, cols, out.get()) };
-            });
+            let run = |starts: Starts<'_>| {
+                // Columns in multiples of 4 (the decode tile).
+                for_column_chunks(self.n, threads, m * self.n * self.k, 16, 4, |cols| {
+                    // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call;
+                    // tasks write disjoint column ranges.
+                    unsafe { self.matmul_cols(kernel, acts, starts, m, cols, out.get()) };
+                });
+            };
+            #[cfg(target_arch = "x86_64")]
+            if kernel == Kernel::Avx512Vnni {
+                return super::avx512::with_starts(self.quant_type(), acts, run);
+            }
+            run(Default::default())
         })
     }
 
     /// # Safety
     /// `y` must be valid for writes at `r * n + c` for `r < m`, `c` in `cols`, exclusively.
-    unsafe fn matmul_cols(&self, kernel: Kernel, acts: &[Q8Block], m: usize, cols: Range<usize>, y: *mut f32) {
+    unsafe fn matmul_cols(
+        &self,
+        kernel: Kernel,
+        acts: &[Q8Block],
+        starts: Starts<'_>,
+        m: usize,
+        cols: Range<usize>,
+        y: *mut f32,
+    ) {
+        let _ = starts;
         let nb = self.k / QK;
         with_blocks!(&self.blocks, w => match kernel {
             #[cfg(target_arch = "x86_64")]
@@ -167,7 +189,7 @@ impl GgmlMatrix {
             Kernel::AvxVnni => unsafe { super::avx2::vnni::matmul_cols(w, nb, acts, m, cols, y, self.n) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Kernel::Avx512Vnni => unsafe { super::avx512::matmul_cols(w, nb, acts, m, cols, y, self.n) },
+            Kernel::Avx512Vnni => unsafe { super::avx512::matmul_cols(w, nb, acts, starts, m, cols, y, self.n) },
             // SAFETY: forwarded from the caller.
             _ => unsafe { reference::matmul_cols(w, nb, acts, m, cols, y, self.n) },
         })
