@@ -133,17 +133,30 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let chunk = if a.chunk == 0 { a.prompt_tokens.max(1) } else { a.chunk };
     let depth_chunk = if a.chunk == 0 { 512 } else { a.chunk };
     // A paged cache holding `context` (prefilled untimed), with room for `room` more positions.
-    let cache_at_depth = |context: &[u32], room: usize| -> anyhow::Result<SequenceCache> {
+    // `b` such caches share one store, as an engine's sequences do (batched attention needs it).
+    let caches_at_depth = |b: usize, context: &[u32], room: usize| -> anyhow::Result<Vec<SequenceCache>> {
         let spec = model.cache_spec();
         let n_blocks = (context.len() + room).div_ceil(BLOCK).max(1);
-        let store = std::sync::Arc::new(PagedKvStore::new(&spec, n_blocks, BLOCK, a.model.kv_cache_dtype, &device)?);
-        let mut cache = SequenceCache::new_paged(&spec, store);
-        cache.set_block_table(&(0..n_blocks as u32).collect::<Vec<_>>());
-        for piece in context.chunks(depth_chunk) {
-            model.forward(&mut [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }])?;
+        let pool = PagedKvStore::new(&spec, b * n_blocks, BLOCK, a.model.kv_cache_dtype, &device)?;
+        let store = std::sync::Arc::new(pool);
+        let mut caches = Vec::with_capacity(b);
+        for i in 0..b {
+            let mut cache = SequenceCache::new_paged(&spec, store.clone());
+            let first = (i * n_blocks) as u32;
+            cache.set_block_table(&(first..first + n_blocks as u32).collect::<Vec<_>>());
+            for piece in context.chunks(depth_chunk) {
+                model.forward(&mut [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }])?;
+            }
+            caches.push(cache);
         }
-        Ok(cache)
+        Ok(caches)
     };
+    let cache_at_depth = |context: &[u32], room: usize| -> anyhow::Result<SequenceCache> {
+        Ok(caches_at_depth(1, context, room)?.remove(0))
+    };
+    // Untimed decode steps before each timed decode test: on a GPU a decode shape's first
+    // step captures its CUDA graph (once per batch size and 256-key segment bucket).
+    const WARM_STEPS: usize = 2;
     // One untimed prefill chunk and decode step first, like llama-bench's warm-up run: the
     // first use of a GPU kernel module JIT-compiles it (seconds), which no repetition should pay.
     {
@@ -158,7 +171,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             model.forward(&mut [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }])?;
         }
         for &b in a.batch.iter().filter(|&&b| b > 1) {
-            let mut caches = (0..b).map(|_| cache_at_depth(&[], 1)).collect::<anyhow::Result<Vec<_>>>()?;
+            let mut caches = caches_at_depth(b, &[], 1)?;
             let mut chunks: Vec<SeqChunk<'_>> =
                 caches.iter_mut().map(|cache| SeqChunk { tokens: &[1], cache, logits: LogitsWanted::Last }).collect();
             model.forward(&mut chunks)?;
@@ -191,9 +204,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
             }
             // Decode after `depth` tokens of context (none by default, as llama-bench's tg test).
-            let mut cache = cache_at_depth(&context, a.gen_tokens)?;
-            device.synchronize()?;
+            let mut cache = cache_at_depth(&context, a.gen_tokens + WARM_STEPS)?;
             let mut tok = [1u32];
+            for _ in 0..WARM_STEPS {
+                model.forward(&mut [SeqChunk { tokens: &tok, cache: &mut cache, logits: LogitsWanted::Last }])?;
+            }
+            device.synchronize()?;
             let t = Instant::now();
             let mut enqueue = 0f64;
             // `TANDEM_PROFILE_DECODE=N`: the profiler captures N decode steps (after two) of each
@@ -264,12 +280,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         for &b in a.batch.iter().filter(|&&b| b > 1) {
             let mut totals = Vec::new();
             for _ in 0..a.reps.max(1) {
-                let mut caches =
-                    (0..b).map(|_| cache_at_depth(&context, a.gen_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
+                let mut caches = caches_at_depth(b, &context, a.gen_tokens + WARM_STEPS)?;
                 let mut toks: Vec<[u32; 1]> = (0..b as u32).map(|i| [1 + i % 7]).collect();
-                device.synchronize()?;
-                let t = Instant::now();
-                for _ in 0..a.gen_tokens {
+                let mut t = Instant::now();
+                for step in 0..WARM_STEPS + a.gen_tokens {
+                    if step == WARM_STEPS {
+                        device.synchronize()?;
+                        t = Instant::now();
+                    }
                     let mut chunks: Vec<SeqChunk<'_>> = caches
                         .iter_mut()
                         .zip(&toks)

@@ -75,7 +75,10 @@ __device__ __forceinline__ void batch_tokens(const long long* meta, int s, size_
 
 // gdn_conv_silu for B sequences in one launch (grid.y = B): x, y [total, ch] and lanes
 // [total, K-1, ch] hold the sequences' tokens one after another, state_out is [B, K-1, ch], and
-// meta = [B + 1 token offsets | B conv-state addresses | B delta-state addresses].
+// meta = [B + 1 token offsets | B conv-state addresses | B delta-state addresses]. With
+// state_out null, sequence s writes its next conv state at the address meta[3B + 1 + s] and
+// its next delta state at meta[4B + 1 + s] instead (a CUDA graph's step, whose outputs go to
+// buffers made for each step).
 extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __restrict__ state_out,
                                                float* __restrict__ lanes, const float* __restrict__ x,
                                                const long long* __restrict__ meta, const float* __restrict__ w,
@@ -86,7 +89,8 @@ extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __r
     batch_tokens(meta, s, &t0, &t);
     const size_t hist = (size_t)(K - 1) * ch;
     const float* state_in = reinterpret_cast<const float*>(meta[B + 1 + s]);
-    conv_silu(y + t0 * ch, state_out + s * hist, lanes ? lanes + t0 * hist : nullptr, x + t0 * ch, state_in, w, t,
+    float* out = state_out ? state_out + s * hist : reinterpret_cast<float*>(meta[3 * B + 1 + s]);
+    conv_silu(y + t0 * ch, out, lanes ? lanes + t0 * hist : nullptr, x + t0 * ch, state_in, w, t,
               ch, K);
 }
 
@@ -394,7 +398,8 @@ __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, c
     const size_t ch = (size_t)2 * nk * dk + (size_t)nv * dv;
     const size_t sl = (size_t)nv * dk * dv;
     const float* state_in = reinterpret_cast<const float*>(meta[2 * B + 1 + s]);
-    delta_cols<MAXDK>(o_raw + t0 * nv * dv, state_out + s * sl, lanes ? lanes + t0 * sl : nullptr, u + t0 * ch,
+    float* out = state_out ? state_out + s * sl : reinterpret_cast<float*>(meta[4 * B + 1 + s]);
+    delta_cols<MAXDK>(o_raw + t0 * nv * dv, out, lanes ? lanes + t0 * sl : nullptr, u + t0 * ch,
                       b_raw + t0 * nv, a_raw + t0 * nv, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, scale);
 }
 

@@ -287,6 +287,11 @@ impl SequenceCache {
         self.paged.is_some()
     }
 
+    /// Paged mode: the store holding this sequence's attention KV.
+    pub fn paged_store(&self) -> Option<&Arc<PagedKvStore>> {
+        self.paged.as_ref().map(|p| &p.store)
+    }
+
     /// Paged mode: the blocks holding this sequence's positions, in order.
     ///
     /// On a GPU the table is also uploaded (once per change, not per layer: an upload from

@@ -33,6 +33,9 @@ pub struct Llama {
     lm_head: Linear,
     rope: Rope,
     device: Device,
+    /// Decode steps captured as CUDA graphs ([`crate::arch::decode_graph`]).
+    #[cfg(feature = "cuda")]
+    graphs: crate::arch::decode_graph::DecodeGraphs,
 }
 
 impl Llama {
@@ -90,7 +93,17 @@ impl Llama {
             None
         };
         let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_style, freq_factors.as_deref());
-        Ok(Self { cfg: cfg.clone(), embed, layers, norm, lm_head, rope, device: ws.device().clone() })
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device: ws.device().clone(),
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
+        })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -123,12 +136,37 @@ impl CausalLm for Llama {
             return Ok(false);
         }
         self.lm_head = self.lm_head.first_rows(n)?;
+        #[cfg(feature = "cuda")]
+        {
+            // Graphs captured so far hold the whole head.
+            self.graphs = Default::default();
+        }
         Ok(true)
     }
 
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        #[cfg(feature = "cuda")]
+        if let Some(logits) = self.decode_graph(chunks)? {
+            return Ok(logits);
+        }
+        self.eager_forward(chunks)
+    }
+
+    fn forward_eager(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        self.eager_forward(chunks)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn graph_launches(&self) -> usize {
+        self.graphs.launches()
+    }
+}
+
+impl Llama {
+    /// [`CausalLm::forward`] without CUDA graphs: every launch queued from the host (the
+    /// reference the decode graphs are checked against).
+    fn eager_forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         for c in chunks.iter() {
@@ -143,10 +181,52 @@ impl CausalLm for Llama {
             positions.extend(start..start + c.tokens.len());
         }
         // One RoPE table for every token of the batch (one upload, not one per sequence).
-        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
+        let tables = self.rope.tables(&positions, &self.device)?;
         let total = ids.len();
         let ids = Tensor::from_vec(ids, total, &self.device)?;
-        let mut x = self.embed.forward(&ids)?;
+        let x = self.layers_forward(&ids, &tables, |li, q, k, v, scale| {
+            let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+            let batched = {
+                let kvs = chunks.iter_mut().map(|c| c.cache.layer_kv(li)).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&crate::kv::LayerKv<'_>> = kvs.iter().collect();
+                crate::kv::attend_batch(&refs, &lens, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)?
+            };
+            if let Some(att) = batched {
+                Ok(att)
+            } else if let [c] = chunks {
+                c.cache.layer_kv(li)?.attend(q, k, v, scale)
+            } else {
+                let mut outs = Vec::with_capacity(chunks.len());
+                let mut off = 0;
+                for c in chunks.iter_mut() {
+                    let t = c.tokens.len();
+                    let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
+                    outs.push(c.cache.layer_kv(li)?.attend(&rows(q)?, &rows(k)?, &rows(v)?, scale)?);
+                    off += t;
+                }
+                Ok(Tensor::cat(&outs, 1)?)
+            }
+        })?;
+        for c in chunks.iter_mut() {
+            c.cache.advance(c.tokens.len());
+        }
+        // Only the rows someone asked for go through the final norm and the LM head.
+        crate::batch::logits_for_chunks(&x, chunks, |sel| self.lm_head.forward(&self.rms(sel, &self.norm)?))
+    }
+
+    /// The decoder layers over the tokens `ids` with RoPE `tables` of their positions, attention
+    /// left to `attend(layer, q [nh, total, hd], k, v [nkv, total, hd], scale)`, which writes
+    /// the new keys and values and returns `[nh, total, hd]`. Returns the last layer's output.
+    fn layers_forward(
+        &self,
+        ids: &Tensor,
+        (cos, sin): &(Tensor, Tensor),
+        mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let total = ids.dim(0)?;
+        let mut x = self.embed.forward(ids)?;
         let scale = 1.0 / (hd as f64).sqrt();
         for (li, layer) in self.layers.iter().enumerate() {
             let h = self.rms(&x, &layer.attn_norm)?;
@@ -159,30 +239,10 @@ impl CausalLm for Llama {
                 k = self.rms(&k.contiguous()?, kn)?;
             }
             // [heads, tokens, head_dim]
-            let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
-            let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, &cos, &sin)?.squeeze(0)?;
+            let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+            let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
             let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
-            let batched = {
-                let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
-                let kvs = chunks.iter_mut().map(|c| c.cache.layer_kv(li)).collect::<Result<Vec<_>>>()?;
-                let refs: Vec<&crate::kv::LayerKv<'_>> = kvs.iter().collect();
-                crate::kv::attend_batch(&refs, &lens, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)?
-            };
-            let att = if let Some(att) = batched {
-                att
-            } else if let [c] = chunks {
-                c.cache.layer_kv(li)?.attend(&q, &k, &v, scale)?
-            } else {
-                let mut outs = Vec::with_capacity(chunks.len());
-                let mut off = 0;
-                for c in chunks.iter_mut() {
-                    let t = c.tokens.len();
-                    let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
-                    outs.push(c.cache.layer_kv(li)?.attend(&rows(&q)?, &rows(&k)?, &rows(&v)?, scale)?);
-                    off += t;
-                }
-                Tensor::cat(&outs, 1)?
-            };
+            let att = attend(li, &q, &k, &v, scale)?;
             let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
             x = (x + layer.o.forward(&att)?)?;
             let h = self.rms(&x, &layer.ffn_norm)?;
@@ -190,10 +250,34 @@ impl CausalLm for Llama {
             let g = candle_nn::ops::silu(&g)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
+        Ok(x)
+    }
+
+    /// Runs `chunks` as a CUDA graph's decode step when they fit one
+    /// ([`crate::arch::decode_graph`]): the logits per chunk, caches advanced. `None`: nothing
+    /// done, run the eager forward.
+    #[cfg(feature = "cuda")]
+    fn decode_graph(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Option<Vec<Option<Tensor>>>> {
+        use crate::arch::decode_graph::{plan, Inputs, Shape};
+        let Device::Cuda(dev) = &self.device else { return Ok(None) };
+        let attention: Vec<usize> = (0..self.layers.len()).collect();
+        let Some(step) = plan(chunks, self.cfg.vocab_size, &attention)? else { return Ok(None) };
+        let (cos, sin) = self.rope.values(&step.positions);
+        let columns = self.lm_head.weight.dims()?.0;
+        let shape = Shape { rope_half: self.rope.inv_freq().len(), state_words: 0, columns };
+        let store = step.store.clone();
+        let body = |inp: &Inputs| {
+            let tables = (inp.cos.clone(), inp.sin.clone());
+            let x = self.layers_forward(&inp.ids, &tables, |li, q, k, v, scale| {
+                store.attend_tables(li, &inp.tables, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)
+            })?;
+            let logits = self.lm_head.forward(&self.rms(&x, &self.norm)?)?;
+            Ok(inp.logits.slice_set(&logits.to_dtype(candle_core::DType::F32)?.contiguous()?, 0, 0)?)
+        };
+        let Some(logits) = self.graphs.run(dev, &step, &shape, (&cos, &sin), &[], body)? else { return Ok(None) };
         for c in chunks.iter_mut() {
-            c.cache.advance(c.tokens.len());
+            c.cache.advance(1);
         }
-        // Only the rows someone asked for go through the final norm and the LM head.
-        crate::batch::logits_for_chunks(&x, chunks, |sel| self.lm_head.forward(&self.rms(sel, &self.norm)?))
+        Ok(Some((0..step.bsz).map(|i| logits.narrow(0, i, 1).map(Some)).collect::<candle_core::Result<_>>()?))
     }
 }

@@ -1,6 +1,8 @@
 //! Model architectures behind one trait, [`CausalLm`]: the engine drives every model the same
 //! way and allocates caches from [`CausalLm::cache_spec`], never by architecture name.
 
+#[cfg(feature = "cuda")]
+pub mod decode_graph;
 pub mod llama;
 pub mod qwen_hybrid;
 
@@ -21,6 +23,17 @@ pub trait CausalLm: Send + Sync {
     /// Runs one ragged batch. Each chunk continues its sequence at `cache.position()` and
     /// advances it. Returns, per chunk, f32 logits `[rows, vocab]` for the rows it asked for.
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>>;
+
+    /// [`CausalLm::forward`] with every launch queued from the host: no CUDA graphs (the
+    /// reference the decode graphs are checked against; the same as `forward` elsewhere).
+    fn forward_eager(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        self.forward(chunks)
+    }
+
+    /// Decode steps run as CUDA graphs so far.
+    fn graph_launches(&self) -> usize {
+        0
+    }
 
     /// [`CausalLm::forward`] that also returns the final-normed hidden state of every token,
     /// `[total_tokens, hidden]`, where the model has a use for it (an MTP head); `None` otherwise.

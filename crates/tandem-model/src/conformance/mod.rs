@@ -17,6 +17,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 
 pub mod attn_batch;
+pub mod decode_graph;
 pub mod fused;
 pub mod gdn_batch;
 pub mod gdn_step;
@@ -146,6 +147,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     checks.extend(moe::run(dev));
     checks.extend(fused::run(dev));
     checks.extend(sampling::run(dev));
+    checks.extend(decode_graph::run(dev, fixtures));
     if let Some(root) = fixtures {
         checks.extend(models::run(dev, root));
     }

@@ -281,9 +281,33 @@ impl PagedKvStore {
             return Ok(None);
         }
         let bt = cuda_batch::BatchTables::new(seqs, self.block_size, self.num_blocks, &self.device)?;
-        cuda_batch::scatter_rows(&l.k, &self.encode(k)?, &bt)?;
-        cuda_batch::scatter_rows(&l.v, &self.encode(v)?, &bt)?;
-        Ok(Some(cuda_batch::attention(q, &l.k, &l.v, self.dtype, &bt, self.block_size, scale)?))
+        self.attend_tables(li, &bt, q, k, v, scale).map(Some)
+    }
+
+    /// [`Self::attend_batch`] with the batch's tables already on the device (a CUDA graph's
+    /// decode step); the layer must support the batched kernels ([`Self::batches`]).
+    #[cfg(feature = "cuda")]
+    pub fn attend_tables(
+        &self,
+        li: usize,
+        bt: &crate::ops::paged_attention::cuda_batch::BatchTables,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor> {
+        use crate::ops::paged_attention::cuda_batch;
+        let l = self.layer(li)?;
+        cuda_batch::scatter_rows(&l.k, &self.encode(k)?, bt)?;
+        cuda_batch::scatter_rows(&l.v, &self.encode(v)?, bt)?;
+        cuda_batch::attention(q, &l.k, &l.v, self.dtype, bt, self.block_size, scale)
+    }
+
+    /// Whether layer `li`'s attention has the batched CUDA kernels (format and head dim).
+    #[cfg(feature = "cuda")]
+    pub fn batches(&self, li: usize) -> bool {
+        self.layer(li)
+            .is_ok_and(|l| self.device.is_cuda() && crate::ops::paged_attention::cuda::supports(self.dtype, l.head_dim))
     }
 
     /// Positions `0..len` of layer `li` as contiguous f32 `[kv_heads, len, head_dim]` K and V

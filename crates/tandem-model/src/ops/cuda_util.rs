@@ -87,7 +87,7 @@ pub(crate) fn i32_of(x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| ModelError::Input(format!("{x} does not fit a CUDA kernel's int argument")))
 }
 
-/// The device address of a CUDA tensor's first element (f32, f16, bf16, u8), for kernels that
+/// The device address of a CUDA tensor's first element (f32, f16, bf16, u8, u32, i64), for kernels that
 /// take raw pointers at byte offsets. Valid while the tensor lives and nothing writes it; every
 /// launch goes on the device's one stream, after whatever wrote it.
 pub(crate) fn device_address(t: &Tensor) -> Result<u64> {
@@ -99,7 +99,34 @@ pub(crate) fn device_address(t: &Tensor) -> Result<u64> {
         candle_core::DType::F16 => c.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
         candle_core::DType::BF16 => c.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
         candle_core::DType::U8 => c.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
+        candle_core::DType::U32 => c.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        candle_core::DType::I64 => c.as_cuda_slice::<i64>()?.device_ptr(&stream).0,
         other => return Err(ModelError::Input(format!("no raw address for {other:?} tensors"))),
     };
     Ok(p + (l.start_offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// Writes `src` into the device memory of `dst` (contiguous, at least as long, the same element
+/// size) in the stream's order: after the work queued before it, before the work queued after.
+/// A CUDA graph's input buffers are rewritten this way before each launch.
+pub(crate) fn write_host<T: DeviceRepr>(dst: &Tensor, src: &[T]) -> Result<()> {
+    if !dst.is_contiguous() || dst.elem_count() < src.len() || dst.dtype().size_in_bytes() != std::mem::size_of::<T>() {
+        return Err(ModelError::Input(format!(
+            "write_host: {} values into {:?} {:?}",
+            src.len(),
+            dst.dtype(),
+            dst.dims()
+        )));
+    }
+    let Device::Cuda(dev) = dst.device() else { return Err(ModelError::Input("write_host: not a CUDA tensor".into())) };
+    if src.is_empty() {
+        return Ok(());
+    }
+    let addr = device_address(dst)?;
+    let stream = dev.cuda_stream();
+    // SAFETY: dst is a live device buffer of at least size_of_val(src) bytes from addr (checked
+    // above); a copy from pageable host memory has read `src` when the call returns.
+    unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(addr, src, stream.cu_stream()) }
+        .map_err(err("write_host"))?;
+    Ok(())
 }

@@ -3,6 +3,8 @@
 
 pub mod attention;
 #[cfg(feature = "cuda")]
+pub mod cuda_graph;
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
 pub mod moe;

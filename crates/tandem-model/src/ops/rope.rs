@@ -85,6 +85,15 @@ impl Rope {
     /// cos and sin tables `[positions.len(), rot_dim / 2]` for the given absolute positions.
     pub fn tables(&self, positions: &[usize], device: &Device) -> Result<(Tensor, Tensor)> {
         let half = self.inv_freq.len();
+        let (cos, sin) = self.values(positions);
+        let cos = Tensor::from_vec(cos, (positions.len(), half), device)?;
+        let sin = Tensor::from_vec(sin, (positions.len(), half), device)?;
+        Ok((cos, sin))
+    }
+
+    /// The values of [`Self::tables`] on the host, `[positions.len(), rot_dim / 2]` each.
+    pub fn values(&self, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
+        let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
@@ -94,9 +103,7 @@ impl Rope {
                 sin.push(a.sin() * self.mscale);
             }
         }
-        let cos = Tensor::from_vec(cos, (positions.len(), half), device)?;
-        let sin = Tensor::from_vec(sin, (positions.len(), half), device)?;
-        Ok((cos, sin))
+        (cos, sin)
     }
 
     /// Rotates `x: [1, heads, t, head_dim]` (contiguous) with tables for its t positions.

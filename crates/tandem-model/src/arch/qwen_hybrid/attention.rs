@@ -69,6 +69,39 @@ impl GatedAttention {
         tables: &(Tensor, Tensor),
         parts: &mut [AttnPart<'_>],
     ) -> Result<Tensor> {
+        self.forward_with(h, rope, tables, |q, kc, vc, scale| {
+            let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
+            let kvs: Vec<&LayerKv<'_>> = parts.iter().map(|p| &p.kv).collect();
+            let batched = crate::kv::attend_batch(&kvs, &lens, &q.contiguous()?, kc, vc, scale)?;
+            drop(kvs);
+            if let Some(att) = batched {
+                Ok(att)
+            } else if let [part] = parts {
+                part.kv.attend(&q.contiguous()?, kc, vc, scale)
+            } else {
+                let mut outs = Vec::with_capacity(parts.len());
+                let mut off = 0;
+                for part in parts.iter_mut() {
+                    let t = part.len;
+                    let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
+                    outs.push(part.kv.attend(&rows(q)?, &rows(kc)?, &rows(vc)?, scale)?);
+                    off += t;
+                }
+                Ok(Tensor::cat(&outs, 1)?)
+            }
+        })
+    }
+
+    /// The layer with attention itself left to `attend(q [nh, total, hd], k, v [nkv, total,
+    /// hd], scale)`, which writes the new keys and values and returns `[nh, total, hd]` (a CUDA
+    /// graph's decode step attends through tables already on the device).
+    pub fn forward_with(
+        &self,
+        h: &Tensor,
+        rope: &Rope,
+        tables: &(Tensor, Tensor),
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
         let [qg, k, v] = self.qkv.forward_array(h)?;
         let total = h.dim(0)?;
@@ -82,25 +115,7 @@ impl GatedAttention {
         let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
         let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
         let vc = v.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-        let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
-        let kvs: Vec<&LayerKv<'_>> = parts.iter().map(|p| &p.kv).collect();
-        let batched = crate::kv::attend_batch(&kvs, &lens, &q.contiguous()?, &kc, &vc, scale)?;
-        drop(kvs);
-        let att = if let Some(att) = batched {
-            att
-        } else if let [part] = parts {
-            part.kv.attend(&q.contiguous()?, &kc, &vc, scale)?
-        } else {
-            let mut outs = Vec::with_capacity(parts.len());
-            let mut off = 0;
-            for part in parts.iter_mut() {
-                let t = part.len;
-                let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
-                outs.push(part.kv.attend(&rows(&q)?, &rows(&kc)?, &rows(&vc)?, scale)?);
-                off += t;
-            }
-            Tensor::cat(&outs, 1)?
-        };
+        let att = attend(&q, &kc, &vc, scale)?;
         let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
         let att = (att * candle_nn::ops::sigmoid(&gate)?)?;
         self.o.forward(&att)

@@ -40,7 +40,7 @@ impl Proj {
         match self {
             Proj::Stored(l) => l.forward(x),
             Proj::Permuted(d) => d.forward(x),
-            Proj::Gathered(l, cols) => Ok(l.forward(x)?.index_select(cols, 1)?),
+            Proj::Gathered(l, cols) => Ok(l.forward(x)?.contiguous()?.index_select(cols, 1)?),
         }
     }
     fn gathered(l: Arc<Linear>, cols: Vec<u32>, dev: &candle_core::Device) -> Result<Self> {
@@ -108,7 +108,9 @@ impl Projections {
                 picks
                     .iter()
                     .map(|(i, cols)| match cols {
-                        Some(c) => Ok(parts[*i].index_select(c, 1)?),
+                        // A fused part is a column slice of the call's output: CUDA's
+                        // index_select takes contiguous tensors only.
+                        Some(c) => Ok(parts[*i].contiguous()?.index_select(c, 1)?),
                         None => Ok(parts[*i].clone()),
                     })
                     .collect::<Result<_>>()?
@@ -523,6 +525,42 @@ impl GdnLayer {
             let _ = (qkv, z, b, a, parts, starts, group, p, sp);
             Err(ModelError::Input("batched GDN steps need a CUDA build".into()))
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl GdnLayer {
+    /// The layer's decode step inside a CUDA graph: `bsz` sequences of one token each, whose
+    /// input and output state addresses are in `meta` (see
+    /// [`crate::ops::gdn::cuda_batch::step_batch_at`]); no sequence cache is touched. The same
+    /// launches as a batched decode ([`Self::forward_batched`]), so the same bits.
+    pub fn forward_graph(&self, h: &Tensor, meta: &Tensor, bsz: usize) -> Result<Tensor> {
+        let p =
+            self.dev.as_ref().ok_or_else(|| ModelError::Input("GDN graph step: layer has no device params".into()))?;
+        let d = self.dims;
+        let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
+        let sp = gdn_dev::StepTensors {
+            dt_bias: &p.dt_bias,
+            neg_a: &p.neg_a,
+            norm_w: &p.norm_w,
+            scale: (d.dk as f64).powf(-0.5) as f32,
+            eps: self.eps,
+        };
+        let mut y = crate::ops::gdn::cuda_batch::step_batch_at(&qkv?, [&z?, &b?, &a?], meta, bsz, &p.conv_w, &sp, d)?;
+        if let Some(cols) = &self.out_cols {
+            y = y.index_select(cols, 1)?;
+        }
+        self.out.forward(&y)
+    }
+
+    /// Whether the decode step batches on this device (CUDA, supported dims).
+    pub fn batches_on(&self, dev: &candle_core::Device) -> bool {
+        self.dev.is_some() && gdn_dev::batches(dev, self.dims)
+    }
+
+    /// Conv kernel width and channels (the conv state is `[kernel - 1, channels]`).
+    pub fn conv_shape(&self) -> (usize, usize) {
+        (self.kernel, self.channels)
     }
 }
 

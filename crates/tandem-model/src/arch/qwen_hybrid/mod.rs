@@ -14,6 +14,8 @@ pub mod config;
 pub mod ffn;
 pub mod gdn;
 pub mod gguf;
+#[cfg(feature = "cuda")]
+mod graph;
 pub mod mtp;
 pub mod random;
 pub mod random_gguf;
@@ -60,6 +62,9 @@ pub struct QwenHybrid {
     rope: Rope,
     mtp: Option<mtp::MtpHead>,
     device: Device,
+    /// Decode steps captured as CUDA graphs ([`crate::arch::decode_graph`], [`graph`]).
+    #[cfg(feature = "cuda")]
+    graphs: crate::arch::decode_graph::DecodeGraphs,
 }
 
 impl QwenHybrid {
@@ -96,7 +101,18 @@ impl QwenHybrid {
         };
         let rope = Rope::new(cfg.rotary_dim, cfg.rope_theta, &RopeScaling::None, RopeStyle::Half, None);
         let mtp = if ws.has("mtp.fc.weight") { Some(mtp::MtpHead::load(cfg, ws)?) } else { None };
-        Ok(Self { cfg: cfg.clone(), embed, layers, norm, lm_head, rope, mtp, device: ws.device().clone() })
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            mtp,
+            device: ws.device().clone(),
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
+        })
     }
 
     pub fn config(&self) -> &HybridConfig {
@@ -171,6 +187,13 @@ impl QwenHybrid {
         self.rms(&x, &self.norm)
     }
 
+    /// [`CausalLm::forward`] without CUDA graphs: every launch queued from the host (the
+    /// reference the decode graphs are checked against).
+    fn eager_forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        let hidden = self.forward_hidden(chunks)?;
+        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))
+    }
+
     /// Logits of final-normed hidden rows.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.lm_head.forward(hidden)
@@ -219,8 +242,20 @@ impl CausalLm for QwenHybrid {
     }
 
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
-        let hidden = self.forward_hidden(chunks)?;
-        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))
+        #[cfg(feature = "cuda")]
+        if let Some(logits) = self.decode_graph(chunks)? {
+            return Ok(logits);
+        }
+        self.eager_forward(chunks)
+    }
+
+    fn forward_eager(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        self.eager_forward(chunks)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn graph_launches(&self) -> usize {
+        self.graphs.launches()
     }
 
     fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {

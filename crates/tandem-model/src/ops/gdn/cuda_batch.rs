@@ -57,26 +57,9 @@ pub fn step_batch(
     lanes: bool,
 ) -> Result<BatchStep> {
     let dev = cuda_device(x).ok_or_else(|| ModelError::Input("gdn batch step: not a CUDA tensor".into()))?;
-    let (total, ch) = x.dims2()?;
-    let (wch, kernel) = conv_w.dims2()?;
-    let hist = kernel.saturating_sub(1);
     let bsz = seqs.len();
-    if total != seqs.iter().map(|s| s.len).sum::<usize>() || bsz == 0 || wch != ch {
-        return Err(ModelError::Input(format!("gdn batch step: {total} tokens over {bsz} sequences, {ch} channels")));
-    }
-    if !(1..=8).contains(&kernel) || d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dk == 0 || d.dv == 0 {
-        return Err(ModelError::Input(format!(
-            "gdn batch step: conv kernel {kernel}, {} v-heads over {} k-heads, dims {} x {}",
-            d.nv, d.nk, d.dk, d.dv
-        )));
-    }
-    let name = match d.dk {
-        0..=32 => "gdn_delta_cols_batch_32",
-        33..=64 => "gdn_delta_cols_batch_64",
-        65..=128 => "gdn_delta_cols_batch_128",
-        129..=256 => "gdn_delta_cols_batch_256",
-        _ => return Err(ModelError::Input(format!("gdn batch step: key dim {} (up to 256)", d.dk))),
-    };
+    check(x, bsz, seqs.iter().map(|s| s.len).sum(), conv_w, d)?;
+    let (ch, hist) = (x.dim(1)?, conv_w.dim(1)?.saturating_sub(1));
     // The input states as contiguous f32 (already so, unless made elsewhere) and their addresses.
     let mut states = Vec::with_capacity(2 * bsz);
     for s in seqs {
@@ -99,8 +82,79 @@ pub fn step_batch(
         }
     }
     let meta = Tensor::from_vec(meta, 3 * bsz + 1, &Device::Cuda(dev.clone()))?;
+    let (o, next, lanes) = launch([x, z, b, a], &meta, bsz, conv_w, p, d, lanes, true)?;
+    drop(states);
+    let (conv, ssm) = next.ok_or_else(|| ModelError::Input("gdn batch step: no next state".into()))?;
+    Ok(BatchStep { o, conv, ssm, conv_lanes: lanes.0, ssm_lanes: lanes.1 })
+}
+
+/// Checks a batched step's shapes; returns the delta kernel's name.
+fn check(x: &Tensor, bsz: usize, total_of_seqs: usize, conv_w: &Tensor, d: GdnDims) -> Result<&'static str> {
+    let (total, ch) = x.dims2()?;
+    let (wch, kernel) = conv_w.dims2()?;
+    if total != total_of_seqs || bsz == 0 || wch != ch {
+        return Err(ModelError::Input(format!("gdn batch step: {total} tokens over {bsz} sequences, {ch} channels")));
+    }
+    if !(1..=8).contains(&kernel) || d.nk == 0 || !d.nv.is_multiple_of(d.nk) || d.dk == 0 || d.dv == 0 {
+        return Err(ModelError::Input(format!(
+            "gdn batch step: conv kernel {kernel}, {} v-heads over {} k-heads, dims {} x {}",
+            d.nv, d.nk, d.dk, d.dv
+        )));
+    }
+    Ok(match d.dk {
+        0..=32 => "gdn_delta_cols_batch_32",
+        33..=64 => "gdn_delta_cols_batch_64",
+        65..=128 => "gdn_delta_cols_batch_128",
+        129..=256 => "gdn_delta_cols_batch_256",
+        _ => return Err(ModelError::Input(format!("gdn batch step: key dim {} (up to 256)", d.dk))),
+    })
+}
+
+/// The decode step of a CUDA graph: `bsz` sequences of one token each, whose input and output
+/// state addresses are in `meta` (i64 on the device, `[B + 1 offsets | B conv in | B ssm in |
+/// B conv out | B ssm out]`, written before every launch of the graph); the kernels write the
+/// next states there. Returns the normed output `[bsz, nv dv]`.
+pub fn step_batch_at(
+    x: &Tensor,
+    [z, b, a]: [&Tensor; 3],
+    meta: &Tensor,
+    bsz: usize,
+    conv_w: &Tensor,
+    p: &StepTensors<'_>,
+    d: GdnDims,
+) -> Result<Tensor> {
+    check(x, bsz, bsz, conv_w, d)?;
+    if meta.dtype() != DType::I64 || meta.elem_count() != 5 * bsz + 1 {
+        return Err(ModelError::Input(format!("gdn graph step: meta {:?} for {bsz} sequences", meta.dims())));
+    }
+    Ok(launch([x, z, b, a], meta, bsz, conv_w, p, d, false, false)?.0)
+}
+
+type Lanes = (Option<Tensor>, Option<Tensor>);
+/// A batched step's output, its next states (when fresh) and its lanes.
+type Launched = (Tensor, Option<(Tensor, Tensor)>, Lanes);
+
+/// The three launches of a batched step with `meta` on the device; `fresh`: the next states go
+/// to new `[B, ...]` buffers (returned), else to meta's output addresses.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    [x, z, b, a]: [&Tensor; 4],
+    meta: &Tensor,
+    bsz: usize,
+    conv_w: &Tensor,
+    p: &StepTensors<'_>,
+    d: GdnDims,
+    lanes: bool,
+    fresh: bool,
+) -> Result<Launched> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("gdn batch step: not a CUDA tensor".into()))?;
+    let (total, ch) = x.dims2()?;
+    let kernel = conv_w.dim(1)?;
+    let hist = kernel.saturating_sub(1);
+    let name = check(x, bsz, total, conv_w, d)?;
     let ts = [x, z, b, a, conv_w, p.dt_bias, p.neg_a, p.norm_w].map(f32c);
     let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
+    let meta = meta.contiguous()?;
     let inputs = Inputs::new(&ts.iter().chain([&meta]).collect::<Vec<_>>())?;
     let v = |i: usize| inputs.view::<f32>(i);
     let (xv, zv, bv, av, wv, dtb, nga, nw) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?, v(7)?);
@@ -110,11 +164,15 @@ pub fn step_batch(
     let bz = u32::try_from(bsz).map_err(|_| ModelError::Input(format!("gdn batch step: {bsz} sequences")))?;
 
     let u = alloc_f32(&dev, total * ch)?;
-    let conv_next = alloc_f32(&dev, bsz * hist * ch)?;
+    let conv_next = if fresh { Some(alloc_f32(&dev, bsz * hist * ch)?) } else { None };
     let conv_lanes = if lanes { Some(alloc_f32(&dev, total * hist * ch)?) } else { None };
     let f = dev.get_or_load_custom_func("gdn_conv_silu_batch", MODULE, tandem_kernels::GDN)?;
     let mut bl = f.builder();
-    bl.arg(&u).arg(&conv_next);
+    bl.arg(&u);
+    match &conv_next {
+        Some(c) => bl.arg(c),
+        None => bl.arg(&null),
+    };
     match &conv_lanes {
         Some(l) => bl.arg(l),
         None => bl.arg(&null),
@@ -127,12 +185,16 @@ pub fn step_batch(
     drop(bl);
 
     let o_raw = alloc_f32(&dev, total * d.nv * d.dv)?;
-    let ssm_next = alloc_f32(&dev, bsz * d.state_len())?;
+    let ssm_next = if fresh { Some(alloc_f32(&dev, bsz * d.state_len())?) } else { None };
     let ssm_lanes = if lanes { Some(alloc_f32(&dev, total * d.state_len())?) } else { None };
     let (nk, nv, dk, dv) = (i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
     let mut bl = f.builder();
-    bl.arg(&o_raw).arg(&ssm_next);
+    bl.arg(&o_raw);
+    match &ssm_next {
+        Some(c) => bl.arg(c),
+        None => bl.arg(&null),
+    };
     match &ssm_lanes {
         Some(l) => bl.arg(l),
         None => bl.arg(&null),
@@ -162,12 +224,13 @@ pub fn step_batch(
     unsafe { run(&mut bl, cfg, "gdn_gated_norm")? };
     drop(bl);
     drop(inputs);
-    drop(states);
-    Ok(BatchStep {
-        o: tensor(o, &dev, (total, d.nv * d.dv)),
-        conv: tensor(conv_next, &dev, (bsz, hist, ch)),
-        ssm: tensor(ssm_next, &dev, (bsz, d.nv, d.dk, d.dv)),
-        conv_lanes: conv_lanes.map(|l| tensor(l, &dev, (total, hist, ch))),
-        ssm_lanes: ssm_lanes.map(|l| tensor(l, &dev, (total, d.nv, d.dk, d.dv))),
-    })
+    let next = match (conv_next, ssm_next) {
+        (Some(c), Some(s)) => Some((tensor(c, &dev, (bsz, hist, ch)), tensor(s, &dev, (bsz, d.nv, d.dk, d.dv)))),
+        _ => None,
+    };
+    let lanes = (
+        conv_lanes.map(|l| tensor(l, &dev, (total, hist, ch))),
+        ssm_lanes.map(|l| tensor(l, &dev, (total, d.nv, d.dk, d.dv))),
+    );
+    Ok((tensor(o, &dev, (total, d.nv * d.dv)), next, lanes))
 }

@@ -14,7 +14,7 @@ use crate::kv::KvDtype;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
-const SPLIT: usize = 256;
+pub(crate) const SPLIT: usize = 256;
 const MODULE: &str = "tandem_paged_attention";
 
 /// One sequence of a batch: its block table, positions already written, new rows.
@@ -43,6 +43,22 @@ impl BatchTables {
     /// Checks every sequence's table against its positions and the pool of `num_blocks`
     /// blocks of `block_size`, and uploads the batch's layout to `dev`.
     pub fn new(seqs: &[SeqRows<'_>], block_size: usize, num_blocks: usize, dev: &Device) -> Result<Self> {
+        let (all, shape) = Self::layout(seqs, block_size, num_blocks)?;
+        let n = all.len();
+        let (nseq, total, t_max, nsplit_max) = shape;
+        let mut bt = Self::in_buffer(Tensor::from_vec(all, n, dev)?, nseq, total, t_max, nsplit_max);
+        bt.split = nsplit_max > 1;
+        Ok(bt)
+    }
+
+    /// The batch's layout as it goes to the device, `[meta (off, t, past, table offset) per
+    /// sequence | pool row of each new token | the block tables]`, with (sequences, rows,
+    /// longest chunk, most segments of a sequence); the tables checked as in [`Self::new`].
+    pub fn layout(
+        seqs: &[SeqRows<'_>],
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<(Vec<u32>, (usize, usize, usize, usize))> {
         let nseq = seqs.len();
         let total: usize = seqs.iter().map(|s| s.t).sum();
         let mut meta = Vec::with_capacity(4 * nseq);
@@ -72,21 +88,30 @@ impl BatchTables {
             t_max = t_max.max(s.t);
             nsplit_max = nsplit_max.max(len.div_ceil(SPLIT));
         }
-        let (slots_at, tables_at) = (meta.len(), meta.len() + slots.len());
         let mut all = meta;
         all.extend(slots);
         all.extend(tables);
-        let n = all.len();
-        Ok(Self {
-            buf: Tensor::from_vec(all, n, dev)?,
+        Ok((all, (nseq, total, t_max, nsplit_max)))
+    }
+
+    /// Tables already on the device in `buf` as [`Self::layout`] lays them out (a CUDA graph's
+    /// input buffer, rewritten before every launch): `nsplit` is the most segments any sequence
+    /// may span. The kernels then run `nsplit` segments' blocks per sequence (those past a
+    /// sequence's own count return at once) and the merge whenever `nsplit > 1` (it skips a
+    /// sequence of one segment, which the attention kernel wrote directly), so every row gets
+    /// the bits of [`Self::new`]'s exact count.
+    pub fn in_buffer(buf: Tensor, nseq: usize, total: usize, t_max: usize, nsplit: usize) -> Self {
+        let nsplit = nsplit.max(1);
+        Self {
+            buf,
             nseq,
             total,
             t_max,
-            nsplit_max,
-            slots_at,
-            tables_at,
-            split: nsplit_max > 1,
-        })
+            nsplit_max: nsplit,
+            slots_at: 4 * nseq,
+            tables_at: 4 * nseq + total,
+            split: nsplit > 1,
+        }
     }
 
     pub fn total(&self) -> usize {

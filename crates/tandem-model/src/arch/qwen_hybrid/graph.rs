@@ -1,0 +1,122 @@
+//! The hybrid model's decode steps as CUDA graphs ([`crate::arch::decode_graph`]): the launches
+//! of a batched eager decode ([`QwenHybrid::forward_hidden`] with the batched attention and GDN
+//! kernels). Per GDN layer the graph reads `[B + 1 token offsets | B conv-state addresses | B
+//! delta-state addresses | B next-conv addresses | B next-delta addresses]`: the inputs are the
+//! sequences' current states, the outputs one buffer per sequence and step made before the
+//! launch, holding every GDN layer's next state (device states are never written in place, so
+//! snapshots and checkpoints keep sharing them).
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{Mixer, QwenHybrid};
+use crate::arch::decode_graph::{plan, Inputs, Shape};
+use crate::batch::SeqChunk;
+use crate::error::Result;
+use crate::kv::{PagedKvStore, RecurrentState};
+use crate::ops::cuda_util::{alloc_f32, device_address, tensor};
+
+impl QwenHybrid {
+    /// Runs `chunks` as a CUDA graph's decode step when they fit one: the logits per chunk,
+    /// caches advanced. `None`: nothing done, run the eager forward.
+    pub(super) fn decode_graph(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Option<Vec<Option<Tensor>>>> {
+        let Device::Cuda(dev) = &self.device else { return Ok(None) };
+        let n = self.cfg.num_layers();
+        let attention: Vec<usize> = (0..n).filter(|&li| matches!(self.layers[li].mixer, Mixer::Attn(_))).collect();
+        let gdn: Vec<usize> = (0..n).filter(|&li| matches!(self.layers[li].mixer, Mixer::Gdn(_))).collect();
+        let Some(Mixer::Gdn(g0)) = gdn.first().map(|&li| &self.layers[li].mixer) else { return Ok(None) };
+        if !gdn.iter().all(|&li| matches!(&self.layers[li].mixer, Mixer::Gdn(g) if g.batches_on(&self.device))) {
+            return Ok(None);
+        }
+        if chunks.iter().any(|c| c.cache.recurrent.len() < n) {
+            return Ok(None);
+        }
+        let Some(step) = plan(chunks, self.cfg.vocab_size, &attention)? else { return Ok(None) };
+        let bsz = step.bsz;
+        let (kernel, ch) = g0.conv_shape();
+        let (conv_len, ssm_len) = (kernel.saturating_sub(1) * ch, g0.dims().state_len());
+        let layer_len = conv_len + ssm_len;
+
+        // The input states' addresses, (conv, ssm) per GDN layer and sequence.
+        let mut ins = Vec::with_capacity(gdn.len() * bsz);
+        for &li in &gdn {
+            for c in chunks.iter() {
+                match &c.cache.recurrent[li] {
+                    Some(RecurrentState::Device { conv, ssm })
+                        if [conv, ssm].iter().all(|t| t.dtype() == DType::F32 && t.is_contiguous())
+                            && conv.elem_count() == conv_len
+                            && ssm.elem_count() == ssm_len =>
+                    {
+                        ins.push((device_address(conv)?, device_address(ssm)?));
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        }
+        // Each sequence's next states: one buffer per step, every GDN layer's (conv, ssm).
+        let per_seq = gdn.len() * layer_len;
+        let next: Vec<Tensor> =
+            (0..bsz).map(|_| Ok(tensor(alloc_f32(dev, per_seq)?, dev, per_seq))).collect::<Result<_>>()?;
+        let outs = next.iter().map(device_address).collect::<Result<Vec<_>>>()?;
+        let mut meta = Vec::with_capacity(gdn.len() * (5 * bsz + 1));
+        for gi in 0..gdn.len() {
+            meta.extend(0..=bsz as i64);
+            let layer_ins = &ins[gi * bsz..(gi + 1) * bsz];
+            meta.extend(layer_ins.iter().map(|&(c, _)| c as i64));
+            meta.extend(layer_ins.iter().map(|&(_, s)| s as i64));
+            let at = |o: u64, extra: usize| (o + 4 * (gi * layer_len + extra) as u64) as i64;
+            meta.extend(outs.iter().map(|&o| at(o, 0)));
+            meta.extend(outs.iter().map(|&o| at(o, conv_len)));
+        }
+        let (cos, sin) = self.rope.values(&step.positions);
+        let shape =
+            Shape { rope_half: self.rope.inv_freq().len(), state_words: meta.len(), columns: self.cfg.vocab_size };
+        let store = step.store.clone();
+        let body = |inp: &Inputs| self.graph_body(inp, &store, bsz, gdn.len());
+        let Some(logits) = self.graphs.run(dev, &step, &shape, (&cos, &sin), &meta, body)? else {
+            return Ok(None);
+        };
+        for (c, buf) in chunks.iter_mut().zip(&next) {
+            for (gi, &li) in gdn.iter().enumerate() {
+                let o = gi * layer_len;
+                c.cache.recurrent[li] = Some(RecurrentState::Device {
+                    conv: buf.narrow(0, o, conv_len)?.reshape((kernel.saturating_sub(1), ch))?,
+                    ssm: buf.narrow(0, o + conv_len, ssm_len)?,
+                });
+            }
+            c.cache.advance(1);
+        }
+        Ok(Some((0..bsz).map(|i| logits.narrow(0, i, 1).map(Some)).collect::<candle_core::Result<_>>()?))
+    }
+
+    /// The decode step the graph records: [`QwenHybrid::forward_hidden`]'s layers for `bsz`
+    /// single tokens with the batched kernels, reading only `inp`, and the LM head into
+    /// `inp.logits`. Idempotent (it writes the same KV rows and next states again).
+    fn graph_body(&self, inp: &Inputs, store: &PagedKvStore, bsz: usize, n_gdn: usize) -> Result<()> {
+        let tables = (inp.cos.clone(), inp.sin.clone());
+        let meta_len = 5 * bsz + 1;
+        if inp.states.elem_count() != n_gdn * meta_len {
+            return Err(crate::error::ModelError::Input("decode graph: state words do not fit the layers".into()));
+        }
+        let mut x = self.embed_tokens(&inp.ids)?;
+        let mut gi = 0;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = self.rms(&x, &layer.in_norm)?;
+            let mixed = match &layer.mixer {
+                Mixer::Gdn(g) => {
+                    let meta = inp.states.narrow(0, gi * meta_len, meta_len)?;
+                    gi += 1;
+                    g.forward_graph(&h, &meta, bsz)?
+                }
+                Mixer::Attn(a) => a.forward_with(&h, &self.rope, &tables, |q, k, v, scale| {
+                    store.attend_tables(li, &inp.tables, &q.contiguous()?, k, v, scale)
+                })?,
+            };
+            x = (x + mixed)?;
+            let h = self.rms(&x, &layer.post_norm)?;
+            x = (&x + layer.ffn.forward(&h)?)?;
+        }
+        let logits = self.lm_head.forward(&self.rms(&x, &self.norm)?)?;
+        inp.logits.slice_set(&logits.to_dtype(DType::F32)?.contiguous()?, 0, 0)?;
+        Ok(())
+    }
+}
