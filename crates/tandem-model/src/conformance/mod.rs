@@ -21,6 +21,7 @@ pub mod decode_graph;
 pub mod fused;
 pub mod gdn_batch;
 pub mod gdn_step;
+pub mod gguf;
 pub mod models;
 pub mod moe;
 pub mod ops;
@@ -148,6 +149,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     checks.extend(fused::run(dev));
     checks.extend(sampling::run(dev));
     checks.extend(decode_graph::run(dev, fixtures));
+    checks.extend(gguf::run(dev));
     if let Some(root) = fixtures {
         checks.extend(models::run(dev, root));
     }

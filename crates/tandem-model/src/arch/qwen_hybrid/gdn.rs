@@ -31,8 +31,9 @@ use super::ffn::Dense;
 enum Proj {
     Stored(Linear),
     Permuted(Dense),
-    /// A stored projection whose output columns are picked and reordered by the `u32` indices.
-    Gathered(Arc<Linear>, Tensor),
+    /// A stored projection whose output columns are picked and reordered by the `u32` indices
+    /// (on the device, and on the host for folding them into a fused weight).
+    Gathered(Arc<Linear>, Tensor, #[cfg_attr(not(feature = "cuda"), allow(dead_code))] Vec<u32>),
 }
 
 impl Proj {
@@ -40,12 +41,12 @@ impl Proj {
         match self {
             Proj::Stored(l) => l.forward(x),
             Proj::Permuted(d) => d.forward(x),
-            Proj::Gathered(l, cols) => Ok(l.forward(x)?.contiguous()?.index_select(cols, 1)?),
+            Proj::Gathered(l, cols, _) => Ok(l.forward(x)?.contiguous()?.index_select(cols, 1)?),
         }
     }
     fn gathered(l: Arc<Linear>, cols: Vec<u32>, dev: &candle_core::Device) -> Result<Self> {
         let n = cols.len();
-        Ok(Proj::Gathered(l, Tensor::from_vec(cols, n, dev)?))
+        Ok(Proj::Gathered(l, Tensor::from_slice(&cols, n, dev)?, cols))
     }
     fn rows(w: &Tensor, rows: Vec<u32>) -> Result<Self> {
         let n = rows.len();
@@ -54,16 +55,13 @@ impl Proj {
     }
 }
 
-/// The four input projections: each on its own, or (CUDA) one fused matmul whose output
-/// columns are split and, for tiled V heads, gathered.
+/// The four input projections: each on its own, or (CUDA) one fused matmul whose weight rows
+/// are the projections' output columns in the order the layer reads them (llama.cpp's tiled V
+/// heads folded in at load: no gather per step).
 enum Projections {
     Each(Box<[Proj; 4]>),
     #[cfg(feature = "cuda")]
-    Fused {
-        set: crate::ops::quant::cuda_fused::FusedLinear,
-        /// qkv, z, b, a: the fused part holding it and the columns it takes, in order.
-        picks: Vec<(usize, Option<Tensor>)>,
-    },
+    Fused(crate::ops::quant::cuda_fused::FusedLinear),
 }
 
 impl Projections {
@@ -73,11 +71,11 @@ impl Projections {
         #[cfg(feature = "cuda")]
         {
             let mut parts: Vec<&Linear> = Vec::new();
-            let mut picks = Vec::new();
+            let mut outputs = Vec::new();
             for p in &projs {
-                let (l, cols) = match p {
+                let (l, rows) = match p {
                     Proj::Stored(l) => (l, None),
-                    Proj::Gathered(l, cols) => (&**l, Some(cols.clone())),
+                    Proj::Gathered(l, _, cols) => (&**l, Some(cols.clone())),
                     Proj::Permuted(_) => return Ok(Projections::Each(Box::new(projs))),
                 };
                 let i = match parts.iter().position(|q| std::ptr::eq(*q, l)) {
@@ -87,11 +85,15 @@ impl Projections {
                         parts.len() - 1
                     }
                 };
-                picks.push((i, cols));
+                let rows = match rows {
+                    Some(r) => r,
+                    None => (0..l.weight.dims()?.0 as u32).collect(),
+                };
+                outputs.push((i, rows));
             }
             if crate::loader::LinearSet::fusing_enabled() {
-                if let Some(set) = crate::ops::quant::cuda_fused::FusedLinear::new(&parts)? {
-                    return Ok(Projections::Fused { set, picks });
+                if let Some(set) = crate::ops::quant::cuda_fused::FusedLinear::from_rows(&parts, &outputs)? {
+                    return Ok(Projections::Fused(set));
                 }
             }
         }
@@ -103,18 +105,7 @@ impl Projections {
         let outs: Vec<Tensor> = match self {
             Projections::Each(ps) => ps.iter().map(|p| p.forward(h)).collect::<Result<_>>()?,
             #[cfg(feature = "cuda")]
-            Projections::Fused { set, picks } => {
-                let parts = set.forward(h)?;
-                picks
-                    .iter()
-                    .map(|(i, cols)| match cols {
-                        // A fused part is a column slice of the call's output: CUDA's
-                        // index_select takes contiguous tensors only.
-                        Some(c) => Ok(parts[*i].contiguous()?.index_select(c, 1)?),
-                        None => Ok(parts[*i].clone()),
-                    })
-                    .collect::<Result<_>>()?
-            }
+            Projections::Fused(set) => set.forward(h)?,
         };
         outs.try_into().map_err(|_| ModelError::Input("GDN: projections missing".into()))
     }

@@ -68,6 +68,23 @@ impl FusedLinear {
         if parts.len() < 2 {
             return Ok(None);
         }
+        let outputs = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Ok((i, (0..p.weight.dims()?.0 as u32).collect())))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_rows(parts, &outputs)
+    }
+
+    /// One buffer whose outputs are rows of the parts: output j is the rows `outputs[j].1` of
+    /// part `outputs[j].0`, in that order (a projection whose output columns a model reorders,
+    /// such as llama.cpp's tiled V heads, gets them in its order from the matmul itself; each
+    /// column is the chain of its own weight row, so no bit changes). `None` as for
+    /// [`Self::new`], and when a reordered part has a bias.
+    pub fn from_rows(parts: &[&Linear], outputs: &[(usize, Vec<u32>)]) -> Result<Option<Self>> {
+        if outputs.is_empty() {
+            return Ok(None);
+        }
         let mut found = Vec::with_capacity(parts.len());
         for p in parts {
             match rows_of(p)? {
@@ -79,20 +96,39 @@ impl FusedLinear {
         if !fmt.fits(k) || found.iter().any(|r| r.fmt != fmt || r.k != k || !r.dev.same_device(&found[0].dev)) {
             return Ok(None);
         }
+        for (p, rows) in outputs {
+            let Some(r) = found.get(*p) else { return Ok(None) };
+            let identity = rows.len() == r.n && rows.iter().enumerate().all(|(i, &x)| x as usize == i);
+            if rows.iter().any(|&x| x as usize >= r.n) || (!identity && parts[*p].bias.is_some()) {
+                return Ok(None);
+            }
+        }
         let Device::Cuda(dev) = found[0].dev.clone() else { return Ok(None) };
         let row_bytes = fmt.row_bytes(k);
-        let total: usize = found.iter().map(|r| r.n * row_bytes).sum();
+        let total: usize = outputs.iter().map(|(_, rows)| rows.len() * row_bytes).sum();
         // SAFETY: every byte is written by the copies below before any launch reads it.
         let buf = unsafe { dev.alloc::<u8>(total) }?;
         let stream = dev.cuda_stream();
         let address = buf.device_ptr(&stream).0;
         let mut at = address;
-        for r in &found {
-            let (src, bytes) = (r.address, r.n * row_bytes);
-            // SAFETY: src holds n rows of row_bytes (a live weight, or its contiguous copy held
-            // in `found`), the destination range lies inside `buf`; both on the device's stream.
-            unsafe { cu::memcpy_dtod_async(at, src, bytes, stream.cu_stream()) }.map_err(err("fused weights"))?;
-            at += bytes as u64;
+        for (p, rows) in outputs {
+            let src = found[*p].address;
+            // Runs of consecutive rows go in one copy.
+            let mut i = 0;
+            while i < rows.len() {
+                let mut j = i + 1;
+                while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                    j += 1;
+                }
+                let bytes = (j - i) * row_bytes;
+                let from = src + rows[i] as u64 * row_bytes as u64;
+                // SAFETY: rows i..j of the part lie inside its n rows of row_bytes (checked
+                // above; a live weight, or its contiguous copy held in `found`), the
+                // destination range inside `buf`; both on the device's stream.
+                unsafe { cu::memcpy_dtod_async(at, from, bytes, stream.cu_stream()) }.map_err(err("fused weights"))?;
+                at += bytes as u64;
+                i = j;
+            }
         }
         // The sources may be freed once the copies are done.
         stream.synchronize().map_err(err("fused weights"))?;
@@ -102,8 +138,8 @@ impl FusedLinear {
             address,
             fmt,
             k,
-            widths: parts.iter().map(|p| p.weight.dims().map(|d| d.0)).collect::<Result<_>>()?,
-            biases: parts.iter().map(|p| p.bias.clone()).collect(),
+            widths: outputs.iter().map(|(_, rows)| rows.len()).collect(),
+            biases: outputs.iter().map(|(p, _)| parts[*p].bias.clone()).collect(),
         }))
     }
 
