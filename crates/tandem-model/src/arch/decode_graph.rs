@@ -105,12 +105,12 @@ pub fn plan(chunks: &[SeqChunk<'_>], vocab: usize, attention: &[usize]) -> Resul
     }
     let seqs: Vec<SeqRows<'_>> =
         chunks.iter().map(|c| SeqRows { blocks: c.cache.block_table(), past: c.cache.position(), t: 1 }).collect();
-    let (attn, (_, _, _, most)) = BatchTables::layout(&seqs, store.block_size(), store.num_blocks())?;
+    let (attn, shape) = BatchTables::layout(&seqs, store.block_size(), store.num_blocks())?;
     drop(seqs);
     Ok(Some(Step {
         store,
         bsz,
-        nsplit: most.next_power_of_two(),
+        nsplit: shape.nsplit.next_power_of_two(),
         ids: chunks.iter().map(|c| c.tokens[0]).collect(),
         positions: chunks.iter().map(|c| c.cache.position()).collect(),
         attn,
@@ -128,6 +128,12 @@ impl DecodeGraphs {
     /// Steps run as graphs so far.
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Whether `step`'s shape failed to capture before (it runs eagerly: check before making
+    /// anything for the launch).
+    pub fn stays_eager(&self, step: &Step) -> bool {
+        self.inner.lock().is_ok_and(|i| i.failed.contains(&(step.bsz, step.nsplit)))
     }
 
     /// Launches `step`'s graph (capturing `body` first when this shape has none) with the

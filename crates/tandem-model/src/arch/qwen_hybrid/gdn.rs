@@ -288,6 +288,26 @@ impl GdnLayer {
         self.dims
     }
 
+    /// out_proj of the normed output `y` `[tokens, nv dv]` (in grouped V-head order; tiled
+    /// checkpoints gather its columns first).
+    fn output(&self, y: &Tensor) -> Result<Tensor> {
+        match &self.out_cols {
+            Some(cols) => self.out.forward(&y.index_select(cols, 1)?),
+            None => self.out.forward(y),
+        }
+    }
+
+    /// The device step's parameters.
+    fn step_tensors<'a>(&'a self, p: &'a DeviceParams) -> gdn_dev::StepTensors<'a> {
+        gdn_dev::StepTensors {
+            dt_bias: &p.dt_bias,
+            neg_a: &p.neg_a,
+            norm_w: &p.norm_w,
+            scale: (self.dims.dk as f64).powf(-0.5) as f32,
+            eps: self.eps,
+        }
+    }
+
     /// `h: [tokens, hidden]` (normed), the parts in order. Returns `[tokens, hidden]`.
     pub fn forward(&self, h: &Tensor, parts: &mut [GdnPart<'_>]) -> Result<Tensor> {
         if let Some(p) = &self.dev {
@@ -362,11 +382,7 @@ impl GdnLayer {
             y[off * nv * dv..(off + t) * nv * dv].copy_from_slice(&o);
             off += t;
         }
-        let mut y = Tensor::from_vec(y, (total, nv * dv), h.device())?;
-        if let Some(cols) = &self.out_cols {
-            y = y.index_select(cols, 1)?;
-        }
-        self.out.forward(&y)
+        self.output(&Tensor::from_vec(y, (total, nv * dv), h.device())?)
     }
 
     /// The same layer with state and arithmetic on the model's device, no host round trip:
@@ -378,13 +394,7 @@ impl GdnLayer {
         let dev = h.device();
         let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
         let (qkv, z, b, a) = (qkv?, z?, b?, a?);
-        let sp = gdn_dev::StepTensors {
-            dt_bias: &p.dt_bias,
-            neg_a: &p.neg_a,
-            norm_w: &p.norm_w,
-            scale: (d.dk as f64).powf(-0.5) as f32,
-            eps: self.eps,
-        };
+        let sp = self.step_tensors(p);
         let starts: Vec<usize> = parts.iter().scan(0, |o, part| Some(std::mem::replace(o, *o + part.len))).collect();
         let batched: Vec<bool> = parts
             .iter()
@@ -447,11 +457,7 @@ impl GdnLayer {
         }
         let y =
             if pieces.len() == 1 { pieces.pop().unwrap_or_else(|| unreachable!()) } else { Tensor::cat(&pieces, 0)? };
-        let mut y = rows_of(&y, &rows.concat())?;
-        if let Some(cols) = &self.out_cols {
-            y = y.index_select(cols, 1)?;
-        }
-        self.out.forward(&y)
+        self.output(&rows_of(&y, &rows.concat())?)
     }
 
     /// The parts `group` (token-by-token, all verify or none) in one batched step
@@ -530,18 +536,8 @@ impl GdnLayer {
             self.dev.as_ref().ok_or_else(|| ModelError::Input("GDN graph step: layer has no device params".into()))?;
         let d = self.dims;
         let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
-        let sp = gdn_dev::StepTensors {
-            dt_bias: &p.dt_bias,
-            neg_a: &p.neg_a,
-            norm_w: &p.norm_w,
-            scale: (d.dk as f64).powf(-0.5) as f32,
-            eps: self.eps,
-        };
-        let mut y = crate::ops::gdn::cuda_batch::step_batch_at(&qkv?, [&z?, &b?, &a?], meta, bsz, &p.conv_w, &sp, d)?;
-        if let Some(cols) = &self.out_cols {
-            y = y.index_select(cols, 1)?;
-        }
-        self.out.forward(&y)
+        let sp = self.step_tensors(p);
+        self.output(&crate::ops::gdn::cuda_batch::step_batch_at(&qkv?, [&z?, &b?, &a?], meta, bsz, &p.conv_w, &sp, d)?)
     }
 
     /// Whether the decode step batches on this device (CUDA, supported dims).

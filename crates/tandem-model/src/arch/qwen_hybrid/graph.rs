@@ -31,6 +31,9 @@ impl QwenHybrid {
             return Ok(None);
         }
         let Some(step) = plan(chunks, self.cfg.vocab_size, &attention)? else { return Ok(None) };
+        if self.graphs.stays_eager(&step) {
+            return Ok(None);
+        }
         let bsz = step.bsz;
         let (kernel, ch) = g0.conv_shape();
         let (conv_len, ssm_len) = (kernel.saturating_sub(1) * ch, g0.dims().state_len());

@@ -39,26 +39,30 @@ pub struct BatchTables {
     split: bool,
 }
 
+/// The shape of a batch's layout ([`BatchTables::layout`]).
+pub struct BatchShape {
+    pub nseq: usize,
+    /// Rows (new tokens) over all sequences.
+    pub total: usize,
+    /// The longest sequence's new rows.
+    pub t_max: usize,
+    /// The most 256-key segments a sequence's context spans.
+    pub nsplit: usize,
+}
+
 impl BatchTables {
     /// Checks every sequence's table against its positions and the pool of `num_blocks`
     /// blocks of `block_size`, and uploads the batch's layout to `dev`.
     pub fn new(seqs: &[SeqRows<'_>], block_size: usize, num_blocks: usize, dev: &Device) -> Result<Self> {
-        let (all, shape) = Self::layout(seqs, block_size, num_blocks)?;
+        let (all, s) = Self::layout(seqs, block_size, num_blocks)?;
         let n = all.len();
-        let (nseq, total, t_max, nsplit_max) = shape;
-        let mut bt = Self::in_buffer(Tensor::from_vec(all, n, dev)?, nseq, total, t_max, nsplit_max);
-        bt.split = nsplit_max > 1;
-        Ok(bt)
+        Ok(Self::in_buffer(Tensor::from_vec(all, n, dev)?, s.nseq, s.total, s.t_max, s.nsplit))
     }
 
     /// The batch's layout as it goes to the device, `[meta (off, t, past, table offset) per
-    /// sequence | pool row of each new token | the block tables]`, with (sequences, rows,
-    /// longest chunk, most segments of a sequence); the tables checked as in [`Self::new`].
-    pub fn layout(
-        seqs: &[SeqRows<'_>],
-        block_size: usize,
-        num_blocks: usize,
-    ) -> Result<(Vec<u32>, (usize, usize, usize, usize))> {
+    /// sequence | pool row of each new token | the block tables]`, and its shape; the tables
+    /// checked as in [`Self::new`].
+    pub fn layout(seqs: &[SeqRows<'_>], block_size: usize, num_blocks: usize) -> Result<(Vec<u32>, BatchShape)> {
         let nseq = seqs.len();
         let total: usize = seqs.iter().map(|s| s.t).sum();
         let mut meta = Vec::with_capacity(4 * nseq);
@@ -91,7 +95,7 @@ impl BatchTables {
         let mut all = meta;
         all.extend(slots);
         all.extend(tables);
-        Ok((all, (nseq, total, t_max, nsplit_max)))
+        Ok((all, BatchShape { nseq, total, t_max, nsplit: nsplit_max }))
     }
 
     /// Tables already on the device in `buf` as [`Self::layout`] lays them out (a CUDA graph's
