@@ -25,8 +25,12 @@ pub struct BenchArgs {
     pub model: ModelArgs,
     /// Benchmark a random-weight hybrid model of this shape instead of loading one
     /// (`0.8b`: Qwen3.5-0.8B-like, 24 layers, hidden 1024, vocab 248320; `tiny`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "random_llama")]
     pub random_hybrid: Option<String>,
+    /// Benchmark a random-weight Llama-family model of this shape instead of loading one
+    /// (`8b`: Llama-3-8B's shape, 32 layers, hidden 4096, 32 / 8 heads, vocab 128256; `tiny`).
+    #[arg(long)]
+    pub random_llama: Option<String>,
     /// Weight type of the random model's matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k.
     #[arg(long, default_value = "q8_0")]
     pub random_dtype: String,
@@ -108,15 +112,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let device = tandem_model::device::default_device()?;
     let t0 = Instant::now();
-    let (label, model): (String, Box<dyn CausalLm>) = match &a.random_hybrid {
-        Some(p) => {
+    let (label, model): (String, Box<dyn CausalLm>) = match (&a.random_hybrid, &a.random_llama) {
+        (None, Some(p)) => {
+            let cfg = tandem_model::arch::random_llama::preset(p)?;
+            let dt = random::parse_weight_type(&a.random_dtype)?;
+            let params = tandem_model::arch::random_llama::parameter_count(&cfg) as f64 / 1e6;
+            let m = tandem_model::arch::random_llama::random_model(&cfg, dt, &device)
+                .context("building the random model")?;
+            (format!("random Llama `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m))
+        }
+        (Some(p), _) => {
             let cfg = random::preset(p)?;
             let dt = random::parse_weight_type(&a.random_dtype)?;
             let params = random::parameter_count(&cfg) as f64 / 1e6;
             let m = random::random_model(&cfg, dt, &device).context("building the random model")?;
             (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m))
         }
-        None => {
+        (None, None) => {
             let path = a.model.resolve()?;
             let loaded = tandem_model::loader::load_with(&path, &device, &a.model.load_options())
                 .with_context(|| format!("cannot load {}", path.display()))?;
@@ -240,7 +252,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 } else {
                     // Greedy where the logits live, as the engine does on a device: one id read
                     // back instead of the whole row.
-                    logits.argmax(0)?.to_scalar::<u32>()?
+                    tandem_model::ops::sampling::argmax_rows(&logits.unsqueeze(0)?)?[0]
                 };
             }
             let wall = t.elapsed().as_secs_f64();
@@ -299,7 +311,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     // logits live, one read back for the batch.
                     let rows = out.into_iter().map(|l| l.context("no logits")?.flatten_all().map_err(Into::into));
                     let rows = rows.collect::<anyhow::Result<Vec<_>>>()?;
-                    let ids = candle_core::Tensor::stack(&rows, 0)?.argmax(1)?.to_vec1::<u32>()?;
+                    let ids = tandem_model::ops::sampling::argmax_rows(&candle_core::Tensor::stack(&rows, 0)?)?;
                     for (tok, id) in toks.iter_mut().zip(ids) {
                         tok[0] = id;
                     }

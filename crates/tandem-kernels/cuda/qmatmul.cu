@@ -16,6 +16,7 @@
 // qmatmul1_<t> (one row: decode): a warp takes one column, so that a matrix's columns spread
 // over as many warps as possible (two or four columns per warp, sharing the activation loads,
 // measured 22% and 43% slower on the H200: fewer warps in flight).
+// qmatmul_staged_<t>_<R> (dense rows, 1..8 rows): see below.
 // qmatmul_tiled_<t> / qmatmul_tiled2_<t> (16+ rows): the rows' activations for eight units
 // at a time staged in shared memory; the two differ only in the register budget (1 or 2
 // blocks per SM).
@@ -203,6 +204,123 @@ __device__ void qmatmul_tiled(float* __restrict__ y, const float* __restrict__ x
         }
     }
 }
+
+// qmatmul_staged_<t>_<R> (dense f32 / f16 / bf16 rows, calls of 1..R rows: decode, verify,
+// small batches): a warp per output column, the same chain as qmatmul<WT, 1, 1> for each row,
+// with the weight row copied into shared memory by cp.async, QS_STEPS warp steps (8 units
+// each) per stage and QS_STAGES stages in flight per warp, so that a warp keeps kilobytes of
+// reads outstanding without holding them in registers. Each lane then reads its eight values
+// of the step from shared memory (lane l: bytes l * 8 * es of the step: conflict-free) and
+// runs the chain exactly as dot_tile does. Rows of a multiple of 32 values only.
+#define QS_WARPS 4
+#define QS_STEPS 4
+#define QS_STAGES 2
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int WT>
+__device__ __forceinline__ void staged8(const uint8_t* p, float* w) {
+    if constexpr (WT == WT_F32) {
+        const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 16);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+        const uint4 v4 = *reinterpret_cast<const uint4*>(p);
+        const unsigned int v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (WT == WT_BF16) {
+                w[2 * i] = __uint_as_float(v[i] << 16);
+                w[2 * i + 1] = __uint_as_float(v[i] & 0xFFFF0000u);
+            } else {
+                w[2 * i] = __half2float(__ushort_as_half((unsigned short)(v[i] & 0xFFFFu)));
+                w[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(v[i] >> 16)));
+            }
+        }
+    }
+}
+
+template <int WT, int R>
+__device__ void qmatmul_staged(float* __restrict__ y, const float* __restrict__ x, const uint8_t* __restrict__ w,
+                               int m, int n, int k) {
+    constexpr int EB = WT == WT_F32 ? 4 : 2;
+    constexpr int STEP_BYTES = 256 * EB;
+    constexpr int STAGE_BYTES = QS_STEPS * STEP_BYTES;
+    __shared__ __align__(16) uint8_t stage[QS_WARPS][QS_STAGES][STAGE_BYTES];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * QS_WARPS + warp;
+    if (col >= n) return;  // the whole warp
+    const int units = k >> 5;
+    const long long row_bytes = (long long)k * EB;
+    const int chunks = (int)((row_bytes + STAGE_BYTES - 1) / STAGE_BYTES);
+    const uint8_t* row = w + (size_t)col * row_bytes;
+    const int rows = min(m, R);
+    const int l0 = (lane & 3) * 8;
+    auto load = [&](int c) {
+        uint8_t* st = stage[warp][c % QS_STAGES];
+        const int bytes = (int)min((long long)STAGE_BYTES, row_bytes - (long long)c * STAGE_BYTES);
+        const uint8_t* src = row + (size_t)c * STAGE_BYTES;
+        for (int i = lane; i < bytes / 16; i += 32) cp_async16(st + i * 16, src + i * 16);
+    };
+#pragma unroll
+    for (int c = 0; c < QS_STAGES; c++) {
+        if (c < chunks) load(c);
+        cp_async_commit();
+    }
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.f;
+    for (int c = 0; c < chunks; c++) {
+        cp_async_wait<QS_STAGES - 1>();
+        __syncwarp();
+        const uint8_t* st = stage[warp][c % QS_STAGES];
+#pragma unroll
+        for (int s = 0; s < QS_STEPS; s++) {
+            const int u = (c * QS_STEPS + s) * 8 + (lane >> 2);
+            if (u < units) {
+                float wv[8];
+                staged8<WT>(st + s * STEP_BYTES + lane * 8 * EB, wv);
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    if (i < rows) {
+                        const float4* xp = reinterpret_cast<const float4*>(x + (size_t)i * k + u * 32 + l0);
+                        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                        float t = acc[i];
+#pragma unroll
+                        for (int j = 0; j < 8; j++) t = fmaf(xv[j], wv[j], t);
+                        acc[i] = t;
+                    }
+                }
+            }
+        }
+        __syncwarp();  // every lane has read this stage: it may be refilled
+        if (c + QS_STAGES < chunks) load(c + QS_STAGES);
+        cp_async_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const float t = warp_sum(acc[i]);
+        if (lane == 0 && i < rows) y[(size_t)i * n + col] = t;
+    }
+}
+
+#define QSTAGED(suffix, WT, R)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(QS_WARPS * 32)                                               \
+        qmatmul_staged_##suffix##_##R(float* y, const float* x, const uint8_t* w, int m, int n, int k) {       \
+        qmatmul_staged<WT, R>(y, x, w, m, n, k);                                                              \
+    }
+#define QSTAGED_ALL(suffix, WT) QSTAGED(suffix, WT, 1) QSTAGED(suffix, WT, 2) QSTAGED(suffix, WT, 4) QSTAGED(suffix, WT, 8)
+QSTAGED_ALL(f32, WT_F32)
+QSTAGED_ALL(f16, WT_F16)
+QSTAGED_ALL(bf16, WT_BF16)
 
 // Slot order[blockIdx.y]; y [S, n]. One column per warp.
 template <int WT>

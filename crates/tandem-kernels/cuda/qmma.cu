@@ -5,11 +5,9 @@
 // q8_quantize_rows: x [m, k] f32 -> xq [m, k] int8 and dx [m, k / 32] f32, per 32-value block
 //   d = max|x| / 127 and q = round-to-nearest-even(x * 127 / max|x|) (0 for an all-zero block).
 //   A row's blocks depend only on that row.
-// qdot1_q8_0: the same chain for one row (decode) on the CUDA cores: a warp per output column,
-//   its eight groups of four lanes standing for the eight warps of qmma (group p takes the
-//   segments p, p + 8, ... in order), a block's integer dot product from four lanes' __dp4a
-//   (exact), the same chain_step, then the groups' partials added in group order. Same bits as
-//   qmma for every row; far more warps over a matrix than qmma has for one row.
+// qmv_q8_0_<R>: the same chain for calls of up to R rows (decode, verify, small batches) on the
+//   CUDA cores, a warp per output column with the weights staged by cp.async (below). Same
+//   bits as qmma for every row; far more warps over a matrix than qmma has for a few rows.
 // qmma_q8_0_<NT>: one thread block per 16 output columns x NT rows (NT = 8, 16, 32, 64), eight
 //   warps splitting the k blocks. The chain of an output (r, c) is fixed by k alone:
 //   - per block b, the exact integer dot product isum_b = sum_i wq[c, b, i] * xq[r, b, i]
@@ -67,9 +65,14 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
-// The one step of the chain: acc + isum * (dw * dx), rounded as written.
+// The one step of the chain: acc + isum * (dw * dx), rounded as written (the scale product
+// first, then one fused multiply-add).
+__device__ __forceinline__ float chain_scale(float dw, float dxv) { return __fmul_rn(dw, dxv); }
+__device__ __forceinline__ float chain_fma(float acc, int isum, float scale) {
+    return fmaf(__int2float_rn(isum), scale, acc);
+}
 __device__ __forceinline__ float chain_step(float acc, int isum, float dw, float dxv) {
-    return fmaf(__int2float_rn(isum), __fmul_rn(dw, dxv), acc);
+    return chain_fma(acc, isum, chain_scale(dw, dxv));
 }
 
 template <int NT>
@@ -184,75 +187,171 @@ QMMA(16)
 QMMA(32)
 QMMA(64)
 
-// Eight bytes at p (2-byte aligned) as two words, with aligned 32-bit loads.
-__device__ __forceinline__ void load8_2aligned(const uint8_t* p, uint32_t* lo, uint32_t* hi) {
-    if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
-        const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
-        *lo = q[0];
-        *hi = q[1];
-    } else {
-        // Words at p - 2 and p + 2, then the last two bytes alone (no read past p + 8).
-        const uint32_t* q = reinterpret_cast<const uint32_t*>(p - 2);
-        const uint32_t a = q[0], b = q[1];
-        const uint32_t c = *reinterpret_cast<const uint16_t*>(p + 6);
-        *lo = __funnelshift_r(a, b, 16);
-        *hi = (b >> 16) | (c << 16);
-    }
+// qmv_q8_0_<R>: calls of 1..R rows (decode, verify, small batches) on the CUDA cores with
+// qmma's chain: a warp per output column; lane group p (lanes 4p..4p+3) is qmma's warp p and
+// takes the segments p, p + 8, ... in order. The weights come into shared memory by rounds of
+// eight segments (8 L blocks: 272 L contiguous bytes of the row, 16-byte aligned when k is a
+// multiple of 256), copied with cp.async 16 bytes per lane, QV_STAGES rounds in flight per
+// warp, so a warp keeps several kilobytes of reads outstanding and every global load is a
+// whole contiguous stretch. Lane q of a group takes the blocks q and q + 4 of its segment: an
+// exact integer dot product from __dp4a, the block's scale product dw * dx; the group's lanes
+// pass these to each other (width-4 shuffles) so that each lane runs the chain over the
+// segment's blocks in order. Then the groups' partials are added in group order: qmma's bits.
+#define QV_WARPS 4
+#define QV_STAGES 2
+#define QV_ROUND (QM_WARPS * QM_MAXL * QM_BLOCK_BYTES)  // 2176 bytes: eight segments of eight blocks
+#define QV_PAD 16                                      // words read past a block's last byte
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Steps whose loads qdot1 issues together.
-#define QD_U 4
+// A staged block at byte `off` of shared memory: its 32 int8 values as eight words (from
+// nine aligned word reads and funnel shifts: blocks start at even offsets) and its scale.
+__device__ __forceinline__ float staged_block(const uint8_t* st, int off, uint32_t (&qs)[8]) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(st);
+    const int wi = (off + 2) >> 2, sh = ((off + 2) & 3) * 8;
+    uint32_t a = words[wi];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint32_t b = words[wi + j + 1];
+        qs[j] = __funnelshift_r(a, b, sh);
+        a = b;
+    }
+    const uint32_t hw = words[off >> 2] >> ((off & 2) * 8);
+    return __half2float(__ushort_as_half((unsigned short)(hw & 0xffffu)));
+}
 
-extern "C" __global__ void __launch_bounds__(256)
-    qdot1_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-               const uint8_t* __restrict__ w, int n, int k, long long rb) {
-    const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+template <int R>
+__device__ void qmv_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+                         const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
+    __shared__ __align__(16) uint8_t stage[QV_WARPS][QV_STAGES][QV_ROUND + QV_PAD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * QV_WARPS + warp;
     if (col >= n) return;  // the whole warp
-    const int part = lane >> 2, q4 = lane & 3;
+    const int p = lane >> 2, q = lane & 3;
     const int nb = k >> 5;
     const int L = min(QM_MAXL, max(1, nb / QM_WARPS));
-    const int nseg = (nb + L - 1) / L;
+    const int nseg = nb / L;  // the caller ensures nb % 8 == 0, so L divides nb
     const int rounds = (nseg + QM_WARPS - 1) / QM_WARPS;
+    const int seg_bytes = L * QM_BLOCK_BYTES;
     const uint8_t* row = w + (size_t)col * rb;
-    float acc = 0.f;
-    // Every lane runs every step (the shuffles need the whole warp); a group past its blocks
-    // adds nothing. The loads of QD_U steps are issued before any of them is used, so a lane
-    // has QD_U blocks' worth of reads in flight; the chain steps then run in the same order.
-    const int steps = rounds * L;
-    for (int it0 = 0; it0 < steps; it0 += QD_U) {
-        uint32_t w0[QD_U], w1[QD_U], x0[QD_U], x1[QD_U];
-        float dw[QD_U], dxv[QD_U];
-        bool live[QD_U];
+    const int rows = min(m, R);
+
+    auto load = [&](int r) {
+        uint8_t* st = stage[warp][r % QV_STAGES];
+        const int segs = min(QM_WARPS, nseg - r * QM_WARPS);
+        const int chunks = segs * seg_bytes / 16;
+        const uint8_t* src = row + (size_t)r * QM_WARPS * seg_bytes;
+        for (int i = lane; i < chunks; i += 32) cp_async16(st + i * 16, src + i * 16);
+    };
 #pragma unroll
-        for (int u = 0; u < QD_U; u++) {
-            const int it = it0 + u;
-            const int s = part + QM_WARPS * (it / L);
-            const int b = s * L + it % L;
-            live[u] = it < steps && s < nseg && it % L < min(L, nb - s * L);
-            w0[u] = w1[u] = x0[u] = x1[u] = 0;
-            dw[u] = dxv[u] = 0.f;
-            if (live[u]) {
-                const uint8_t* blk = row + (size_t)b * QM_BLOCK_BYTES;
-                load8_2aligned(blk + 2 + q4 * 8, &w0[u], &w1[u]);
-                const uint2 xv = __ldg(reinterpret_cast<const uint2*>(xq + (size_t)b * 32 + q4 * 8));
-                x0[u] = xv.x;
-                x1[u] = xv.y;
-                dw[u] = __half2float(*reinterpret_cast<const __half*>(blk));
-                dxv[u] = __ldg(dx + b);
+    for (int r = 0; r < QV_STAGES; r++) {
+        if (r < rounds) load(r);
+        cp_async_commit();
+    }
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.f;
+    for (int r = 0; r < rounds; r++) {
+        const int s = r * QM_WARPS + p;
+        const bool live = s < nseg;
+        // This lane's activation blocks: for one or two rows loaded before the wait (global,
+        // independent of the staged weights), for more rows next to their use (registers).
+        constexpr bool PRE = R <= 2;
+        uint4 xa[PRE ? R : 1][2][2];
+        float dxv[PRE ? R : 1][2];
+        auto load_x = [&](int i, int t, uint4(&xo)[2], float& dxo) {
+            const int bi = q + 4 * t;
+            const int b = s * L + bi;
+            if (live && bi < L && i < rows) {
+                const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)i * k + (size_t)b * 32);
+                xo[0] = __ldg(xp);
+                xo[1] = __ldg(xp + 1);
+                dxo = __ldg(dx + (size_t)i * nb + b);
+            } else {
+                xo[0] = xo[1] = make_uint4(0, 0, 0, 0);
+                dxo = 0.f;
+            }
+        };
+        if constexpr (PRE) {
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int i = 0; i < R; i++) load_x(i, t, xa[i][t], dxv[i][t]);
+        }
+        cp_async_wait<QV_STAGES - 1>();
+        __syncwarp();
+        const uint8_t* st = stage[warp][r % QV_STAGES];
+        int isum[R][2];
+        float scl[R][2];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int bi = q + 4 * t;
+            uint32_t qs[8];
+            float dw = 0.f;
+            if (live && bi < L) {
+                dw = staged_block(st, p * seg_bytes + bi * QM_BLOCK_BYTES, qs);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) qs[j] = 0;
+            }
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                uint4 xl[2];
+                float dl;
+                if constexpr (PRE) {
+                    xl[0] = xa[i][t][0], xl[1] = xa[i][t][1], dl = dxv[i][t];
+                } else {
+                    load_x(i, t, xl, dl);
+                }
+                const uint32_t xw[8] = {xl[0].x, xl[0].y, xl[0].z, xl[0].w, xl[1].x, xl[1].y, xl[1].z, xl[1].w};
+                int d = 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++) d = __dp4a((int)qs[j], (int)xw[j], d);
+                isum[i][t] = d;
+                scl[i][t] = chain_scale(dw, dl);
             }
         }
+        __syncwarp();  // every lane has read this stage: it may be refilled
+        if (r + QV_STAGES < rounds) load(r + QV_STAGES);
+        cp_async_commit();
+        // The segment's chain, block by block in order (block bi is lane bi % 4's t = bi / 4).
 #pragma unroll
-        for (int u = 0; u < QD_U; u++) {
-            int isum = __dp4a((int)w0[u], (int)x0[u], 0);
-            isum = __dp4a((int)w1[u], (int)x1[u], isum);
-            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-            if (live[u]) acc = chain_step(acc, isum, dw[u], dxv[u]);
+        for (int bi = 0; bi < QM_MAXL; bi++) {
+            if (bi < L) {
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const int v = __shfl_sync(0xffffffffu, isum[i][bi >> 2], bi & 3, 4);
+                    const float sc = __shfl_sync(0xffffffffu, scl[i][bi >> 2], bi & 3, 4);
+                    if (live && i < rows) acc[i] = chain_fma(acc[i], v, sc);
+                }
+            }
         }
     }
-    float tot = __shfl_sync(0xffffffffu, acc, 0);
 #pragma unroll
-    for (int p = 1; p < QM_WARPS; p++) tot += __shfl_sync(0xffffffffu, acc, 4 * p);
-    if (lane == 0) y[col] = tot;
+    for (int i = 0; i < R; i++) {
+        float tot = __shfl_sync(0xffffffffu, acc[i], 0);
+#pragma unroll
+        for (int g = 1; g < QM_WARPS; g++) tot += __shfl_sync(0xffffffffu, acc[i], 4 * g);
+        if (lane == 0 && i < rows) y[(size_t)i * n + col] = tot;
+    }
 }
+
+#define QMV(R)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(QV_WARPS * 32)                                                \
+        qmv_q8_0_##R(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k,        \
+                     long long rb) {                                                                           \
+        qmv_q8_0<R>(y, xq, dx, w, m, n, k, rb);                                                                \
+    }
+
+QMV(1)
+QMV(2)
+QMV(4)
+QMV(8)

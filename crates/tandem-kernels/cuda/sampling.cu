@@ -140,3 +140,44 @@ extern "C" __global__ void __launch_bounds__(TB) top_candidates(const float* __r
         }
     }
 }
+
+// Greedy rows: argmax_rows packs each logit as (order key << 32) | ~index and keeps the largest
+// per row with a 64-bit atomicMax, so the result is the largest logit with ties to the lowest
+// index, NaN counted as -inf (the host sampler's argmax). A grid of (chunks, rows) blocks of
+// AM_THREADS threads, AM_PER values a thread: many blocks over a 248K vocabulary where a
+// single-block reduction (candle's argmax: 159 us on the H200) serialises. out: one 64-bit
+// word per row, zeroed by the caller (below every packed value: -inf's key is 0x007fffff).
+#define AM_THREADS 256
+#define AM_PER 16
+
+__device__ __forceinline__ unsigned int argmax_key(float x) {
+    const unsigned int u = __float_as_uint(isnan(x) ? -INFINITY : x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+extern "C" __global__ void __launch_bounds__(AM_THREADS)
+    argmax_rows(const float* __restrict__ x, int n, unsigned long long* __restrict__ out) {
+    const float* row = x + (size_t)blockIdx.y * n;
+    const int base = blockIdx.x * AM_THREADS * AM_PER;
+    unsigned long long best = 0ull;
+#pragma unroll
+    for (int j = 0; j < AM_PER; j++) {
+        const int i = base + j * AM_THREADS + (int)threadIdx.x;
+        if (i < n) {
+            const unsigned long long v = ((unsigned long long)argmax_key(__ldg(row + i)) << 32) | (unsigned int)(~i);
+            best = v > best ? v : best;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long t = __shfl_xor_sync(0xffffffffu, best, o);
+        best = t > best ? t : best;
+    }
+    __shared__ unsigned long long warp_best[AM_THREADS / 32];
+    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < AM_THREADS / 32; w++) best = warp_best[w] > best ? warp_best[w] : best;
+        atomicMax(out + blockIdx.y, best);
+    }
+}

@@ -48,3 +48,8 @@ pub const SAMPLING: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"
 /// WY form (gates and norms included).
 #[cfg(feature = "cuda")]
 pub const GDN_CHUNKED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdn_chunked.ptx"));
+
+/// PTX of `cuda/norm.cu`: RMSNorm of rows with the residual add fused in, and SiLU(gate) x up
+/// over row views.
+#[cfg(feature = "cuda")]
+pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));

@@ -111,7 +111,7 @@ impl Llama {
     }
 
     fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, w, self.cfg.rms_norm_eps as f32)?)
+        crate::ops::norm::rms_norm(x, w, self.cfg.rms_norm_eps as f32)
     }
 }
 
@@ -228,8 +228,14 @@ impl Llama {
         let total = ids.dim(0)?;
         let mut x = self.embed.forward(ids)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        let eps = cfg.rms_norm_eps as f32;
+        // Each residual add is fused with the norm after it (one launch on CUDA): `h` is the
+        // normed `x` the next projection reads.
+        let mut h = match self.layers.first() {
+            Some(l) => self.rms(&x, &l.attn_norm)?,
+            None => x.clone(),
+        };
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = self.rms(&x, &layer.attn_norm)?;
             let [q, k, v] = layer.qkv.forward_array(&h)?;
             // Norms and RoPE are per token: once over the batch; attention per sequence.
             let mut q = q.reshape((total, nh, hd))?;
@@ -244,11 +250,13 @@ impl Llama {
             let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
             let att = attend(li, &q, &k, &v, scale)?;
             let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
-            x = (x + layer.o.forward(&att)?)?;
-            let h = self.rms(&x, &layer.ffn_norm)?;
-            let [g, u] = layer.gate_up.forward_array(&h)?;
-            let g = candle_nn::ops::silu(&g)?;
-            x = (x + layer.down.forward(&(g * u)?)?)?;
+            let (x1, h1) = crate::ops::norm::add_rms_norm(&x, &layer.o.forward(&att)?, &layer.ffn_norm, eps)?;
+            let [g, u] = layer.gate_up.forward_array(&h1)?;
+            let down = layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)?;
+            match self.layers.get(li + 1) {
+                Some(next) => (x, h) = crate::ops::norm::add_rms_norm(&x1, &down, &next.attn_norm, eps)?,
+                None => x = (x1 + down)?,
+            }
         }
         Ok(x)
     }

@@ -5,6 +5,7 @@
 pub mod decode_graph;
 pub mod llama;
 pub mod qwen_hybrid;
+pub mod random_llama;
 
 use candle_core::{Device, Tensor};
 

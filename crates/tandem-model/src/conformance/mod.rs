@@ -24,6 +24,7 @@ pub mod gdn_step;
 pub mod gguf;
 pub mod models;
 pub mod moe;
+pub mod norm;
 pub mod ops;
 pub mod rope;
 pub mod sampling;
@@ -147,6 +148,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     checks.extend(rope::run(dev));
     checks.extend(moe::run(dev));
     checks.extend(fused::run(dev));
+    checks.extend(norm::run(dev));
     checks.extend(sampling::run(dev));
     checks.extend(decode_graph::run(dev, fixtures));
     checks.extend(gguf::run(dev));

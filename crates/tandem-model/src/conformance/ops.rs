@@ -444,6 +444,12 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     let alone = row_stable::forward(&on_dev, &xd.narrow(0, 4, 1)?)?;
     let in5 = last(5)?;
     let judge = if dev.is_cpu() || own { Judge::Exact } else { Judge::Info };
+    // Calls of 2 and 3 rows (CUDA Q8_0: qmv's 2- and 4-row kernels) against the same rows alone.
+    for m in [2, 3] {
+        let alone_m = row_stable::forward(&on_dev, &xd.narrow(0, m - 1, 1)?)?;
+        let name = format!("quant_matmul rows 1 vs {m}");
+        checks.push(Check::new(&name, shape.into(), fmt, bits_err(&last(m)?, &alone_m)?, judge, 0.0));
+    }
     checks.push(Check::new("quant_matmul rows 1 vs 5", shape.into(), fmt, bits_err(&in5, &alone)?, judge, 0.0));
     let in12 = row_stable::forward(&on_dev, &xd.narrow(0, 0, 12)?)?.narrow(0, 4, 1)?;
     checks.push(Check::new("quant_matmul rows 1 vs 12", shape.into(), fmt, bits_err(&in12, &alone)?, judge, 0.0));

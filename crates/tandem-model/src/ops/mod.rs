@@ -8,6 +8,7 @@ pub mod cuda_graph;
 pub(crate) mod cuda_util;
 pub mod gdn;
 pub mod moe;
+pub mod norm;
 pub mod paged_attention;
 pub mod quant;
 pub mod rope;

@@ -107,9 +107,9 @@ impl GatedAttention {
         let total = h.dim(0)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let qgc = qg.reshape((total, nh, 2 * hd))?;
-        let q = candle_nn::ops::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
+        let q = crate::ops::norm::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
         let gate = qgc.narrow(2, hd, hd)?.contiguous()?.reshape((total, nh * hd))?;
-        let kc = candle_nn::ops::rms_norm(&k.reshape((total, nkv, hd))?.contiguous()?, &self.k_norm, self.eps)?;
+        let kc = crate::ops::norm::rms_norm(&k.reshape((total, nkv, hd))?.contiguous()?, &self.k_norm, self.eps)?;
         let (cos, sin) = tables;
         // [heads, tokens, head_dim]
         let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;

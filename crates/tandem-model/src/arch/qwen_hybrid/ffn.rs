@@ -53,8 +53,7 @@ impl Mlp {
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [g, u] = self.gate_up.forward_array(x)?;
-        let g = candle_nn::ops::silu(&g)?;
-        self.down.forward(&(g * u)?)
+        self.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
     }
 }
 

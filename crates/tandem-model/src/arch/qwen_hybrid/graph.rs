@@ -102,8 +102,9 @@ impl QwenHybrid {
         }
         let mut x = self.embed_tokens(&inp.ids)?;
         let mut gi = 0;
+        // As in the eager forward: each residual add fused with the norm after it.
+        let mut h = self.rms(&x, self.norm_before(0))?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = self.rms(&x, &layer.in_norm)?;
             let mixed = match &layer.mixer {
                 Mixer::Gdn(g) => {
                     let meta = inp.states.narrow(0, gi * meta_len, meta_len)?;
@@ -114,11 +115,10 @@ impl QwenHybrid {
                     store.attend_tables(li, &inp.tables, &q.contiguous()?, k, v, scale)
                 })?,
             };
-            x = (x + mixed)?;
-            let h = self.rms(&x, &layer.post_norm)?;
-            x = (&x + layer.ffn.forward(&h)?)?;
+            let (x1, h1) = self.add_rms(&x, &mixed, &layer.post_norm)?;
+            (x, h) = self.add_rms(&x1, &layer.ffn.forward(&h1)?, self.norm_before(li + 1))?;
         }
-        let logits = self.lm_head.forward(&self.rms(&x, &self.norm)?)?;
+        let logits = self.lm_head.forward(&h)?;
         inp.logits.slice_set(&logits.to_dtype(DType::F32)?.contiguous()?, 0, 0)?;
         Ok(())
     }

@@ -125,7 +125,17 @@ impl QwenHybrid {
     }
 
     fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, w, self.cfg.rms_norm_eps as f32)?)
+        crate::ops::norm::rms_norm(x, w, self.cfg.rms_norm_eps as f32)
+    }
+
+    /// `(x + d, rms(x + d) * w)`: a residual add and the norm after it (one launch on CUDA).
+    fn add_rms(&self, x: &Tensor, d: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
+        crate::ops::norm::add_rms_norm(x, d, w, self.cfg.rms_norm_eps as f32)
+    }
+
+    /// The norm before layer `li`'s mixer, or the final norm after the last layer.
+    fn norm_before(&self, li: usize) -> &Tensor {
+        self.layers.get(li).map_or(&self.norm, |l| &l.in_norm)
     }
 
     /// Runs the decoder over the batch and advances every cache. Returns the final-normed
@@ -155,8 +165,9 @@ impl QwenHybrid {
         let tables = self.rope.tables(&positions, &self.device)?;
         let total = ids.len();
         let mut x = self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?;
+        // Each residual add is fused with the norm after it: `h` is always the normed `x`.
+        let mut h = self.rms(&x, self.norm_before(0))?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = self.rms(&x, &layer.in_norm)?;
             let mixed = match &layer.mixer {
                 Mixer::Gdn(g) => {
                     let mut parts = chunks
@@ -177,14 +188,13 @@ impl QwenHybrid {
                     a.forward(&h, &self.rope, &tables, &mut parts)?
                 }
             };
-            x = (x + mixed)?;
-            let h = self.rms(&x, &layer.post_norm)?;
-            x = (&x + layer.ffn.forward(&h)?)?;
+            let (x1, h1) = self.add_rms(&x, &mixed, &layer.post_norm)?;
+            (x, h) = self.add_rms(&x1, &layer.ffn.forward(&h1)?, self.norm_before(li + 1))?;
         }
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
-        self.rms(&x, &self.norm)
+        Ok(h)
     }
 
     /// [`CausalLm::forward`] without CUDA graphs: every launch queued from the host (the

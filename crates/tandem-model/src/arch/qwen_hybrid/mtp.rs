@@ -55,7 +55,7 @@ impl MtpHead {
     }
 
     fn rms(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, w, self.eps)?)
+        crate::ops::norm::rms_norm(x, w, self.eps)
     }
 
     /// Runs the head over main positions `kv.len() ..` with `hidden: [n, H]` (final-normed main
@@ -121,7 +121,7 @@ impl MtpHead {
         let mut tokens = Vec::with_capacity(k);
         let mut all = Vec::with_capacity(k);
         for step in 0..k.max(1) {
-            let tok = last_logits.flatten_all()?.argmax(0)?.to_scalar::<u32>()?;
+            let tok = crate::ops::sampling::argmax_rows(&last_logits.flatten_all()?.unsqueeze(0)?)?[0];
             tokens.push(tok);
             all.push(last_logits.clone());
             if step + 1 < k {

@@ -133,7 +133,7 @@ pub fn parse_weight_type(s: &str) -> Result<GgmlDType> {
 
 /// What a tensor is, which decides its random values.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     /// A weight matrix `[out, in]` (or an embedding): N(0, 1/in).
     Matrix,
     /// A zero-centred norm (stored as w, used as 1 + w): zeros.
@@ -255,6 +255,12 @@ impl RandomSource {
             }
         }
         Self { shapes: s, dtype, device: device.clone() }
+    }
+
+    /// A source of exactly these tensors (another architecture's names: `arch::random_llama`).
+    pub(crate) fn from_shapes(shapes: Vec<(String, Vec<usize>, Kind)>, dtype: GgmlDType, device: &Device) -> Self {
+        let shapes = shapes.into_iter().map(|(n, s, k)| (n, (s, k))).collect();
+        Self { shapes, dtype, device: device.clone() }
     }
 
     /// Tensor `name` on `dev`: the same values on every device and in every run (so a model

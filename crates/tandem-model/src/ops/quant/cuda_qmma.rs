@@ -1,7 +1,7 @@
 //! Q8_0 matmuls on the tensor cores (`tandem-kernels/cuda/qmma.cu`): the activations are
 //! quantised to 8 bits per 32-value block (`q8_quantize_rows`), each block's dot product with
-//! the weights is an exact integer (an int8 `mma.sync`; for one row, decode, `__dp4a` on a warp
-//! per output column, which spreads a matrix over more warps), and the blocks' scaled products
+//! the weights is an exact integer (an int8 `mma.sync`; for up to 8 rows, decode and verify,
+//! `__dp4a` on a warp per output column, which spreads a matrix over more warps), and the blocks' scaled products
 //! are added in a chain fixed by `k` alone, so every call size (decode, verify chunks,
 //! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
 //! kernels (f32 activations) this trades the activations' last bits (the CPU's Q8_0 kernels
@@ -23,12 +23,28 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_Q8_MMA").map_or(true, |v| v != "0"))
 }
 
-/// Whether one-row calls take `qdot1_q8_0` (`TANDEM_Q8_DOT1=1`) rather than the mma kernel's
-/// 8-row tile. Both give the same bits; measured on the H200 (9B Q8_0, batch 1) qdot1 decodes at
-/// 115.6 tok/s against the mma tile's 137.6, so it stays opt-in.
-fn dot1_enabled() -> bool {
+/// Rows up to which calls take `qmv_q8_0_*` (a warp per output column, the weights staged by
+/// cp.async) rather than the mma tile; `TANDEM_Q8_GEMV=0` sends them to the mma tile and
+/// `TANDEM_Q8_GEMV_ROWS=N` moves the limit (1..8), for comparisons. Both give the same bits.
+/// Measured on the H200 (9B Q8_0): one row 235.6 tok/s against the mma tile's 176.0; four rows
+/// (a K = 4 verify) 90.0 steps/s against 97.0 and eight (batch 8) 686 tok/s against 1,066: with
+/// more rows the activations' loads bound the warp-per-column kernel.
+fn gemv_max_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_Q8_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).map_or(2, |n: usize| n.clamp(1, 8))
+    })
+}
+
+fn gemv_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_Q8_DOT1").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("TANDEM_Q8_GEMV").as_deref() != Ok("0"))
+}
+
+/// Whether `qmv_q8_0_*` can take W: rows of a multiple of 256 values (so the staged rounds are
+/// whole 16-byte pieces) starting 16-byte aligned.
+fn gemv_fits(w: u64, k: usize, rb: usize) -> bool {
+    k.is_multiple_of(256) && rb.is_multiple_of(16) && w.is_multiple_of(16)
 }
 
 /// `x · Wᵀ` for `x` `[m, k]` (f32, contiguous) and W `n` Q8_0 rows of `k` values at device
@@ -66,14 +82,17 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
     drop(b);
 
-    if m == 1 && dot1_enabled() {
-        // Decode: a warp per output column on the CUDA cores, the same chain (qdot1_q8_0).
-        let f = dev.get_or_load_custom_func("qdot1_q8_0", MODULE, tandem_kernels::QMMA)?;
+    if m <= gemv_max_rows() && gemv_enabled() && gemv_fits(w, k, rb) {
+        let r = m.next_power_of_two();
+        let name = format!("qmv_q8_0_{r}");
+        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::QMMA)?;
         let mut b = f.builder();
-        b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&ni).arg(&ki).arg(&rbl);
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: arguments in qdot1_q8_0's order; y holds n, xq k, dx k/32, W n rows of rb bytes.
-        unsafe { run(&mut b, cfg, "qdot1_q8_0")? };
+        b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: arguments in qmv_q8_0_*'s order; y holds m*n, xq m*k, dx m*k/32, W n rows of
+        // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 4 warps a block
+        // (QV_WARPS), static shared memory.
+        unsafe { run(&mut b, cfg, &name)? };
         drop(b);
         drop(xv);
         drop(inputs);

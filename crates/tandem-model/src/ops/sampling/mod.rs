@@ -3,7 +3,8 @@
 //! reads back `k` ids and logits instead of the whole vocabulary (`tandem-engine`'s sampler
 //! filters them exactly as it filters a full row, and asks for the row where they cannot
 //! decide). [`top_candidates_ref`] is the plain reference; [`top_candidates`] runs the CUDA
-//! kernel (`tandem-kernels/cuda/sampling.cu`) and is `None` on devices without one.
+//! kernel (`tandem-kernels/cuda/sampling.cu`) and is `None` on devices without one. Greedy
+//! rows: [`argmax_rows`] (the CUDA kernel, or [`argmax_ref`] per row elsewhere).
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -52,6 +53,43 @@ pub fn top_candidates_ref(row: &[f32], k: usize, inv_t: f32) -> TopCandidates {
     TopCandidates { logits: order.iter().map(|&i| row[i as usize]).collect(), ids: order, vocab: row.len(), mass }
 }
 
+/// Index of the largest logit, ties to the lowest index, NaN counted as `-inf`; 0 for an
+/// empty or all-`-inf` row (the host sampler's argmax).
+pub fn argmax_ref(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// The device kernel's packed result (`argmax_rows` in `sampling.cu`: the low and high words of
+/// `(order key << 32) | !index`) as an index: 0 where the row held only `-inf` / NaN.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn unpack_argmax(lo: u32, hi: u32) -> u32 {
+    const NEG_INF_KEY: u32 = !0xff80_0000u32;
+    if hi <= NEG_INF_KEY {
+        0
+    } else {
+        !lo
+    }
+}
+
+/// The argmax ([`argmax_ref`]) of every row of `x` `[rows, n]`, computed where the rows live
+/// (one small read back on a GPU instead of the rows).
+pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return cuda::argmax_rows(x);
+    }
+    let rows = x.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
+    Ok(rows.iter().map(|r| argmax_ref(r)).collect())
+}
+
 /// The candidates of a `[1, vocab]` (or `[vocab]`) logits row on its device, `None` where the
 /// device has no kernel for it (the caller reads the row).
 pub fn top_candidates(logits: &Tensor, k: usize, inv_t: f32) -> Result<Option<TopCandidates>> {
@@ -66,6 +104,27 @@ pub fn top_candidates(logits: &Tensor, k: usize, inv_t: f32) -> Result<Option<To
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_largest_and_ignores_nan() {
+        assert_eq!(argmax_ref(&[1.0, f32::NAN, 3.0, 3.0, -2.0]), 2);
+        assert_eq!(argmax_ref(&[f32::NAN, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax_ref(&[]), 0);
+        assert_eq!(argmax_ref(&[-5.0, f32::INFINITY, f32::MAX]), 1);
+        let t = Tensor::new(&[[0.5f32, 2.0, 2.0], [f32::NAN, -1.0, -3.0]], &candle_core::Device::Cpu).unwrap();
+        assert_eq!(argmax_rows(&t).unwrap(), vec![1, 1]);
+        // The device kernel's packing, decoded: index 7 of a finite key; -inf / NaN rows give 0.
+        let key = |x: f32| {
+            let u = x.to_bits();
+            if u & 0x8000_0000 != 0 {
+                !u
+            } else {
+                u | 0x8000_0000
+            }
+        };
+        assert_eq!(unpack_argmax(!7u32, key(1.5)), 7);
+        assert_eq!(unpack_argmax(!7u32, key(f32::NEG_INFINITY)), 0);
+    }
 
     #[test]
     fn reference_takes_the_largest_with_ties_to_the_lower_id() {
