@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MLX-format fixtures: fixtures/tiny/llama converted by mlx-lm's own converter (affine
-quantisation, f16 scales and biases) at 4 bits in groups of 32 and 64 and at 8 bits in groups
-of 64, each with mlx-lm's logits for the tiny fixture's reference prompt
+quantisation, f16 scales and biases) at 4 bits in groups of 32 and 64, 8 bits in groups of 64,
+2 bits in groups of 64, 3 in groups of 32, 5 in groups of 64 and 6 in groups of 32, each with mlx-lm's logits for the tiny fixture's reference prompt
 (`mlx_reference.safetensors`: prompt_ids, prompt_logits f32). tandem's loader is tested
 against these (crates/tandem-model/tests/mlx.rs).
 
@@ -37,7 +37,12 @@ err = np.abs(np.array(check(mx.array([[int(x) for x in ref["prompt_ids"]]]))[0])
 print("mlx-lm on the f32 copy vs transformers, max abs logit error:", err)
 assert err < 1e-3 * np.abs(ref["prompt_logits"]).max()
 ids = [int(x) for x in ref["prompt_ids"]]
-for bits, group in [(4, 32), (4, 64), (8, 64)]:
+# WIDTHS=2:64,3:32 (bits:group, comma-separated) regenerates only those.
+import os
+widths = [(4, 32), (4, 64), (8, 64), (2, 64), (3, 32), (5, 64), (6, 32)]
+if os.environ.get("WIDTHS"):
+    widths = [tuple(int(x) for x in w.split(":")) for w in os.environ["WIDTHS"].split(",")]
+for bits, group in widths:
     out = root / "mlx" / f"llama-q{bits}-g{group}"
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(

@@ -4,18 +4,21 @@
 //! `w = scale * q + bias`; `config.json`'s `quantization` block gives `bits` and `group_size`,
 //! with per-module overrides keyed by the module's path.
 //!
-//! 4-bit weights whose scales and biases are exact in f16 (mlx-lm writes them in the model's
-//! dtype: f16 exactly, bf16 almost always) are repacked at load into GGML Q4_1 blocks of 32
-//! values (a group of 64 or 128 is two or four blocks with the same scale and bias): the same
-//! values, on the Q4_1 kernels, with no f32 copy of the model. Other widths (2, 3, 5, 6, 8 bits)
-//! and inexact scales are dequantised to f32 for that tensor, with a warning naming it.
-//! [`dequantize`] is the plain reference the repacking is tested against.
+//! Weights whose scales and biases are exact in f16 (mlx-lm writes them in the model's dtype:
+//! f16 exactly, bf16 almost always) are repacked at load into GGML blocks of 32 values that
+//! hold exactly the same `scale * q + bias` (a group of 64 or 128 is two or four blocks with the
+//! same scale and bias), with no f32 copy of the model: 2, 3 and 4 bits as Q4_1 (`d·q + m`, q
+//! in 0..16: a 2- or 3-bit value is a nibble whose top bits are zero), 5 bits as Q5_1. 6 and 8
+//! bits (no GGML block type is `d·q + m` at those widths) and inexact scales are dequantised
+//! to f32 for that tensor, with a warning naming it. [`dequantize`] is the plain reference the
+//! repacking is tested against.
 
 use std::collections::HashMap;
 
 use half::f16;
 
 use crate::error::{ModelError, Result};
+use crate::ops::quant::QuantType;
 
 /// Bits and group size of each quantised module.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,32 +102,52 @@ pub fn dequantize(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, 
     out
 }
 
-/// GGML Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles: value i low, value i + 16 high) of
-/// 4-bit values `q` `[n, k]` with their groups' scales and biases, when every scale and bias
-/// is exact in f16 (then the blocks hold exactly the MLX values); `None` otherwise.
-pub fn to_q4_1(q: &[u8], scales: &[f32], biases: &[f32], n: usize, k: usize, group: usize) -> Option<Vec<u8>> {
+/// GGML blocks holding exactly the MLX values `q` `[n, k]` (`bits` wide) with their groups'
+/// scales and biases: Q4_1 for up to 4 bits, Q5_1 for 5 (the block type and its bytes), when
+/// every scale and bias is exact in f16; `None` otherwise (and for 6 and 8 bits).
+pub fn repack(
+    q: &[u8],
+    scales: &[f32],
+    biases: &[f32],
+    (n, k, group, bits): (usize, usize, usize, usize),
+) -> Option<(QuantType, Vec<u8>)> {
+    let ty = match bits {
+        1..=4 => QuantType::Q4_1,
+        5 => QuantType::Q5_1,
+        _ => return None,
+    };
     let exact = |x: f32| f16::from_f32(x).to_f32() == x;
-    if !scales.iter().chain(biases).all(|&x| exact(x)) || !group.is_multiple_of(32) || !k.is_multiple_of(group) {
+    if !scales.iter().chain(biases).all(|&x| exact(x))
+        || !group.is_multiple_of(32)
+        || !k.is_multiple_of(group)
+        || q.len() != n * k
+        || q.iter().any(|&v| v >> bits != 0)
+    {
         return None;
     }
     let groups = k / group;
-    let mut out = Vec::with_capacity(n * k / 32 * 20);
+    let mut out = Vec::with_capacity(n * k / 32 * ty.block_bytes());
     for r in 0..n {
         for b in 0..k / 32 {
             let g = r * groups + b * 32 / group;
             out.extend_from_slice(&f16::from_f32(scales[g]).to_le_bytes());
             out.extend_from_slice(&f16::from_f32(biases[g]).to_le_bytes());
             let vals = &q[r * k + b * 32..r * k + b * 32 + 32];
-            out.extend((0..16).map(|i| (vals[i] & 0xF) | (vals[i + 16] << 4)));
+            if ty == QuantType::Q5_1 {
+                // qh: bit j is the fifth bit of value j (little-endian u32).
+                let qh = vals.iter().enumerate().fold(0u32, |h, (j, &v)| h | (((v >> 4) as u32 & 1) << j));
+                out.extend_from_slice(&qh.to_le_bytes());
+            }
+            out.extend((0..16).map(|i| (vals[i] & 0xF) | ((vals[i + 16] & 0xF) << 4)));
         }
     }
-    Some(out)
+    Some((ty, out))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::quant::{GgmlMatrix, QuantType};
+    use crate::ops::quant::GgmlMatrix;
 
     #[test]
     fn unpacks_every_width_low_bits_first() {
@@ -145,23 +168,32 @@ mod tests {
         assert!(unpack(&[0; 3], 1, 64, 4).is_err());
     }
 
-    /// Repacked Q4_1 blocks decode to exactly the MLX values, for groups of 32, 64 and 128.
+    /// Repacked blocks decode to exactly the MLX values: 2, 3 and 4 bits as Q4_1, 5 bits as
+    /// Q5_1, for groups of 32, 64 and 128.
     #[test]
-    fn q4_1_repack_is_exact() {
+    fn repack_is_exact() {
         let (n, k) = (3, 256);
-        let q: Vec<u8> = (0..n * k).map(|i| ((i * 11 + 5) % 16) as u8).collect();
-        for group in [32, 64, 128] {
-            let groups = n * k / group;
-            let scales: Vec<f32> = (0..groups).map(|g| f16::from_f32(0.01 + g as f32 * 0.003).to_f32()).collect();
-            let biases: Vec<f32> = (0..groups).map(|g| f16::from_f32(-0.05 * g as f32).to_f32()).collect();
-            let want = dequantize(&q, &scales, &biases, n, k, group);
-            let bytes = to_q4_1(&q, &scales, &biases, n, k, group).expect("exact in f16");
-            let m = GgmlMatrix::from_bytes(QuantType::Q4_1, n, k, &bytes).unwrap();
-            assert_eq!(m.dequantize(), want, "group {group}");
+        for (bits, ty) in [(2, QuantType::Q4_1), (3, QuantType::Q4_1), (4, QuantType::Q4_1), (5, QuantType::Q5_1)] {
+            let q: Vec<u8> = (0..n * k).map(|i| ((i * 11 + 5) % (1 << bits)) as u8).collect();
+            for group in [32, 64, 128] {
+                let groups = n * k / group;
+                let scales: Vec<f32> = (0..groups).map(|g| f16::from_f32(0.01 + g as f32 * 0.003).to_f32()).collect();
+                let biases: Vec<f32> = (0..groups).map(|g| f16::from_f32(-0.05 * g as f32).to_f32()).collect();
+                let want = dequantize(&q, &scales, &biases, n, k, group);
+                let (got_ty, bytes) = repack(&q, &scales, &biases, (n, k, group, bits)).expect("exact in f16");
+                assert_eq!(got_ty, ty);
+                let m = GgmlMatrix::from_bytes(ty, n, k, &bytes).unwrap();
+                assert_eq!(m.dequantize(), want, "{bits} bits, group {group}");
+            }
         }
+        let q: Vec<u8> = (0..n * k).map(|i| (i % 16) as u8).collect();
         // A scale f16 cannot hold: no repack.
         let scales = vec![0.1f32; n * k / 32];
-        assert!(to_q4_1(&q, &scales, &vec![0.0; n * k / 32], n, k, 32).is_none());
+        assert!(repack(&q, &scales, &vec![0.0; n * k / 32], (n, k, 32, 4)).is_none());
+        // 6 and 8 bits have no exact block type; a value wider than `bits` is refused.
+        let ok = vec![0.5f32; n * k / 32];
+        assert!(repack(&q, &ok, &ok, (n, k, 32, 8)).is_none());
+        assert!(repack(&q, &ok, &ok, (n, k, 32, 3)).is_none());
     }
 
     #[test]

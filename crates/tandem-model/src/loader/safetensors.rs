@@ -29,9 +29,11 @@ pub struct SafetensorsSource {
     norms_plus_one: bool,
 }
 
-/// An MLX-quantised weight as loaded: `[n, k]` Q4_1 blocks, or f32 values.
+/// An MLX-quantised weight as loaded: `[n, k]` GGML blocks (Q4_1 or Q5_1), or f32 values.
 enum MlxWeight {
-    Q4_1 { n: usize, k: usize, bytes: Vec<u8> },
+    Ggml { ty: crate::ops::quant::QuantType, n: usize, k: usize, bytes: Vec<u8> },
+    /// 6 / 8 bits: Q8_0 blocks of `q - o` and group biases (`ops::quant::affine`).
+    Affine { n: usize, k: usize, group: usize, blocks: Vec<u8>, bias: Vec<f32> },
     F32(Tensor),
 }
 
@@ -125,7 +127,7 @@ impl SafetensorsSource {
         self.names.contains(&scales).then_some(hf)
     }
 
-    /// An MLX-quantised weight: repacked as Q4_1 blocks where that is exact, else f32 values.
+    /// An MLX-quantised weight: repacked as GGML blocks where that is exact, else f32 values.
     fn mlx_weight(&self, hf: &str) -> Result<MlxWeight> {
         let cfg = self.mlx.as_ref().ok_or_else(|| ModelError::Config("not an MLX checkpoint".into()))?;
         let (bits, group) = cfg.params(hf)?;
@@ -145,12 +147,13 @@ impl SafetensorsSource {
             )));
         }
         let q = super::mlx::unpack(&words, n, k, bits)?;
-        if bits == 4 {
-            if let Some(bytes) = super::mlx::to_q4_1(&q, &scales, &biases, n, k, group) {
-                return Ok(MlxWeight::Q4_1 { n, k, bytes });
-            }
+        if let Some((ty, bytes)) = super::mlx::repack(&q, &scales, &biases, (n, k, group, bits)) {
+            return Ok(MlxWeight::Ggml { ty, n, k, bytes });
         }
-        tracing::warn!("{stem}: MLX {bits}-bit weights dequantised to f32 (no exact repacking for them yet)");
+        if let Some((blocks, bias)) = crate::ops::quant::affine::split(&q, &scales, &biases, (n, k, group, bits)) {
+            return Ok(MlxWeight::Affine { n, k, group, blocks, bias });
+        }
+        tracing::warn!("{stem}: MLX {bits}-bit weights dequantised to f32 (scales not exact in f16)");
         let vals = super::mlx::dequantize(&q, &scales, &biases, n, k, group);
         Ok(MlxWeight::F32(Tensor::from_vec(vals, (n, k), &cpu)?))
     }
@@ -158,17 +161,15 @@ impl SafetensorsSource {
     /// An MLX-quantised weight as a matmul weight on the source's device.
     fn mlx_linear(&self, hf: &str) -> Result<LinearWeight> {
         Ok(match self.mlx_weight(hf)? {
-            MlxWeight::Q4_1 { n, k, bytes } if self.device.is_cpu() => LinearWeight::Ggml(std::sync::Arc::new(
-                crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?,
-            )),
-            MlxWeight::Q4_1 { n, k, bytes } => LinearWeight::Candle(QMatMul::from_arc(std::sync::Arc::new(
-                candle_core::quantized::ggml_file::qtensor_from_ggml(
-                    candle_core::quantized::GgmlDType::Q4_1,
-                    &bytes,
-                    vec![n, k],
-                    &self.device,
-                )?,
+            MlxWeight::Ggml { ty, n, k, bytes } if self.device.is_cpu() => {
+                LinearWeight::Ggml(std::sync::Arc::new(crate::ops::quant::GgmlMatrix::from_bytes(ty, n, k, &bytes)?))
+            }
+            MlxWeight::Ggml { ty, n, k, bytes } => LinearWeight::Candle(QMatMul::from_arc(std::sync::Arc::new(
+                candle_core::quantized::ggml_file::qtensor_from_ggml(ty.to_ggml(), &bytes, vec![n, k], &self.device)?,
             ))?),
+            MlxWeight::Affine { n, k, group, blocks, bias } => LinearWeight::Affine(std::sync::Arc::new(
+                crate::ops::quant::affine::AffineQ8::new(&blocks, bias, (n, k, group), &self.device)?,
+            )),
             MlxWeight::F32(t) => LinearWeight::Candle(QMatMul::Tensor(t.to_device(&self.device)?)),
         })
     }
@@ -230,12 +231,16 @@ impl WeightSource for SafetensorsSource {
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         if let Some(hf) = self.mlx_quantised(name) {
             return Ok(match self.mlx_weight(&hf)? {
-                MlxWeight::Q4_1 { n, k, bytes } => Tensor::from_vec(
-                    crate::ops::quant::GgmlMatrix::from_bytes(crate::ops::quant::QuantType::Q4_1, n, k, &bytes)?
-                        .dequantize(),
+                MlxWeight::Ggml { ty, n, k, bytes } => Tensor::from_vec(
+                    crate::ops::quant::GgmlMatrix::from_bytes(ty, n, k, &bytes)?.dequantize(),
                     (n, k),
                     &self.device,
                 )?,
+                MlxWeight::Affine { n, k, group, blocks, bias } => {
+                    crate::ops::quant::affine::AffineQ8::new(&blocks, bias, (n, k, group), &Device::Cpu)?
+                        .dequantize()?
+                        .to_device(&self.device)?
+                }
                 MlxWeight::F32(t) => t.to_device(&self.device)?,
             });
         }
@@ -248,6 +253,8 @@ impl WeightSource for SafetensorsSource {
                 LinearWeight::Candle(QMatMul::QTensor(q)) => Embedding::Quantized(q),
                 LinearWeight::Candle(QMatMul::Tensor(t)) => Embedding::Dense(t),
                 LinearWeight::Candle(QMatMul::TensorF16(t)) => Embedding::Dense(t.to_dtype(DType::F32)?),
+                // Lookups need rows: the effective weights, dense (the tied head then runs dense).
+                LinearWeight::Affine(a) => Embedding::Dense(a.dequantize()?.to_device(&self.device)?),
             });
         }
         Ok(Embedding::Dense(self.load(name)?))

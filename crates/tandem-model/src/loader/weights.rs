@@ -12,11 +12,14 @@ use crate::error::{ModelError, Result};
 use crate::ops::quant::GgmlMatrix;
 
 /// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
-/// fast kernels for), or our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 blocks.
+/// fast kernels for), our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks, or an
+/// affine weight with group biases (MLX 6/8-bit) on those.
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Candle(QMatMul),
     Ggml(Arc<GgmlMatrix>),
+    /// Affine 6/8-bit weights (mlx's) as Q8_0 plus group biases (`ops::quant::affine`).
+    Affine(Arc<crate::ops::quant::affine::AffineQ8>),
 }
 
 impl LinearWeight {
@@ -26,6 +29,7 @@ impl LinearWeight {
             // Each row gets the same bits whatever the number of rows (decode = verify).
             LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward(w, x)?,
             LinearWeight::Ggml(w) => w.forward(x)?,
+            LinearWeight::Affine(w) => w.forward(x)?,
         })
     }
 }
@@ -37,6 +41,7 @@ impl LinearWeight {
             LinearWeight::Candle(QMatMul::QTensor(q)) => q.shape().dims2()?,
             LinearWeight::Candle(QMatMul::Tensor(t)) | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dims2()?,
             LinearWeight::Ggml(w) => (w.n(), w.k()),
+            LinearWeight::Affine(w) => w.dims(),
         })
     }
 
@@ -78,6 +83,12 @@ impl LinearWeight {
                 let bytes = w.to_bytes();
                 let row_bytes = bytes.len() / w.n().max(1);
                 LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(w.quant_type(), n, w.k(), &bytes[..n * row_bytes])?))
+            }
+            LinearWeight::Affine(w) => {
+                if n > w.dims().0 {
+                    return Err(too_many(w.dims().0));
+                }
+                LinearWeight::Affine(Arc::new(w.first_rows(n)?))
             }
         })
     }

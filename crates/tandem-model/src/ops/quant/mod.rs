@@ -23,6 +23,7 @@
 //! the same input. The reference only differs in f32 summation order.
 
 pub mod activation;
+pub mod affine;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
