@@ -81,24 +81,50 @@ impl Drop for Server {
     }
 }
 
+/// Whether the server on `port` answers `GET /v1/models` with 200 (so it is ours and up).
+fn answers_models(port: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) else { return false };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    if c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+/// `tandem serve` on a free port, up once it answers; a server that exits first (its port
+/// taken by another process between our probe and its bind) is started again on another port.
+fn start_server(model: &std::path::Path) -> (Server, String) {
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+        let mut server = Server(
+            Command::new(env!("CARGO_BIN_EXE_tandem"))
+                .args(["serve", "-m", model.to_str().unwrap(), "--port", &port, "-t", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t0 = Instant::now();
+        loop {
+            if server.0.try_wait().unwrap().is_some() {
+                break; // exited: try another port
+            }
+            if answers_models(&port) {
+                return (server, format!("http://127.0.0.1:{port}"));
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "tandem serve did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("tandem serve exited at start five times");
+}
+
 #[test]
 fn agent_against_tandem_serve() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let model = root().join("fixtures/tiny/qwen2");
-    let _server = Server(
-        Command::new(env!("CARGO_BIN_EXE_tandem"))
-            .args(["serve", "-m", model.to_str().unwrap(), "--port", &port, "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "tandem serve did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (_server, url) = start_server(&model);
     let out = out_dir("agent");
     let o = tandem(&[
         "bench",

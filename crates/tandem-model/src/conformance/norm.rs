@@ -31,21 +31,43 @@ fn case(dev: &Device, rows: usize, n: usize, shape: &str) -> Result<Vec<Check>> 
     let (xd, dd, wd, gud) = (x.to_device(dev)?, d.to_device(dev)?, w.to_device(dev)?, gu.to_device(dev)?);
     let want_h = candle_nn::ops::rms_norm(&x, &w, eps)?;
     let (got_h, ms) = timed(dev, || rms_norm(&xd, &wd, eps))?;
-    let mut checks = vec![Check::new("rms_norm", shape.into(), "f32", rel_err(&got_h, &want_h)?, Judge::Tolerance(1e-5), ms)];
+    let mut checks =
+        vec![Check::new("rms_norm", shape.into(), "f32", rel_err(&got_h, &want_h)?, Judge::Tolerance(1e-5), ms)];
     let want_s = (&x + &d)?;
     let want_h = candle_nn::ops::rms_norm(&want_s, &w, eps)?;
     let ((got_s, got_h), ms) = timed(dev, || add_rms_norm(&xd, &dd, &wd, eps))?;
     checks.push(Check::new("add_rms_norm sum", shape.into(), "f32", bits_err(&got_s, &want_s)?, Judge::Exact, ms));
-    checks.push(Check::new("add_rms_norm", shape.into(), "f32", rel_err(&got_h, &want_h)?, Judge::Tolerance(1e-5), 0.0));
+    checks.push(Check::new(
+        "add_rms_norm",
+        shape.into(),
+        "f32",
+        rel_err(&got_h, &want_h)?,
+        Judge::Tolerance(1e-5),
+        0.0,
+    ));
     if rows > 1 {
         let r = rows / 2;
         let alone = rms_norm(&xd.narrow(0, r, 1)?, &wd, eps)?;
         let inside = rms_norm(&xd, &wd, eps)?.narrow(0, r, 1)?;
-        checks.push(Check::new("rms_norm row alone vs in batch", shape.into(), "f32", bits_err(&inside, &alone)?, Judge::Exact, 0.0));
+        checks.push(Check::new(
+            "rms_norm row alone vs in batch",
+            shape.into(),
+            "f32",
+            bits_err(&inside, &alone)?,
+            Judge::Exact,
+            0.0,
+        ));
     }
     // The halves of a fused [gate | up] output: row views with a stride of 2n.
     let want = (candle_nn::ops::silu(&gu.narrow(1, 0, n)?)? * gu.narrow(1, n, n)?)?;
     let (got, ms) = timed(dev, || silu_mul(&gud.narrow(1, 0, n)?, &gud.narrow(1, n, n)?))?;
-    checks.push(Check::new("silu_mul (row views)", shape.into(), "f32", rel_err(&got, &want)?, Judge::Tolerance(1e-6), ms));
+    checks.push(Check::new(
+        "silu_mul (row views)",
+        shape.into(),
+        "f32",
+        rel_err(&got, &want)?,
+        Judge::Tolerance(1e-6),
+        ms,
+    ));
     Ok(checks)
 }

@@ -11,7 +11,9 @@ use candle_core::{Device, Tensor};
 
 use super::{timed, Check, Judge, Rng};
 use crate::error::Result;
-use crate::ops::sampling::{argmax_ref, argmax_rows, top_candidates, top_candidates_ref, TopCandidates, DEVICE_CANDIDATES};
+use crate::ops::sampling::{
+    argmax_ref, argmax_rows, top_candidates, top_candidates_ref, TopCandidates, DEVICE_CANDIDATES,
+};
 
 pub fn run(dev: &Device) -> Vec<Check> {
     let mut out = Vec::new();

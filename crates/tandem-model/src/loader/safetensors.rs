@@ -31,9 +31,20 @@ pub struct SafetensorsSource {
 
 /// An MLX-quantised weight as loaded: `[n, k]` GGML blocks (Q4_1 or Q5_1), or f32 values.
 enum MlxWeight {
-    Ggml { ty: crate::ops::quant::QuantType, n: usize, k: usize, bytes: Vec<u8> },
+    Ggml {
+        ty: crate::ops::quant::QuantType,
+        n: usize,
+        k: usize,
+        bytes: Vec<u8>,
+    },
     /// 6 / 8 bits: Q8_0 blocks of `q - o` and group biases (`ops::quant::affine`).
-    Affine { n: usize, k: usize, group: usize, blocks: Vec<u8>, bias: Vec<f32> },
+    Affine {
+        n: usize,
+        k: usize,
+        group: usize,
+        blocks: Vec<u8>,
+        bias: Vec<f32>,
+    },
     F32(Tensor),
 }
 

@@ -136,7 +136,8 @@ impl AffineQ8 {
         };
         let groups = self.k / self.group;
         let bias = on(&self.bias)?; // [n, groups]
-        let bias = bias.reshape((self.n, groups, 1))?.broadcast_as((self.n, groups, self.group))?.reshape((self.n, self.k))?;
+        let bias =
+            bias.reshape((self.n, groups, 1))?.broadcast_as((self.n, groups, self.group))?.reshape((self.n, self.k))?;
         Ok((on(&self.q8)? + bias)?)
     }
 }
@@ -162,8 +163,12 @@ mod tests {
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{bits} bits: {g} vs {w}");
             }
-            let x = Tensor::from_vec((0..3 * k).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect(), (3, k), &Device::Cpu)
-                .unwrap();
+            let x = Tensor::from_vec(
+                (0..3 * k).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect(),
+                (3, k),
+                &Device::Cpu,
+            )
+            .unwrap();
             let y = a.forward(&x).unwrap();
             let w = Tensor::from_vec(want, (n, k), &Device::Cpu).unwrap();
             let exact = x.matmul(&w.t().unwrap()).unwrap();

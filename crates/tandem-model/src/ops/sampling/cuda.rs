@@ -56,7 +56,8 @@ pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
         return Ok(vec![0; rows]);
     }
     let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let chunks = u32::try_from(n.div_ceil(ARGMAX_CHUNK)).map_err(|_| ModelError::Input("argmax: row too long".into()))?;
+    let chunks =
+        u32::try_from(n.div_ceil(ARGMAX_CHUNK)).map_err(|_| ModelError::Input("argmax: row too long".into()))?;
     let grid_y = u32::try_from(rows).ok().filter(|&r| r <= 65_535);
     let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("argmax: {rows} rows")))?;
     let inputs = Inputs::new(&[&x])?;
