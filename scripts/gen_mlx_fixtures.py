@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """MLX-format fixtures: fixtures/tiny/llama converted by mlx-lm's own converter (affine
 quantisation, f16 scales and biases) at 4 bits in groups of 32 and 64, 8 bits in groups of 64,
-2 bits in groups of 64, 3 in groups of 32, 5 in groups of 64 and 6 in groups of 32, each with mlx-lm's logits for the tiny fixture's reference prompt
+2 bits in groups of 64, 3 in groups of 32, 5 in groups of 64 and 6 in groups of 32, and in the
+floating-point modes mxfp4, nvfp4 and mxfp8, each with mlx-lm's logits for the tiny fixture's reference prompt
 (`mlx_reference.safetensors`: prompt_ids, prompt_logits f32). tandem's loader is tested
 against these (crates/tandem-model/tests/mlx.rs).
 
@@ -39,15 +40,19 @@ assert err < 1e-3 * np.abs(ref["prompt_logits"]).max()
 ids = [int(x) for x in ref["prompt_ids"]]
 # WIDTHS=2:64,3:32 (bits:group, comma-separated) regenerates only those.
 import os
-widths = [(4, 32), (4, 64), (8, 64), (2, 64), (3, 32), (5, 64), (6, 32)]
+# The floating-point modes (mxfp4, nvfp4, mxfp8) fix bits and group: WIDTHS=mxfp4,nvfp4.
+FP = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}
+widths = [(4, 32, "affine"), (4, 64, "affine"), (8, 64, "affine"), (2, 64, "affine"), (3, 32, "affine"),
+          (5, 64, "affine"), (6, 32, "affine")] + [(*FP[m], m) for m in FP]
 if os.environ.get("WIDTHS"):
-    widths = [tuple(int(x) for x in w.split(":")) for w in os.environ["WIDTHS"].split(",")]
-for bits, group in widths:
-    out = root / "mlx" / f"llama-q{bits}-g{group}"
+    widths = [(*FP[w], w) if w in FP else (*(int(x) for x in w.split(":")), "affine")
+              for w in os.environ["WIDTHS"].split(",")]
+for bits, group, mode in widths:
+    out = root / "mlx" / (f"llama-q{bits}-g{group}" if mode == "affine" else f"llama-{mode}")
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(
         [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path", str(out), "-q",
-         "--q-bits", str(bits), "--q-group-size", str(group), "--dtype", "float16"],
+         "--q-bits", str(bits), "--q-group-size", str(group), "--q-mode", mode, "--dtype", "float16"],
         check=True,
     )
     (out / "README.md").unlink(missing_ok=True)
@@ -57,8 +62,11 @@ for bits, group in widths:
     # mlx's own dequantisation (in f32) of two weights, to check tandem's unpacking exactly.
     w = mx.load(str(out / "model.safetensors"))
     for name in ["model.layers.0.mlp.down_proj", "model.embed_tokens"]:
-        s, b = w[name + ".scales"].astype(mx.float32), w[name + ".biases"].astype(mx.float32)
-        deq = mx.dequantize(w[name + ".weight"], s, b, group_size=group, bits=bits)
+        if mode == "affine":
+            s, b = w[name + ".scales"].astype(mx.float32), w[name + ".biases"].astype(mx.float32)
+            deq = mx.dequantize(w[name + ".weight"], s, b, group_size=group, bits=bits)
+        else:
+            deq = mx.dequantize(w[name + ".weight"], w[name + ".scales"], group_size=group, bits=bits, mode=mode)
         tensors["dequant." + name] = np.array(deq.astype(mx.float32))
     save_file(tensors, str(out / "mlx_reference.safetensors"))
     print(out, logits.shape)

@@ -1,6 +1,7 @@
 //! MLX-quantised checkpoints (`loader/mlx.rs`): `fixtures/mlx/*`, the tiny Llama fixture
 //! converted by mlx-lm's own converter (`scripts/gen_mlx_fixtures.py`: 4 bits in groups of 32
-//! and 64, 8 bits in groups of 64, 2, 3, 5 and 6 bits, f16 scales), must give mlx-lm's logits for the reference
+//! and 64, 8 bits in groups of 64, 2, 3, 5 and 6 bits, f16 scales; and the fp modes mxfp4,
+//! nvfp4, mxfp8), must give mlx-lm's logits for the reference
 //! prompt, and the weights tandem reads must be mlx's own dequantisation of them. mlx-lm runs
 //! the f16 model in f16 (activations too), tandem in f32 over the same weight values (8-bit
 //! activations in the Q4_1 kernels), so the logits agree to those precisions, not bit for bit.
@@ -26,9 +27,18 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
 
 #[test]
 fn mlx_checkpoints_give_mlx_lm_logits() {
-    for name in
-        ["llama-q4-g32", "llama-q4-g64", "llama-q8-g64", "llama-q2-g64", "llama-q3-g32", "llama-q5-g64", "llama-q6-g32"]
-    {
+    for name in [
+        "llama-q4-g32",
+        "llama-q4-g64",
+        "llama-q8-g64",
+        "llama-q2-g64",
+        "llama-q3-g32",
+        "llama-q5-g64",
+        "llama-q6-g32",
+        "llama-mxfp4",
+        "llama-nvfp4",
+        "llama-mxfp8",
+    ] {
         let dir = fixture(name);
         let r = candle_core::safetensors::load(dir.join("mlx_reference.safetensors"), &Device::Cpu).unwrap();
         let ids: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
@@ -43,7 +53,8 @@ fn mlx_checkpoints_give_mlx_lm_logits() {
         // Every width runs on our block kernels (2-4 bits as Q4_1, 5 as Q5_1, 6 and 8 as Q8_0
         // plus group biases), which quantise activations to 8 bits (as ggml's do); mlx-lm runs
         // f16. Measured: 2.7e-2 / 3.0e-2 (4-bit, groups of 32 / 64), 2.5e-2 (8-bit), 2.8e-2 /
-        // 2.8e-2 / 2.5e-2 / 2.9e-2 (2, 3, 5, 6 bits).
+        // 2.8e-2 / 2.5e-2 / 2.9e-2 (2, 3, 5, 6 bits); mxfp4 (Q5_0) 2.9e-2, nvfp4 and mxfp8 (bf16
+        // matrices, f32 activations) 5.5e-7 and 7.8e-7.
         let tol = 5e-2;
         assert!(e <= tol, "{name}: relative error {e}, bound {tol}");
         // The weights themselves: what tandem reads equals mlx's own dequantisation.

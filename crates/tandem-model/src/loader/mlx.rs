@@ -11,7 +11,8 @@
 //! in 0..16: a 2- or 3-bit value is a nibble whose top bits are zero), 5 bits as Q5_1. 6 and 8
 //! bits (no GGML block type is `d·q + m` at those widths) and inexact scales are dequantised
 //! to f32 for that tensor, with a warning naming it. [`dequantize`] is the plain reference the
-//! repacking is tested against.
+//! repacking is tested against. The floating-point modes (mxfp4, nvfp4, mxfp8) are
+//! `loader/mlx_fp.rs`.
 
 use std::collections::HashMap;
 
@@ -26,6 +27,8 @@ pub struct MlxQuant {
     bits: usize,
     group: usize,
     overrides: HashMap<String, (usize, usize)>,
+    /// A floating-point mode (`loader/mlx_fp.rs`), or `None` for affine.
+    fp: Option<super::mlx_fp::FpMode>,
 }
 
 impl MlxQuant {
@@ -37,20 +40,34 @@ impl MlxQuant {
         };
         let (bits, group) = pair(q)
             .ok_or_else(|| ModelError::Config("config.json: `quantization` without bits / group_size".into()))?;
-        if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
-            if mode != "affine" {
-                return Err(ModelError::Config(format!(
-                    "MLX `{mode}` quantisation is not supported yet (affine only)"
-                )));
-            }
-        }
+        let fp = match q.get("mode").and_then(|m| m.as_str()) {
+            None | Some("affine") => None,
+            Some(m) => Some(super::mlx_fp::FpMode::parse(m).ok_or_else(|| {
+                ModelError::Config(format!("MLX `{m}` quantisation is not supported (affine, mxfp4, nvfp4, mxfp8)"))
+            })?),
+        };
         let overrides = q.iter().filter_map(|(k, v)| Some((k.clone(), pair(v.as_object()?)?))).collect();
-        let me = Self { bits, group, overrides };
+        let me = Self { bits, group, overrides, fp };
         me.check(bits, group)?;
         Ok(Some(me))
     }
 
+    /// The floating-point mode, `None` for affine.
+    pub fn fp_mode(&self) -> Option<super::mlx_fp::FpMode> {
+        self.fp
+    }
+
     fn check(&self, bits: usize, group: usize) -> Result<()> {
+        if let Some(fp) = self.fp {
+            if (bits, group) != fp.shape() {
+                let (b, g) = fp.shape();
+                return Err(ModelError::Config(format!(
+                    "MLX {}: {bits} bits in groups of {group} (the mode is {b} bits in groups of {g})",
+                    fp.name()
+                )));
+            }
+            return Ok(());
+        }
         if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) || !matches!(group, 32 | 64 | 128) {
             return Err(ModelError::Config(format!(
                 "MLX quantisation: {bits} bits in groups of {group} (unsupported)"
@@ -208,6 +225,10 @@ mod tests {
         assert_eq!(q.params("model.layers.0.mlp.down_proj.weight").unwrap(), (8, 32));
         assert!(MlxQuant::from_config(&serde_json::json!({})).unwrap().is_none());
         let fp = serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}});
-        assert!(MlxQuant::from_config(&fp).is_err());
+        assert_eq!(MlxQuant::from_config(&fp).unwrap().unwrap().fp_mode(), Some(super::super::mlx_fp::FpMode::Mxfp4));
+        let bad = serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "nvfp4"}});
+        assert!(MlxQuant::from_config(&bad).unwrap_err().to_string().contains("nvfp4"));
+        let unknown = serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "fp3"}});
+        assert!(MlxQuant::from_config(&unknown).unwrap_err().to_string().contains("fp3"));
     }
 }

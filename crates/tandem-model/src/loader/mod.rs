@@ -6,6 +6,7 @@ pub mod gguf;
 pub mod gguf_check;
 pub mod graft;
 pub mod mlx;
+pub mod mlx_fp;
 pub mod quantize;
 pub mod safetensors;
 pub mod summary;

@@ -29,7 +29,8 @@ pub struct SafetensorsSource {
     norms_plus_one: bool,
 }
 
-/// An MLX-quantised weight as loaded: `[n, k]` GGML blocks (Q4_1 or Q5_1), or f32 values.
+/// An MLX-quantised weight as loaded: `[n, k]` GGML blocks (Q4_1, Q5_1, Q5_0), Q8_0 + group
+/// biases, or dense values.
 enum MlxWeight {
     Ggml {
         ty: crate::ops::quant::QuantType,
@@ -45,6 +46,7 @@ enum MlxWeight {
         blocks: Vec<u8>,
         bias: Vec<f32>,
     },
+    /// Dense values: f32, or bf16 where that is exact (the fp modes).
     F32(Tensor),
 }
 
@@ -147,6 +149,9 @@ impl SafetensorsSource {
         let words = self.st.load(hf, &cpu)?;
         let (n, wpr) = words.dims2()?;
         let words = words.flatten_all()?.to_vec1::<u32>()?;
+        if let Some(fp) = cfg.fp_mode() {
+            return self.mlx_fp_weight(stem, &words, (n, wpr * 32 / bits), fp);
+        }
         let f32s = |name: String| -> Result<Vec<f32>> {
             Ok(self.st.load(&name, &cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
         };
@@ -167,6 +172,39 @@ impl SafetensorsSource {
         tracing::warn!("{stem}: MLX {bits}-bit weights dequantised to f32 (scales not exact in f16)");
         let vals = super::mlx::dequantize(&q, &scales, &biases, n, k, group);
         Ok(MlxWeight::F32(Tensor::from_vec(vals, (n, k), &cpu)?))
+    }
+
+    /// An MLX weight in a floating-point mode (`loader/mlx_fp.rs`): mxfp4 as Q5_0 blocks, the
+    /// others (and mxfp4 scales f16 cannot hold) as bf16, both exact.
+    fn mlx_fp_weight(
+        &self,
+        stem: &str,
+        words: &[u32],
+        (n, k): (usize, usize),
+        fp: super::mlx_fp::FpMode,
+    ) -> Result<MlxWeight> {
+        let (bits, group) = fp.shape();
+        let scales = self.st.load(&format!("{stem}.scales"), &Device::Cpu)?;
+        let scales = scales.flatten_all()?.to_vec1::<u8>()?;
+        if !k.is_multiple_of(group) || scales.len() != n * (k / group) {
+            return Err(ModelError::Config(format!(
+                "{stem}: {} scales do not fit [{n}, {k}] in groups of {group} ({})",
+                scales.len(),
+                fp.name()
+            )));
+        }
+        let codes = super::mlx::unpack(words, n, k, bits)?;
+        if fp == super::mlx_fp::FpMode::Mxfp4 {
+            if let Some(bytes) = super::mlx_fp::mxfp4_to_q5_0(&codes, &scales, n, k) {
+                return Ok(MlxWeight::Ggml { ty: crate::ops::quant::QuantType::Q5_0, n, k, bytes });
+            }
+        }
+        let vals = super::mlx_fp::dequantize(&codes, &scales, n, k, fp);
+        if let Some(b) = super::mlx_fp::exact_bf16(&vals) {
+            return Ok(MlxWeight::F32(Tensor::from_vec(b, (n, k), &Device::Cpu)?));
+        }
+        tracing::warn!("{stem}: MLX {} weights outside bf16's range, kept as f32", fp.name());
+        Ok(MlxWeight::F32(Tensor::from_vec(vals, (n, k), &Device::Cpu)?))
     }
 
     /// An MLX-quantised weight as a matmul weight on the source's device.
@@ -212,7 +250,10 @@ impl SafetensorsSource {
         match &self.mlx {
             Some(q) => {
                 let (bits, group) = q.params("").unwrap_or((0, 0));
-                format!("safetensors (MLX affine {bits}-bit, groups of {group})")
+                match q.fp_mode() {
+                    Some(fp) => format!("safetensors (MLX {}, groups of {group})", fp.name()),
+                    None => format!("safetensors (MLX affine {bits}-bit, groups of {group})"),
+                }
             }
             None => "safetensors".into(),
         }
@@ -252,7 +293,7 @@ impl WeightSource for SafetensorsSource {
                         .dequantize()?
                         .to_device(&self.device)?
                 }
-                MlxWeight::F32(t) => t.to_device(&self.device)?,
+                MlxWeight::F32(t) => t.to_dtype(DType::F32)?.to_device(&self.device)?,
             });
         }
         self.load(name)
@@ -262,7 +303,7 @@ impl WeightSource for SafetensorsSource {
             return Ok(match self.mlx_linear(&hf)? {
                 LinearWeight::Ggml(m) => Embedding::Ggml(m),
                 LinearWeight::Candle(QMatMul::QTensor(q)) => Embedding::Quantized(q),
-                LinearWeight::Candle(QMatMul::Tensor(t)) => Embedding::Dense(t),
+                LinearWeight::Candle(QMatMul::Tensor(t)) => Embedding::Dense(t.to_dtype(DType::F32)?),
                 LinearWeight::Candle(QMatMul::TensorF16(t)) => Embedding::Dense(t.to_dtype(DType::F32)?),
                 // Lookups need rows: the effective weights, dense (the tied head then runs dense).
                 LinearWeight::Affine(a) => Embedding::Dense(a.dequantize()?.to_device(&self.device)?),
