@@ -3,7 +3,7 @@ CARGO ?= cargo
 PROMPT ?= Explain in two sentences why the sky is blue.
 MODEL ?= smollm2-135m
 
-.PHONY: demo test test-sdk test-fuzz test-metal build models bench bench-peers serve clean-models cuda test-cuda gpu-pack
+.PHONY: demo test test-sdk test-fuzz test-metal test-mlx build models bench bench-peers serve clean-models cuda test-cuda gpu-pack
 
 build:
 	$(CARGO) build --bin tandem
@@ -20,7 +20,7 @@ models: build
 	@path=$$($(CARGO) run -q --bin tandem -- pull qwen2.5-coder-0.5b) && ln -sf "$$path" models/qwen2.5-coder-0.5b.gguf
 	@echo "models/qwen2.5-coder-0.5b.gguf -> $$(readlink models/qwen2.5-coder-0.5b.gguf)"
 
-test: models test-sdk test-fuzz test-metal
+test: models test-sdk test-fuzz test-metal test-mlx
 	$(CARGO) test --workspace
 
 # The Metal build type-checks for Apple GPUs (nothing here can run it): the portable op path
@@ -49,6 +49,10 @@ gpu-pack:
 # (a venv under target/sdk-venv, created on first run; needs python3 + pip + PyPI).
 test-sdk: models
 	bash crates/tandem-server/tests/sdk/run.sh
+
+# MLX checkpoints converted by mlx-lm (from PyPI) during the run, against mlx-lm's own logits.
+test-mlx:
+	CARGO="$(CARGO)" bash scripts/test-mlx.sh
 
 # cargo-fuzz over request parsing + template rendering (FUZZ_RUNS inputs) and over model files
 # through the loader (GGUF, config.json + safetensors, tokenizer.json, templates;

@@ -12,8 +12,13 @@ use candle_core::{Device, Tensor};
 use tandem_model::batch::{LogitsWanted, SeqChunk};
 use tandem_model::kv::SequenceCache;
 
+/// `fixtures/mlx/NAME`, or `$TANDEM_MLX_FIXTURES/NAME` (`make test-mlx`: converted by mlx-lm
+/// during the test run instead of the committed results).
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mlx").join(name)
+    match std::env::var_os("TANDEM_MLX_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mlx").join(name),
+    }
 }
 
 /// max |a - b| / max |b|
