@@ -216,15 +216,6 @@ __device__ void qmatmul_tiled(float* __restrict__ y, const float* __restrict__ x
 #define QS_STEPS 4
 #define QS_STAGES 2
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <int WT>
 __device__ __forceinline__ void staged8(const uint8_t* p, float* w) {

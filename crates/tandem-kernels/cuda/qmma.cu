@@ -202,15 +202,6 @@ QMMA(64)
 #define QV_ROUND (QM_WARPS * QM_MAXL * QM_BLOCK_BYTES)  // 2176 bytes: eight segments of eight blocks
 #define QV_PAD 16                                      // words read past a block's last byte
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // A staged block at byte `off` of shared memory: its 32 int8 values as eight words (from
 // nine aligned word reads and funnel shifts: blocks start at even offsets) and its scale.
