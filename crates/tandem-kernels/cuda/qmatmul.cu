@@ -30,6 +30,19 @@
 #define TC 4
 #define WARPS 4
 
+// Eight activations x[p .. p + 8] (16-byte aligned) into xv, and the chain's step over them:
+// t + x0 w0 + x1 w1 + ... in order, one fused multiply-add each.
+__device__ __forceinline__ void load_x8(const float* p, float (&xv)[8]) {
+    const float4* xp = reinterpret_cast<const float4*>(p);
+    const float4 a = __ldg(xp), b = __ldg(xp + 1);
+    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+}
+__device__ __forceinline__ float chain8(float t, const float (&xv)[8], const float* wv) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[i], t);
+    return t;
+}
+
 // acc[r][c] += x[r] . w[c] over this lane's pieces, for r < rows, c < cols.
 template <int WT, int R, int C, int U = 2>
 __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __restrict__ w, long long row_bytes,
@@ -53,16 +66,10 @@ __device__ __forceinline__ void dot_tile(float (&acc)[R][C], const uint8_t* __re
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r < rows) {
-                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * k + u * 32 + l0);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                float xv[8];
+                load_x8(x + (size_t)r * k + u * 32 + l0, xv);
 #pragma unroll
-                for (int c = 0; c < C; c++) {
-                    float t = acc[r][c];
-#pragma unroll
-                    for (int i = 0; i < 8; i++) t = fmaf(xv[i], wv[c][i], t);
-                    acc[r][c] = t;
-                }
+                for (int c = 0; c < C; c++) acc[r][c] = chain8(acc[r][c], xv, wv[c]);
             }
         }
     }
@@ -281,13 +288,9 @@ __device__ void qmatmul_staged(float* __restrict__ y, const float* __restrict__ 
 #pragma unroll
                 for (int i = 0; i < R; i++) {
                     if (i < rows) {
-                        const float4* xp = reinterpret_cast<const float4*>(x + (size_t)i * k + u * 32 + l0);
-                        const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                        float t = acc[i];
-#pragma unroll
-                        for (int j = 0; j < 8; j++) t = fmaf(xv[j], wv[j], t);
-                        acc[i] = t;
+                        float xv[8];
+                        load_x8(x + (size_t)i * k + u * 32 + l0, xv);
+                        acc[i] = chain8(acc[i], xv, wv);
                     }
                 }
             }
