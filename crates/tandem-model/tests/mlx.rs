@@ -83,6 +83,13 @@ fn mlx_checkpoints_give_mlx_lm_logits() {
             }
         }
         assert!(loaded.summary.format.contains("MLX"), "{}", loaded.summary.format);
+        // `inspect`: the unpacked parameter count of the model converted, and what each
+        // quantised weight runs as.
+        let plain = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
+        let plain = tandem_model::loader::load(&plain, &Device::Cpu).unwrap().summary.parameters;
+        assert_eq!(loaded.summary.parameters, plain, "{name}");
+        let types = &loaded.summary.tensor_types;
+        assert!(types.keys().any(|k| k.starts_with("MLX ") && k.contains(" -> ")), "{name}: {types:?}");
     }
 }
 

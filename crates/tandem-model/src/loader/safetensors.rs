@@ -259,14 +259,50 @@ impl SafetensorsSource {
         }
     }
 
+    /// Tensors by type, and the parameter count. An MLX-quantised weight counts its unpacked
+    /// values and shows its width and what it runs as (`MLX 4-bit affine -> Q4_1`); its scales
+    /// and biases are metadata (`MLX scales / biases`), not parameters.
     pub fn tensor_types(&self) -> (BTreeMap<String, usize>, u64) {
         let mut types = BTreeMap::new();
         let mut params = 0u64;
-        for (_, view) in self.st.tensors() {
-            *types.entry(format!("{:?}", view.dtype())).or_insert(0) += 1;
-            params += view.shape().iter().product::<usize>() as u64;
+        for (name, view) in self.st.tensors() {
+            let elems = view.shape().iter().product::<usize>() as u64;
+            let stem = name
+                .strip_suffix(".weight")
+                .or_else(|| name.strip_suffix(".scales"))
+                .or_else(|| name.strip_suffix(".biases"));
+            let mlx = match (&self.mlx, stem) {
+                (Some(q), Some(stem)) if self.names.contains(&format!("{stem}.scales")) => Some((q, stem)),
+                _ => None,
+            };
+            let (label, count) = match mlx {
+                Some((q, _)) if name.ends_with(".weight") => {
+                    let (bits, _) = q.params(&name).unwrap_or((32, 0));
+                    let unpacked = elems * 32 / bits.max(1) as u64;
+                    (mlx_label(q, bits), unpacked)
+                }
+                Some(_) => ("MLX scales / biases".to_string(), 0),
+                None => (format!("{:?}", view.dtype()), elems),
+            };
+            *types.entry(label).or_insert(0) += 1;
+            params += count;
         }
         (types, params)
+    }
+}
+
+/// How an MLX-quantised weight of `bits` is read (see `loader/mlx.rs`, `loader/mlx_fp.rs`; a
+/// tensor whose scales are not exact in f16 falls back to dense values).
+fn mlx_label(q: &super::mlx::MlxQuant, bits: usize) -> String {
+    use super::mlx_fp::FpMode;
+    match q.fp_mode() {
+        Some(FpMode::Mxfp4) => "MLX mxfp4 -> Q5_0".into(),
+        Some(fp) => format!("MLX {} -> BF16", fp.name()),
+        None => match bits {
+            1..=4 => format!("MLX {bits}-bit affine -> Q4_1"),
+            5 => "MLX 5-bit affine -> Q5_1".into(),
+            _ => format!("MLX {bits}-bit affine -> Q8_0 + group biases"),
+        },
     }
 }
 
