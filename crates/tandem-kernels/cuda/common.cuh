@@ -29,3 +29,8 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// A warp's copy of `bytes` (a multiple of 16) contiguous bytes into shared memory, lane l taking
+// the 16-byte pieces l, l + 32, ... (one coalesced stretch per instruction).
+__device__ __forceinline__ void warp_cp_async(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+    for (int i = lane; i < bytes / 16; i += 32) cp_async16(dst + i * 16, src + i * 16);
+}

@@ -264,8 +264,7 @@ __device__ void qmatmul_staged(float* __restrict__ y, const float* __restrict__ 
     auto load = [&](int c) {
         uint8_t* st = stage[warp][c % QS_STAGES];
         const int bytes = (int)min((long long)STAGE_BYTES, row_bytes - (long long)c * STAGE_BYTES);
-        const uint8_t* src = row + (size_t)c * STAGE_BYTES;
-        for (int i = lane; i < bytes / 16; i += 32) cp_async16(st + i * 16, src + i * 16);
+        warp_cp_async(st, row + (size_t)c * STAGE_BYTES, bytes, lane);
     };
 #pragma unroll
     for (int c = 0; c < QS_STAGES; c++) {

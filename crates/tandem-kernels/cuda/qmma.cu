@@ -238,9 +238,7 @@ __device__ void qmv_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, c
     auto load = [&](int r) {
         uint8_t* st = stage[warp][r % QV_STAGES];
         const int segs = min(QM_WARPS, nseg - r * QM_WARPS);
-        const int chunks = segs * seg_bytes / 16;
-        const uint8_t* src = row + (size_t)r * QM_WARPS * seg_bytes;
-        for (int i = lane; i < chunks; i += 32) cp_async16(st + i * 16, src + i * 16);
+        warp_cp_async(st, row + (size_t)r * QM_WARPS * seg_bytes, segs * seg_bytes, lane);
     };
 #pragma unroll
     for (int r = 0; r < QV_STAGES; r++) {

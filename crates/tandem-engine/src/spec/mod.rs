@@ -172,11 +172,5 @@ pub(crate) trait Proposer: Send {
 
 /// Index of the most likely token of a logits row (lowest id on ties, NaN never wins).
 pub(crate) fn argmax(row: &[f32]) -> u32 {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    for (i, &v) in row.iter().enumerate() {
-        if v > best.1 {
-            best = (i, v);
-        }
-    }
-    best.0 as u32
+    tandem_model::ops::sampling::argmax_ref(row)
 }

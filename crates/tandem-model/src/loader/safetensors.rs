@@ -271,12 +271,10 @@ impl SafetensorsSource {
                 .strip_suffix(".weight")
                 .or_else(|| name.strip_suffix(".scales"))
                 .or_else(|| name.strip_suffix(".biases"));
-            let mlx = match (&self.mlx, stem) {
-                (Some(q), Some(stem)) if self.names.contains(&format!("{stem}.scales")) => Some((q, stem)),
-                _ => None,
-            };
+            // The MLX config, for a weight or its scales / biases when the weight is quantised.
+            let mlx = self.mlx.as_ref().filter(|_| stem.is_some_and(|s| self.names.contains(&format!("{s}.scales"))));
             let (label, count) = match mlx {
-                Some((q, _)) if name.ends_with(".weight") => {
+                Some(q) if name.ends_with(".weight") => {
                     let (bits, _) = q.params(&name).unwrap_or((32, 0));
                     let unpacked = elems * 32 / bits.max(1) as u64;
                     (mlx_label(q, bits), unpacked)

@@ -1,7 +1,8 @@
 //! Q8_0 matmuls on the tensor cores (`tandem-kernels/cuda/qmma.cu`): the activations are
 //! quantised to 8 bits per 32-value block (`q8_quantize_rows`), each block's dot product with
-//! the weights is an exact integer (an int8 `mma.sync`; for up to 8 rows, decode and verify,
-//! `__dp4a` on a warp per output column, which spreads a matrix over more warps), and the blocks' scaled products
+//! the weights is an exact integer (an int8 `mma.sync`; for one or two rows, decode and short
+//! verifies, `__dp4a` on a warp per output column, which spreads a matrix over more warps), and
+//! the blocks' scaled products
 //! are added in a chain fixed by `k` alone, so every call size (decode, verify chunks,
 //! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
 //! kernels (f32 activations) this trades the activations' last bits (the CPU's Q8_0 kernels
