@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MLX-format fixtures: fixtures/tiny/llama converted by mlx-lm's own converter (affine
+"""MLX-format fixtures: fixtures/tiny/llama (and the hybrids, below) converted by mlx-lm's own converter (affine
 quantisation, f16 scales and biases) at 4 bits in groups of 32 and 64, 8 bits in groups of 64,
 2 bits in groups of 64, 3 in groups of 32, 5 in groups of 64 and 6 in groups of 32, and in the
 floating-point modes mxfp4, nvfp4 and mxfp8, each with mlx-lm's logits for the tiny fixture's reference prompt
@@ -71,37 +71,52 @@ for bits, group, mode in widths:
     save_file(tensors, str(out / "mlx_reference.safetensors"))
     print(out, logits.shape)
 
-# The Qwen3.5 hybrid fixture, tamed (every linear weight but the conv and the embedding scaled
-# by 0.2, as tests/hybrid_gguf.rs and tests/load_quantize.rs do: the random fixture is chaotic,
-# so f16 activations alone would move its logits by tens of percent), in a config mlx-lm reads:
-# model_type `qwen3_5`, RoPE keys at the top level, and `full_attention_interval: 3`, which is
-# mlx-lm's way of saying the fixture's `layer_types` (G G A G). Converted without quantisation
-# (the MTP graft test) and at 8 and 4 bits in groups of 32; mlx-lm drops the MTP head.
-hsrc = root / "hybrid" / "qwen3_5"
-href = load_file(str(hsrc / "reference.safetensors"))
-hids = [int(x) for x in href["prompt_ids"]]
-tamed = Path(tempfile.mkdtemp()) / "qwen3_5"
-shutil.copytree(hsrc, tamed)
-w = load_file(str(hsrc / "model.safetensors"))
-w = {
-    k: (v * np.float32(0.2) if v.ndim >= 2 and "conv1d" not in k and "embed_tokens" not in k and "lm_head" not in k else v)
-    for k, v in w.items()
-}
-save_file(w, str(tamed / "model.safetensors"))
-cfg = json.loads((tamed / "config.json").read_text())
-rp = cfg["rope_parameters"]
-cfg.update(model_type="qwen3_5", rope_theta=rp["rope_theta"], partial_rotary_factor=rp["partial_rotary_factor"],
-           full_attention_interval=3)
-(tamed / "config.json").write_text(json.dumps(cfg, indent=2))
-for bits, group in [(None, None), (8, 32), (4, 32)]:
-    out = root / "mlx" / (f"qwen3_5-q{bits}-g{group}" if bits else "qwen3_5-f16")
-    shutil.rmtree(out, ignore_errors=True)
-    q = ["-q", "--q-bits", str(bits), "--q-group-size", str(group)] if bits else []
-    subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(tamed), "--mlx-path", str(out),
-                    "--dtype", "float16", *q], check=True)
-    (out / "README.md").unlink(missing_ok=True)
-    model, _ = load(str(out))
-    logits = model(mx.array([hids]))[0].astype(mx.float32)
-    save_file({"prompt_ids": np.array(hids, dtype=np.int64), "prompt_logits": np.array(logits)},
-              str(out / "mlx_reference.safetensors"))
-    print(out, logits.shape)
+# The hybrid fixtures, tamed (every linear weight but the conv and the embedding scaled by
+# 0.2, as tests/hybrid_gguf.rs and tests/load_quantize.rs do: the random fixtures are chaotic,
+# so f16 activations alone would move their logits by tens of percent), in configs mlx-lm
+# reads: RoPE keys at the top level (of `text_config` for Qwen3.5-MoE), and
+# `full_attention_interval: 3`, which is mlx-lm's way of saying the fixtures' `layer_types`
+# (G G A G). Qwen3.5 converted without quantisation (the MTP graft test) and at 8 and 4 bits in
+# groups of 32; the MoE hybrids (Qwen3.5-MoE with HF's fused experts, Qwen3-Next with
+# per-expert tensors: mlx-lm stacks both as `switch_mlp`) at 4 bits in groups of 32. mlx-lm
+# drops the MTP heads. mlx runs the MoE ones in f32 (below).
+def hybrid(name, widths):
+    hsrc = root / "hybrid" / name
+    href = load_file(str(hsrc / "reference.safetensors"))
+    hids = [int(x) for x in href["prompt_ids"]]
+    tamed = Path(tempfile.mkdtemp()) / name
+    shutil.copytree(hsrc, tamed)
+    w = load_file(str(hsrc / "model.safetensors"))
+    w = {
+        k: (v * np.float32(0.2) if v.ndim >= 2 and "conv1d" not in k and "embed_tokens" not in k and "lm_head" not in k else v)
+        for k, v in w.items()
+    }
+    save_file(w, str(tamed / "model.safetensors"))
+    cfg = json.loads((tamed / "config.json").read_text())
+    tc = cfg.get("text_config", cfg)
+    rp = tc["rope_parameters"]
+    tc.update(rope_theta=rp["rope_theta"], partial_rotary_factor=rp["partial_rotary_factor"], full_attention_interval=3)
+    if name == "qwen3_5":
+        cfg.update(model_type="qwen3_5")
+    (tamed / "config.json").write_text(json.dumps(cfg, indent=2))
+    for bits, group in widths:
+        out = root / "mlx" / (f"{name}-q{bits}-g{group}" if bits else f"{name}-f16")
+        shutil.rmtree(out, ignore_errors=True)
+        q = ["-q", "--q-bits", str(bits), "--q-group-size", str(group)] if bits else []
+        subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(tamed), "--mlx-path", str(out),
+                        "--dtype", "float16", *q], check=True)
+        (out / "README.md").unlink(missing_ok=True)
+        model, _ = load(str(out))
+        if "moe" in name or "next" in name:
+            # mlx's CPU backend multiplies gathered (stacked, unquantised) experts in f32 only:
+            # the reference runs the checkpoint's f16 values in f32 (exact widening).
+            model.set_dtype(mx.float32)
+        logits = model(mx.array([hids]))[0].astype(mx.float32)
+        save_file({"prompt_ids": np.array(hids, dtype=np.int64), "prompt_logits": np.array(logits)},
+                  str(out / "mlx_reference.safetensors"))
+        print(out, logits.shape)
+
+
+hybrid("qwen3_5", [(None, None), (8, 32), (4, 32)])
+hybrid("qwen3_5_moe", [(4, 32)])
+hybrid("qwen3_next", [(4, 32)])

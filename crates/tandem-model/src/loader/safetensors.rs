@@ -132,28 +132,67 @@ impl SafetensorsSource {
                 || hf == format!("{}norm.weight", self.prefix))
     }
 
-    /// The HF name of `gguf`'s MLX `scales` tensor when that weight is MLX-quantised.
+    /// mlx-lm's stacked experts: `{base}.experts.{e}.{proj}.weight`, which the checkpoint does
+    /// not hold, read as expert `e` of `{base}.switch_mlp.{proj}.weight` (`[E, n, k]`, with
+    /// `[E, n, groups]` scales and biases when quantised). The stacked name and `e`.
+    fn switch_expert(&self, hf: &str) -> Option<(String, usize)> {
+        let (base, rest) = hf.split_once(".experts.")?;
+        let (e, tail) = rest.split_once('.')?;
+        let e: usize = e.parse().ok()?;
+        let stacked = format!("{base}.switch_mlp.{tail}");
+        self.names.contains(&stacked).then_some((stacked, e))
+    }
+
+    /// Tensor `hf` from the files, or the expert slice [`Self::switch_expert`] names.
+    fn load_raw(&self, hf: &str, device: &Device) -> Result<Tensor> {
+        if self.names.contains(hf) {
+            return Ok(self.st.load(hf, device)?);
+        }
+        match self.switch_expert(hf) {
+            Some((stacked, e)) => {
+                let t = self.st.load(&stacked, device)?;
+                let experts = t.dims().first().copied().unwrap_or(0);
+                if e >= experts {
+                    return Err(ModelError::Config(format!("{stacked}: no expert {e} (it holds {experts})")));
+                }
+                Ok(t.get(e)?)
+            }
+            None => Err(ModelError::MissingTensor(hf.to_string())),
+        }
+    }
+
+    /// The HF name of `gguf`'s weight when it is MLX-quantised (its `scales` tensor exists,
+    /// beside it or beside its stacked experts).
     fn mlx_quantised(&self, gguf: &str) -> Option<String> {
         self.mlx.as_ref()?;
         let hf = self.hf(gguf);
-        let scales = format!("{}.scales", hf.strip_suffix(".weight")?);
+        let stem = match self.switch_expert(&hf) {
+            Some((stacked, _)) if !self.names.contains(&hf) => stacked,
+            _ => hf.clone(),
+        };
+        let scales = format!("{}.scales", stem.strip_suffix(".weight")?);
         self.names.contains(&scales).then_some(hf)
     }
 
     /// An MLX-quantised weight: repacked as GGML blocks where that is exact, else f32 values.
     fn mlx_weight(&self, hf: &str) -> Result<MlxWeight> {
         let cfg = self.mlx.as_ref().ok_or_else(|| ModelError::Config("not an MLX checkpoint".into()))?;
-        let (bits, group) = cfg.params(hf)?;
+        // An expert of stacked experts takes the stack's module settings.
+        let module = match self.switch_expert(hf) {
+            Some((stacked, _)) if !self.names.contains(hf) => stacked,
+            _ => hf.to_string(),
+        };
+        let (bits, group) = cfg.params(&module)?;
         let stem = hf.strip_suffix(".weight").unwrap_or(hf);
         let cpu = Device::Cpu;
-        let words = self.st.load(hf, &cpu)?;
+        let words = self.load_raw(hf, &cpu)?;
         let (n, wpr) = words.dims2()?;
         let words = words.flatten_all()?.to_vec1::<u32>()?;
         if let Some(fp) = cfg.fp_mode() {
             return self.mlx_fp_weight(stem, &words, (n, wpr * 32 / bits), fp);
         }
         let f32s = |name: String| -> Result<Vec<f32>> {
-            Ok(self.st.load(&name, &cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+            Ok(self.load_raw(&name, &cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
         };
         let (scales, biases) = (f32s(format!("{stem}.scales"))?, f32s(format!("{stem}.biases"))?);
         let k = wpr * 32 / bits;
@@ -184,7 +223,7 @@ impl SafetensorsSource {
         fp: super::mlx_fp::FpMode,
     ) -> Result<MlxWeight> {
         let (bits, group) = fp.shape();
-        let scales = self.st.load(&format!("{stem}.scales"), &Device::Cpu)?;
+        let scales = self.load_raw(&format!("{stem}.scales"), &Device::Cpu)?;
         let scales = scales.flatten_all()?.to_vec1::<u8>()?;
         if !k.is_multiple_of(group) || scales.len() != n * (k / group) {
             return Err(ModelError::Config(format!(
@@ -225,10 +264,7 @@ impl SafetensorsSource {
 
     fn load(&self, gguf: &str) -> Result<Tensor> {
         let name = self.hf(gguf);
-        if !self.names.contains(&name) {
-            return Err(ModelError::MissingTensor(name));
-        }
-        let t = self.st.load(&name, &self.device)?.to_dtype(DType::F32)?;
+        let t = self.load_raw(&name, &self.device)?.to_dtype(DType::F32)?;
         Ok(if self.baked_norm(&name) { t.affine(1.0, -1.0)? } else { t })
     }
 
@@ -237,10 +273,7 @@ impl SafetensorsSource {
     /// memory), anything else as f32.
     fn load_matrix(&self, gguf: &str) -> Result<Tensor> {
         let name = self.hf(gguf);
-        if !self.names.contains(&name) {
-            return Err(ModelError::MissingTensor(name));
-        }
-        let t = self.st.load(&name, &self.device)?;
+        let t = self.load_raw(&name, &self.device)?;
         let keep = matches!(t.dtype(), DType::BF16 | DType::F16) && t.rank() == 2 && !self.baked_norm(&name);
         Ok(if keep { t } else { t.to_dtype(DType::F32)? })
     }
@@ -306,7 +339,8 @@ fn mlx_label(q: &super::mlx::MlxQuant, bits: usize) -> String {
 
 impl WeightSource for SafetensorsSource {
     fn has(&self, name: &str) -> bool {
-        self.names.contains(&self.hf(name))
+        let hf = self.hf(name);
+        self.names.contains(&hf) || self.switch_expert(&hf).is_some()
     }
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
         if let Some(hf) = self.mlx_quantised(name) {
