@@ -261,7 +261,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             host.push(100.0 * enqueue / wall);
             if a.verify > 0 {
                 // Verify steps per second: forwards of `a.verify` tokens in verify mode, each
-                // reading every position's logits and keeping one position (the context grows
+                // reading every position's argmax (the whole rows on the CPU) and keeping one position (the context grows
                 // as in the decode test).
                 let mut cache = cache_at_depth(&context, a.gen_tokens + a.verify)?;
                 let chunk: Vec<u32> = (0..a.verify as u32).map(|i| 1 + i % 7).collect();
@@ -273,7 +273,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     }
                     let mut chunks = [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }];
                     let out = model.forward(&mut chunks)?;
-                    let _ = out.into_iter().next().flatten().context("no logits")?.flatten_all()?.to_vec1::<f32>()?;
+                    let logits = out.into_iter().next().flatten().context("no logits")?;
+                    if device.is_cpu() {
+                        let _ = logits.flatten_all()?.to_vec1::<f32>()?;
+                    } else {
+                        // Every position's argmax on the device, as the engine reads a greedy
+                        // verify chunk.
+                        let vocab = logits.dims().last().copied().unwrap_or(1).max(1);
+                        let rows = logits.reshape((logits.elem_count() / vocab, vocab))?;
+                        let _ = tandem_model::ops::sampling::argmax_rows(&rows)?;
+                    }
                     cache.commit_speculative(chunk.len(), 1)?;
                 }
                 tv.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());

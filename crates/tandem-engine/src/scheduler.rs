@@ -444,13 +444,12 @@ impl Scheduler {
             Ok(Err(e)) => return self.forward_failed(plan, snaps, &format!("forward pass failed: {e}"), elapsed),
             Err(_) => return self.forward_failed(plan, snaps, "forward pass panicked", elapsed),
         };
-        // Greedy rows on a GPU: every such sequence's argmax in one batched read.
+        // Greedy rows on a GPU (decode steps and verify chunks): every such sequence's argmax
+        // rows in one batched read.
         let greedy: Vec<bool> = plan
             .iter()
             .zip(&logits)
-            .map(|(e, l)| {
-                !e.verify && l.as_ref().is_some_and(|l| !l.device().is_cpu()) && self.running[e.seq].argmax_only()
-            })
+            .map(|(e, l)| l.as_ref().is_some_and(|l| !l.device().is_cpu()) && self.running[e.seq].argmax_only())
             .collect();
         let mut argmax = match argmax::device_argmax_rows(
             logits.iter().zip(&greedy).filter(|(_, &g)| g).filter_map(|(l, _)| l.as_ref()),
@@ -465,9 +464,25 @@ impl Scheduler {
             let s = &mut self.running[e.seq];
             s.consumed(e.n, elapsed);
             if g {
-                // Greedy on a GPU: one id came back instead of the whole vocabulary's logits.
+                // Greedy on a GPU: one id per position came back instead of the whole
+                // vocabulary's logits.
                 match argmax.next() {
-                    Some(Ok(id)) => s.on_argmax(id, &self.tokenizer, self.context_length),
+                    Some(Ok(ids)) if e.verify => {
+                        let (d0, a0) = (s.spec.usage.drafted_tokens, s.spec.usage.accepted_tokens);
+                        if let Err(err) = s.on_verify_argmax(&ids, &self.tokenizer, self.context_length) {
+                            s.fail(&format!("committing verified tokens failed: {err}"));
+                            continue;
+                        }
+                        speculate::count(
+                            &self.stats,
+                            s.spec.usage.drafted_tokens - d0,
+                            s.spec.usage.accepted_tokens - a0,
+                        );
+                    }
+                    Some(Ok(ids)) => match ids.first() {
+                        Some(&id) => s.on_argmax(id, &self.tokenizer, self.context_length),
+                        None => s.fail("reading the argmax failed: a row went missing"),
+                    },
                     Some(Err(err)) => s.fail(&format!("reading the argmax failed: {err}")),
                     None => s.fail("reading the argmax failed: a row went missing"),
                 }

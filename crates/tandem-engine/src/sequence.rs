@@ -168,16 +168,36 @@ impl Sequence {
         context_length: usize,
     ) -> Result<(), String> {
         let drafts = std::mem::take(&mut self.spec.drafts);
-        let fed = drafts.len() + 1;
-        let Verdict { tokens, accepted } =
+        let verdict =
             crate::spec::verify::verify(&mut self.sampler, self.constraint.as_mut(), &self.tokens, &drafts, &rows)?;
-        self.spec.record(drafts.len(), accepted);
+        self.apply_verdict(drafts.len() + 1, verdict, Some(&rows), tok, context_length)
+    }
+
+    /// [`Self::on_verify_logits`] for a request that takes the plain argmax
+    /// ([`Self::argmax_only`]), from the argmax of each verify position picked on the device.
+    pub fn on_verify_argmax(&mut self, ids: &[u32], tok: &Tokenizer, context_length: usize) -> Result<(), String> {
+        let drafts = std::mem::take(&mut self.spec.drafts);
+        let verdict = crate::spec::verify::verify_argmax(&drafts, ids)?;
+        self.apply_verdict(drafts.len() + 1, verdict, None, tok, context_length)
+    }
+
+    /// Appends a verdict's tokens (log-probs from `rows` where given) as far as the stop rules
+    /// allow and keeps only the committed positions of the `fed` verified ones in the cache.
+    fn apply_verdict(
+        &mut self,
+        fed: usize,
+        Verdict { tokens, accepted }: Verdict,
+        rows: Option<&[Vec<f32>]>,
+        tok: &Tokenizer,
+        context_length: usize,
+    ) -> Result<(), String> {
+        self.spec.record(fed - 1, accepted);
         let mut appended = 0;
         for (i, &id) in tokens.iter().enumerate() {
             if self.finished {
                 break;
             }
-            self.push_token(id, rows.get(i).map(Vec::as_slice), tok, context_length);
+            self.push_token(id, rows.and_then(|r| r.get(i)).map(Vec::as_slice), tok, context_length);
             appended += 1;
         }
         // The bonus token is not in the cache: it is the next pending token.

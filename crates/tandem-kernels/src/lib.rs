@@ -53,3 +53,8 @@ pub const GDN_CHUNKED: &str = include_str!(concat!(env!("OUT_DIR"), "/gdn_chunke
 /// over row views.
 #[cfg(feature = "cuda")]
 pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));
+
+/// PTX of `cuda/tmma.cu`: bf16 matmuls on the tensor cores (activations split into two bf16
+/// halves), row-invariant for every call size.
+#[cfg(feature = "cuda")]
+pub const TMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/tmma.ptx"));

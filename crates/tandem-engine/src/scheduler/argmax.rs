@@ -1,16 +1,26 @@
 //! Greedy rows on a GPU: the argmax of every row read back in one transfer.
 
-/// The index of the largest logit of each `[1, vocab]` row, computed where the rows live
-/// (`tandem_model::ops::sampling::argmax_rows`: many blocks over the vocabulary, one read
-/// back for all rows). Ties go to the lowest index and NaN counts as `-inf`, like the host
-/// sampler's argmax.
+/// The index of the largest logit of each row of each `[rows, vocab]` (or `[vocab]`) tensor,
+/// computed where the rows live (`tandem_model::ops::sampling::argmax_rows`: many blocks over
+/// the vocabulary, one read back for all rows): one list per tensor, decode steps one id,
+/// verify chunks one per position. Ties go to the lowest index and NaN counts as `-inf`, like
+/// the host sampler's argmax.
 pub(super) fn device_argmax_rows<'a>(
-    rows: impl Iterator<Item = &'a candle_core::Tensor>,
-) -> tandem_model::error::Result<Vec<u32>> {
-    let rows: Vec<candle_core::Tensor> = rows.map(|l| l.flatten_all()).collect::<candle_core::Result<_>>()?;
-    if rows.is_empty() {
+    logits: impl Iterator<Item = &'a candle_core::Tensor>,
+) -> tandem_model::error::Result<Vec<Vec<u32>>> {
+    let mut mats = Vec::new();
+    let mut counts = Vec::new();
+    for l in logits {
+        let vocab = l.dims().last().copied().unwrap_or(0).max(1);
+        let rows = l.elem_count() / vocab;
+        mats.push(l.reshape((rows, vocab))?);
+        counts.push(rows);
+    }
+    if mats.is_empty() {
         return Ok(Vec::new());
     }
-    let m = candle_core::Tensor::stack(&rows, 0)?;
-    tandem_model::ops::sampling::argmax_rows(&m)
+    let m = if mats.len() == 1 { mats.pop().expect("one") } else { candle_core::Tensor::cat(&mats, 0)? };
+    let ids = tandem_model::ops::sampling::argmax_rows(&m)?;
+    let mut it = ids.into_iter();
+    Ok(counts.into_iter().map(|c| it.by_ref().take(c).collect()).collect())
 }

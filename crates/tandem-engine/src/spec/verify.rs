@@ -81,6 +81,27 @@ pub fn verify(
     Ok(Verdict { tokens, accepted })
 }
 
+/// Greedy verification from the target's argmax at each position, picked where the logits
+/// live (for requests whose next token is the plain argmax: no penalties, grammar or log-probs,
+/// [`crate::sequence::Sequence::argmax_only`]): the drafts are accepted up to the first that
+/// differs from the argmax at its position, whose argmax then comes from the target. That is
+/// [`verify`]'s verdict for such a sampler, from `drafts.len() + 1` ids instead of as many
+/// vocabulary-wide rows.
+pub fn verify_argmax(drafts: &[u32], ids: &[u32]) -> Result<Verdict, String> {
+    if ids.len() != drafts.len() + 1 {
+        return Err(format!("verify: {} argmax rows for {} drafts", ids.len(), drafts.len()));
+    }
+    let mut tokens = Vec::with_capacity(ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        tokens.push(id);
+        if drafts.get(i) != Some(&id) {
+            break;
+        }
+    }
+    let accepted = tokens.len() - 1;
+    Ok(Verdict { tokens, accepted })
+}
+
 /// Draws from `dist` (probabilities summing to 1) with the uniform `u`, leaving out `exclude`
 /// and renormalising. Falls back to the most likely remaining token when rounding leaves a
 /// sliver, and to `exclude` itself when nothing else has mass.
@@ -126,6 +147,27 @@ mod tests {
         assert_eq!(v, Verdict { tokens: vec![3], accepted: 0 });
         let v = verify(&mut greedy(), None, &[0], &[], &rows[..1]).unwrap();
         assert_eq!(v, Verdict { tokens: vec![3], accepted: 0 });
+    }
+
+    #[test]
+    fn argmax_verdict_is_the_greedy_verdict() {
+        // Random rows (ties included: ids 0..8 over values 0..4) and drafts that match the
+        // argmax for a while, then maybe not: the argmax path's verdict is verify()'s.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % m
+        };
+        let argmax = |r: &[f32]| crate::sampler::argmax(r);
+        for _ in 0..500 {
+            let k = next(6) as usize;
+            let rows: Vec<Vec<f32>> = (0..=k).map(|_| (0..8).map(|_| next(5) as f32).collect()).collect();
+            let ids: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+            let drafts: Vec<u32> = (0..k).map(|i| if next(4) == 0 { next(8) as u32 } else { ids[i] }).collect();
+            let want = verify(&mut greedy(), None, &[0], &drafts, &rows).unwrap();
+            assert_eq!(verify_argmax(&drafts, &ids).unwrap(), want, "rows {rows:?} drafts {drafts:?}");
+        }
+        assert!(verify_argmax(&[1, 2], &[1]).is_err());
     }
 
     #[test]

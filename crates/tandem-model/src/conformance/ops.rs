@@ -335,8 +335,16 @@ fn norms(dev: &Device, out: &mut Vec<Check>) {
 
 fn dense(dev: &Device, out: &mut Vec<Check>) {
     for dt in [DType::F32, DType::F16, DType::BF16] {
-        for (m, n, k) in [(1, 2048, 1024), (5, 1000, 768), (40, 512, 2048), (9, 301, 100), (33, 301, 100), (3, 64, 16)]
-        {
+        for (m, n, k) in [
+            (1, 2048, 1024),
+            (5, 1000, 768),
+            (40, 512, 2048),
+            (9, 301, 100),
+            (33, 301, 100),
+            (3, 64, 16),
+            (20, 72, 4096),
+            (100, 96, 512),
+        ] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32
             }
@@ -356,8 +364,10 @@ fn dense_case(dev: &Device, dt: DType, m: usize, n: usize, k: usize, shape: &str
     let w = QMatMul::Tensor(w_cpu.to_device(dev)?);
     let x = x_cpu.to_device(dev)?;
     let (got, ms) = timed(dev, || Ok(row_stable::forward(&w, &x)?))?;
+    // bf16 weights on the tensor cores carry the activations as two bf16 halves (~16 bits).
+    let tol = if bf16_mma(dev, dt, k) { 1e-4 } else { 1e-5 };
     let mut checks =
-        vec![Check::new("dense_matmul", shape.into(), fmt, rel_err(&got, &want)?, Judge::Tolerance(1e-5), ms)];
+        vec![Check::new("dense_matmul", shape.into(), fmt, rel_err(&got, &want)?, Judge::Tolerance(tol), ms)];
     if m > 1 {
         let alone = row_stable::forward(&w, &x.narrow(0, m - 1, 1)?)?;
         checks.push(Check::new(
@@ -369,7 +379,30 @@ fn dense_case(dev: &Device, dt: DType, m: usize, n: usize, k: usize, shape: &str
             0.0,
         ));
     }
+    if m > 3 {
+        // A middle row inside a 3-row call (another place in the tile) against the whole call.
+        let mid = m / 2;
+        let three = row_stable::forward(&w, &x.narrow(0, mid - 1, 3)?)?;
+        checks.push(Check::new(
+            "dense_matmul rows 3 vs m",
+            shape.into(),
+            fmt,
+            bits_err(&got.narrow(0, mid, 1)?, &three.narrow(0, 1, 1)?)?,
+            Judge::Exact,
+            0.0,
+        ));
+    }
     Ok(checks)
+}
+
+/// Whether a `dt` matrix of rows of `k` runs on the bf16 tensor-core kernels on `dev`.
+fn bf16_mma(dev: &Device, dt: DType, k: usize) -> bool {
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        return dt == DType::BF16 && crate::ops::quant::cuda_tmma::enabled() && k.is_multiple_of(32);
+    }
+    let _ = (dev, dt, k);
+    false
 }
 
 const QTYPES: [GgmlDType; 10] = [

@@ -163,6 +163,10 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
         let x = x.reshape((m, k))?;
         return Ok(super::cuda_qmma::matmul_q8_0(w, n, k, fmt.row_bytes(k), &x)?.reshape(out_shape)?);
     }
+    if fmt.suffix == "bf16" && super::cuda_tmma::enabled() && super::cuda_tmma::fits(w, n, k) {
+        let x = x.reshape((m, k))?;
+        return Ok(super::cuda_tmma::matmul_bf16(w, n, k, &x)?.reshape(out_shape)?);
+    }
     let mut x = x.reshape((m, k))?.to_dtype(DType::F32)?.contiguous()?;
     if !x.layout().start_offset().is_multiple_of(4) {
         // float4 loads need rows on 16-byte boundaries: a compact copy starts at offset 0

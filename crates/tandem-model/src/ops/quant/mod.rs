@@ -37,6 +37,8 @@ pub mod cuda_fused;
 pub mod cuda_qmma;
 #[cfg(feature = "cuda")]
 pub mod cuda_quant;
+#[cfg(feature = "cuda")]
+pub mod cuda_tmma;
 pub mod dense;
 pub mod matrix;
 mod op;

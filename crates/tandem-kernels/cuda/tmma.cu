@@ -1,0 +1,365 @@
+// bf16 matmuls on the tensor cores (bf16 mma.sync, f32 accumulators), row-invariant for every
+// call size: y [m, n] f32 = x [m, k] f32 . W [n, k]^T with W in bf16 rows (k a multiple of 32,
+// rows 16-byte aligned).
+//
+// bf16_split_rows: x f32 -> hi = bf16(x) and lo = bf16(x - hi), both round-to-nearest-even, so
+//   that hi + lo carries x to about 16 significant bits (x - hi is exact in f32). A row's split
+//   depends only on that row.
+// The chain (tmv_bf16_* for calls of up to 16 rows, tmmg_bf16 for more: the same bits). The
+//   weights are the mma's A operand (16 output columns x 16 k), the activations its B operand
+//   (16 k x 8 rows), so a call of up to 8 rows costs one read of the weights and nothing
+//   wasted. An output (r, c) is fixed by k alone:
+//   - k is cut into steps of 32 values; lane t (= lane % 4) of every mma stands for the values
+//     8t .. 8t + 7 of the step (a 16-byte load of the weight row and of the activation row),
+//     the first four in the first mma (k-slots 2t, 2t+1, 2t+8, 2t+9) and the last four in the
+//     second: A and B use the same slot-to-value map, so the mma's dot product is over the
+//     right pairs, and the weights come as whole 16-byte pieces;
+//   - a step is four mmas into the same accumulator, in order: (first half, hi), (first half,
+//     lo), (second half, hi), (second half, lo);
+//   - the steps are cut into segments of L = min(8, max(1, steps / 8)); partition p (0..7)
+//     takes the segments p, p + 8, p + 16, ... in order, with one accumulator from zero;
+//   - the eight partitions' accumulators are added in order, partition 0 first.
+//   An mma's output element depends only on its own A row and B column (the tensor core sums
+//   each element's products alone), so nothing in the chain depends on m, NT or which rows
+//   share a launch: a row inside a verify chunk, a batch or a prefill chunk has the bits of the
+//   same row computed alone (check-device's `dense_matmul rows` rows assert it).
+#include "common.cuh"
+
+#define TM_WARPS 8
+#define TM_MAXL 8
+
+// The split of one value: hi in the low 16 bits, lo in the high 16 (as a pair is packed).
+__device__ __forceinline__ uint32_t split1(float v) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    float r = v - __bfloat162float(h);
+    if (!isfinite(r)) r = 0.f;  // v infinite or NaN: hi carries it
+    return (uint32_t)__bfloat16_as_ushort(h) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(r)) << 16);
+}
+
+extern "C" __global__ void bf16_split_rows(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
+                                           const float* __restrict__ x, long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const uint32_t s = split1(x[i]);
+    xh[i] = (uint16_t)(s & 0xffffu);
+    xl[i] = (uint16_t)(s >> 16);
+}
+
+// Eight activations (two float4) split into the B fragments' hi and lo halves: the bits
+// bf16_split_rows writes, packed as pairs.
+__device__ __forceinline__ void split8(const float4& a, const float4& b, uint4& hi, uint4& lo) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t s0 = split1(v[2 * i]), s1 = split1(v[2 * i + 1]);
+        h[i] = (s0 & 0xffffu) | (s1 << 16);
+        l[i] = (s0 >> 16) | (s1 & 0xffff0000u);
+    }
+    hi = make_uint4(h[0], h[1], h[2], h[3]);
+    lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One step of the chain: wa / wb this lane's eight weights of columns g and g + 8, bh / bl its
+// eight activations (hi, lo) of row g of the B tile.
+__device__ __forceinline__ void tm_step(float (&d)[4], const uint4& wa, const uint4& wb, const uint4& bh,
+                                        const uint4& bl) {
+    mma_bf16(d, wa.x, wb.x, wa.y, wb.y, bh.x, bh.y);
+    mma_bf16(d, wa.x, wb.x, wa.y, wb.y, bl.x, bl.y);
+    mma_bf16(d, wa.z, wb.z, wa.w, wb.w, bh.z, bh.w);
+    mma_bf16(d, wa.z, wb.z, wa.w, wb.w, bl.z, bl.w);
+}
+
+// tmv_bf16_<NT>_<S> (calls of up to NT = 8 or 16 rows: decode, verify, small batches): one
+// thread block per 16 output columns, warp w the chain's partition w. A warp copies each of
+// its segments' 16 weight runs (L steps x 64 bytes of each column) into shared memory with
+// cp.async, one column's run per copy instruction (whole cache lines), S segments in flight,
+// and builds its A fragments from there (runs 576 bytes apart: the two columns a quarter-warp
+// reads fall in disjoint banks). The activations come as f32 from global memory (for one row
+// group a segment's worth ahead, beside the weights) and are split into the B fragments' hi
+// and lo halves in registers (split8: bf16_split_rows' bits), so no split pass runs first.
+#define TV_COL 576                   // bytes per staged column run: 8 steps x 64 + 64 of padding
+#define TV_STAGE (16 * TV_COL)       // 9,216 bytes: one segment of 16 columns
+
+// Partition p of the chain for 16 columns from col0 and up to NJ * 8 rows from row0, by one
+// warp with S stages of TV_STAGE bytes at `stages`: acc from zero over the segments p, p + 8, ...
+template <int NJ, int S>
+__device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* __restrict__ x,
+                                             const uint8_t* __restrict__ w, uint8_t* stages, int p, int m, int n,
+                                             int k, int col0, int row0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int steps = k >> 5;
+    const int k4 = k >> 2;  // float4 per activation row
+    const long long row_bytes = (long long)k * 2;
+    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
+    const int nseg = (steps + L - 1) / L;
+    // Segment number q of the partition (segments p, p + 8, ...) into stage q % S.
+    auto load = [&](int q) {
+        const int seg = p + q * TM_WARPS;
+        const int s0 = seg * L, ns = min(L, steps - s0);
+        const int per = ns * 4;  // 16-byte pieces per column run
+        uint8_t* st = stages + (q % S) * TV_STAGE;
+        for (int i = lane; i < 16 * per; i += 32) {
+            const int c = i / per, pc = i - c * per;
+            const int col = min(col0 + c, n - 1);  // columns past n: never written
+            cp_async16(st + c * TV_COL + pc * 16, w + (size_t)col * row_bytes + (size_t)s0 * 64 + pc * 16);
+        }
+    };
+    const int mine = nseg > p ? (nseg - p + TM_WARPS - 1) / TM_WARPS : 0;
+#pragma unroll
+    for (int q = 0; q < S; q++) {
+        if (q < mine) load(q);
+        cp_async_commit();
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int q = 0; q < mine; q++) {
+        const int s0 = (p + q * TM_WARPS) * L;
+        const int ns = min(L, steps - s0);
+        // One row group (up to 8 rows): this lane's activations of the whole segment are
+        // loaded before the wait on the weights, so both are in flight together.
+        float4 xa[NJ == 1 ? TM_MAXL : 1][2];
+        if constexpr (NJ == 1) {
+            const int rr = row0 + g;
+#pragma unroll
+            for (int i = 0; i < TM_MAXL; i++) {
+                xa[i][0] = xa[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (i < ns && rr < m) {
+                    const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                    xa[i][0] = __ldg(xp);
+                    xa[i][1] = __ldg(xp + 1);
+                }
+            }
+        }
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        const uint8_t* st = stages + (q % S) * TV_STAGE;
+#pragma unroll
+        for (int i = 0; i < TM_MAXL; i++) {
+            if (i < ns) {
+                const uint4 wa = *reinterpret_cast<const uint4*>(st + g * TV_COL + i * 64 + t * 16);
+                const uint4 wb = *reinterpret_cast<const uint4*>(st + (g + 8) * TV_COL + i * 64 + t * 16);
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    if (row0 + j * 8 < m) {
+                        const int rr = row0 + j * 8 + g;
+                        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+                        if constexpr (NJ == 1) {
+                            a = xa[i][0], b = xa[i][1];
+                        } else if (rr < m) {
+                            const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                            a = __ldg(xp);
+                            b = __ldg(xp + 1);
+                        }
+                        uint4 bh, bl;
+                        split8(a, b, bh, bl);
+                        tm_step(acc[j], wa, wb, bh, bl);
+                    }
+                }
+            }
+        }
+        __syncwarp();  // every lane has read this stage: it may be refilled
+        if (q + S < mine) load(q + S);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+}
+
+template <int NJ, int S>
+__device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, const uint8_t* __restrict__ w, int m,
+                         int n, int k) {
+    constexpr int NT = NJ * 8;
+    extern __shared__ __align__(16) uint8_t tv_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int col0 = blockIdx.x * 16;
+    const int row0 = blockIdx.y * NT;
+    float acc[NJ][4];
+    tv_partition<NJ, S>(acc, x, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
+    // The warps' partials, added in warp order (the stages are free once every warp is here).
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(tv_smem);  // [warp][16 columns][NT + 1]
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int r0 = j * 8 + t * 2;
+        red[(warp * 16 + g) * (NT + 1) + r0] = acc[j][0];
+        red[(warp * 16 + g) * (NT + 1) + r0 + 1] = acc[j][1];
+        red[(warp * 16 + g + 8) * (NT + 1) + r0] = acc[j][2];
+        red[(warp * 16 + g + 8) * (NT + 1) + r0 + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * NT; i += blockDim.x) {
+        const int c = i & 15, r = i >> 4;
+        float v = red[c * (NT + 1) + r];
+#pragma unroll
+        for (int ww = 1; ww < TM_WARPS; ww++) v += red[(ww * 16 + c) * (NT + 1) + r];
+        const int row = row0 + r, col = col0 + c;
+        if (row < m && col < n) y[(size_t)row * n + col] = v;
+    }
+}
+
+// Dynamic shared memory: TM_WARPS * S * TV_STAGE bytes (73,728 for S = 1, 147,456 for S = 2).
+#define TMV(NT, S)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TM_WARPS * 32)                                              \
+        tmv_bf16_##NT##_##S(float* y, const float4* x, const uint8_t* w, int m, int n, int k) {              \
+        tmv_bf16<NT / 8, S>(y, x, w, m, n, k);                                                               \
+    }
+
+TMV(8, 1)
+TMV(16, 1)
+TMV(8, 2)
+TMV(16, 2)
+
+// tmmg_bf16 (calls of many rows: prefill, large batches): the same chain on a block tile of
+// 128 rows x 64 columns, the weights and both activation halves of a step staged in shared
+// memory by cp.async (two stages), eight warps of 32 rows x 32 columns each. A warp walks the
+// steps partition by partition (partition p: segments p, p + 8, ..., each in order) with one
+// accumulator from zero per partition, and adds the partitions' accumulators in order into its
+// total (the eight partitions always, empty ones as +0): the GEMV's warps and their sum in warp
+// order, so the same bits.
+#define TG_BM 128
+#define TG_BN 64
+#define TG_PIECES 4  // 16-byte pieces of a 32-value bf16 step
+
+// A 16-byte copy that zero-fills when `valid` is false (the source is then not read).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+// The steps in the chain's order: partition p, its segments p, p + 8, ..., each segment's steps.
+struct TgSteps {
+    int p, seg, i, L, nseg, steps;
+    __device__ void start(int L_, int nseg_, int steps_) {
+        L = L_, nseg = nseg_, steps = steps_, p = 0, seg = 0, i = 0;
+        skip();
+    }
+    __device__ void skip() {  // past empty partitions
+        while (p < TM_WARPS && seg >= nseg) seg = ++p;
+    }
+    __device__ bool done() const { return p >= TM_WARPS; }
+    __device__ int step() const { return seg * L + i; }
+    __device__ void next() {
+        if (++i < min(L, steps - seg * L)) return;
+        i = 0;
+        seg += TM_WARPS;
+        if (seg >= nseg) {
+            seg = ++p;
+            skip();
+        }
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    tmmg_bf16(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
+                     const uint4* __restrict__ w, int m, int n, int k) {
+    __shared__ __align__(16) uint4 ws[2][TG_BN * TG_PIECES];
+    __shared__ __align__(16) uint4 hs[2][TG_BM * TG_PIECES];
+    __shared__ __align__(16) uint4 ls[2][TG_BM * TG_PIECES];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int wn = warp & 1, wm = warp >> 1;
+    const int row0 = blockIdx.x * TG_BM, col0 = blockIdx.y * TG_BN;
+    const int steps = k >> 5, k8 = k >> 3;
+    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
+    const int nseg = (steps + L - 1) / L;
+
+    auto load = [&](int s, int st) {
+        {  // weights: one piece a thread
+            const int c = tid >> 2, pc = tid & 3;
+            const int col = col0 + c;
+            const bool ok = col < n;
+            cp_async16_zfill(&ws[st][tid], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc, ok);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int idx = tid + h * 256;
+            const int r = idx >> 2, pc = idx & 3;
+            const int row = row0 + r;
+            const bool ok = row < m;
+            const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
+            cp_async16_zfill(&hs[st][idx], xh + off, ok);
+            cp_async16_zfill(&ls[st][idx], xl + off, ok);
+        }
+    };
+
+    float acc[2][4][4], tot[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[a][j][e] = 0.f, tot[a][j][e] = 0.f;
+
+    TgSteps li;
+    li.start(L, nseg, steps);
+    if (!li.done()) {
+        load(li.step(), 0);
+        li.next();
+    }
+    cp_async_commit();
+    int st = 0;
+    for (int p = 0; p < TM_WARPS; p++) {
+        for (int seg = p; seg < nseg; seg += TM_WARPS) {
+            const int ns = min(L, steps - seg * L);
+            for (int i = 0; i < ns; i++) {
+                if (!li.done()) {
+                    load(li.step(), st ^ 1);
+                    li.next();
+                }
+                cp_async_commit();
+                cp_async_wait<1>();
+                __syncthreads();
+                uint4 wa[2], wb[2];
+#pragma unroll
+                for (int a = 0; a < 2; a++) {
+                    const int c = wn * 32 + a * 16 + g;
+                    wa[a] = ws[st][c * TG_PIECES + t];
+                    wb[a] = ws[st][(c + 8) * TG_PIECES + t];
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int r = wm * 32 + j * 8 + g;
+                    const uint4 bh = hs[st][r * TG_PIECES + t], bl = ls[st][r * TG_PIECES + t];
+#pragma unroll
+                    for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+                }
+                __syncthreads();
+                st ^= 1;
+            }
+        }
+        // Partition p's accumulator into the total (p = 0: the total is it), then from zero.
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[a][j][e] = p == 0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
+                    acc[a][j][e] = 0.f;
+                }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int c = col0 + wn * 32 + a * 16 + g;
+            const int r = row0 + wm * 32 + j * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = c + (e >> 1) * 8, row = r + (e & 1);
+                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
+            }
+        }
+    }
+}
+

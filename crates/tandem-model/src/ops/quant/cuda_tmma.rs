@@ -1,0 +1,156 @@
+//! bf16 matmuls on the tensor cores (`tandem-kernels/cuda/tmma.cu`): the activations are split
+//! into two bf16 halves (`hi = bf16(x)`, `lo = bf16(x - hi)`: about 16 significant bits, where
+//! candle's bf16 matmul keeps 8), each 16-value product is a bf16 `mma.sync` into f32
+//! accumulators, and the products are added in a chain fixed by `k` alone (the kernel's header),
+//! so every call size (decode, verify chunks, batches, prefill) gives a row the same bits. The
+//! weights are the mma's A operand, so calls of 1-8 rows cost one weight read and nothing more:
+//! a verify chunk of k + 1 <= 8 positions reads the matrix once, as a decode step does.
+//! Against [`super::cuda_quant`]'s CUDA-core f32 chain this trades the activations' lowest
+//! bits (x is carried to ~2^-16 of itself, the products are exact, the tensor core adds them)
+//! for the tensor cores. Measured on the H200 (9B bf16, docs/PERFORMANCE.md): prefill 846 ->
+//! 5,194 tok/s, batch 64 729 -> 2,191, a K = 4 verify step 73 -> 110 steps/s (1.42 decode
+//! steps, was 2.35), batch-1 decode 172 -> 156 tok/s (the one loss: `qmatmul1`'s f32 chain
+//! reads a row a little faster than the tensor-core GEMV; speculation more than makes it up).
+//! `TANDEM_BF16_MMA=0` sends bf16 weights back to the CUDA-core kernels, for comparisons.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use candle_core::{DType, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+
+const MODULE: &str = "tandem_tmma";
+
+/// Whether bf16 weights take the tensor-core kernels (the default).
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_BF16_MMA").map_or(true, |v| v != "0"))
+}
+
+/// Rows from which calls take the tiled kernel (`tmmg_bf16`: 128 rows x 64 columns a block,
+/// weights and activations staged in shared memory) rather than `tmv_bf16_*` (16 columns a
+/// block, row tiles of up to 16 rows, each tile reading the weights again);
+/// `TANDEM_BF16_GEMM_ROWS=N` moves it, for comparisons. Both give the same bits.
+fn gemm_min_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_BF16_GEMM_ROWS").ok().and_then(|v| v.parse().ok()).map_or(17, |n: usize| n.max(1))
+    })
+}
+
+/// Warps of a `tmv_bf16_*` block and the shared memory one segment takes (`tmma.cu`: `TM_WARPS`,
+/// `TV_STAGE`).
+const TV_WARPS: usize = 8;
+const TV_STAGE_BYTES: usize = 16 * 576;
+
+/// Segments in flight per warp in `tmv_bf16_*`: 1 (72 KB a block, two blocks an SM: the
+/// default) or 2 (144 KB, one block an SM; 9B decode 123 against 137 tok/s when last
+/// measured, with the activations split by a separate pass),
+/// `TANDEM_BF16_GEMV_STAGES`. Both give the same bits.
+fn gemv_stages() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| if std::env::var("TANDEM_BF16_GEMV_STAGES").as_deref() == Ok("2") { 2 } else { 1 })
+}
+
+/// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above
+/// the 48 KB default), once per device and kernel.
+fn allow_dynamic_shared(
+    f: &impl std::ops::Deref<Target = CudaFunction>,
+    key: String,
+    name: &str,
+    bytes: u32,
+) -> Result<()> {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.contains(&key) {
+        return Ok(());
+    }
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum as A;
+    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map_err(|e| ModelError::Input(format!("{name}: cannot allow {bytes} bytes of shared memory: {e}")))?;
+    done.push(key);
+    Ok(())
+}
+
+/// Whether the kernels take W `[n, k]` at device address `w`: rows of a multiple of 32 values
+/// (whole steps), the matrix 16-byte aligned. A property of the weight alone, so every call on
+/// it takes the same chain.
+pub fn fits(w: u64, n: usize, k: usize) -> bool {
+    n > 0 && k > 0 && k.is_multiple_of(32) && w.is_multiple_of(16)
+}
+
+/// `x · Wᵀ` for `x` `[m, k]` and W `n` bf16 rows of `k` values at device address `w` (kept
+/// alive by the caller, [`fits`]); `[m, n]` f32.
+pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {
+    let dev = cuda_device(x).ok_or_else(|| ModelError::Input("bf16 mma matmul: not a CUDA tensor".into()))?;
+    let (m, xk) = x.dims2()?;
+    if xk != k || !fits(w, n, k) {
+        return Err(ModelError::Input(format!("bf16 mma matmul: x [{m}, {xk}] against W [{n}, {k}]")));
+    }
+    let y = alloc_f32(&dev, m * n)?;
+    if m == 0 {
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    let mut x = x.to_dtype(DType::F32)?.contiguous()?;
+    if !x.layout().start_offset().is_multiple_of(4) {
+        // float4 loads need rows on 16-byte boundaries: a compact copy starts at offset 0.
+        x = x.force_contiguous()?;
+    }
+    let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
+    let inputs = Inputs::new(&[&x])?;
+    let xv = inputs.view::<f32>(0)?;
+    if m < gemm_min_rows() {
+        // Few rows: the GEMV splits the activations itself (16-row tiles beyond 8 rows).
+        let nt = if m <= 8 { 8 } else { 16 };
+        let stages = gemv_stages();
+        let name = format!("tmv_bf16_{nt}_{stages}");
+        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::TMMA)?;
+        let smem = (TV_WARPS * stages * TV_STAGE_BYTES) as u32;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
+        let grid_x =
+            u32::try_from(n.div_ceil(16)).map_err(|_| ModelError::Input("bf16 mma matmul: W too large".into()))?;
+        let grid_y =
+            u32::try_from(m.div_ceil(nt)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
+        let mut b = f.builder();
+        b.arg(&y).arg(&xv).arg(&w).arg(&mi).arg(&ni).arg(&ki);
+        let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+        // SAFETY: arguments in tmv_bf16_*'s order; y holds m*n, x m*k f32 (rows of k, a multiple
+        // of 32, from a 16-byte boundary), W n bf16 rows of k values (16-byte aligned: `fits`);
+        // eight warps a block, `smem` bytes of dynamic shared memory (allowed above).
+        unsafe { run(&mut b, cfg, &name)? };
+        drop(b);
+        drop(xv);
+        drop(inputs);
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    // More rows: the split once (every column block reads it), then the tiled kernel.
+    let total = m * k;
+    // SAFETY: bf16_split_rows writes every element of xh and xl (m*k each).
+    let xh = unsafe { dev.alloc::<u16>(total) }?;
+    let xl = unsafe { dev.alloc::<u16>(total) }?;
+    let f = dev.get_or_load_custom_func("bf16_split_rows", MODULE, tandem_kernels::TMMA)?;
+    let mut b = f.builder();
+    let tl = total as i64;
+    b.arg(&xh).arg(&xl).arg(&xv).arg(&tl);
+    let blocks =
+        u32::try_from(total.div_ceil(256)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in bf16_split_rows' order; one thread per element of x [m, k].
+    unsafe { run(&mut b, cfg, "bf16_split_rows")? };
+    drop(b);
+    drop(xv);
+    drop(inputs);
+    let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::TMMA)?;
+    let grid_x =
+        u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
+    let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
+    let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))?;
+    let mut b = f.builder();
+    b.arg(&y).arg(&xh).arg(&xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in tmmg_bf16's order; y holds m*n, xh and xl m*k bf16, W n bf16 rows of
+    // k values (`fits`); eight warps a block, static shared memory (40 KB).
+    unsafe { run(&mut b, cfg, "tmmg_bf16")? };
+    drop(b);
+    Ok(tensor(y, &dev, (m, n)))
+}
