@@ -80,10 +80,9 @@ for bits, group, mode in widths:
 # groups of 32; the MoE hybrids (Qwen3.5-MoE with HF's fused experts, Qwen3-Next with
 # per-expert tensors: mlx-lm stacks both as `switch_mlp`) at 4 bits in groups of 32. mlx-lm
 # drops the MTP heads. mlx runs the MoE ones in f32 (below).
-def hybrid(name, widths):
+def tame(name):
+    """A tamed copy of fixtures/hybrid/NAME in a config mlx-lm reads (see above)."""
     hsrc = root / "hybrid" / name
-    href = load_file(str(hsrc / "reference.safetensors"))
-    hids = [int(x) for x in href["prompt_ids"]]
     tamed = Path(tempfile.mkdtemp()) / name
     shutil.copytree(hsrc, tamed)
     w = load_file(str(hsrc / "model.safetensors"))
@@ -99,6 +98,13 @@ def hybrid(name, widths):
     if name == "qwen3_5":
         cfg.update(model_type="qwen3_5")
     (tamed / "config.json").write_text(json.dumps(cfg, indent=2))
+    return tamed
+
+
+def hybrid(name, widths):
+    href = load_file(str(root / "hybrid" / name / "reference.safetensors"))
+    hids = [int(x) for x in href["prompt_ids"]]
+    tamed = tame(name)
     for bits, group in widths:
         out = root / "mlx" / (f"{name}-q{bits}-g{group}" if bits else f"{name}-f16")
         shutil.rmtree(out, ignore_errors=True)
@@ -120,3 +126,20 @@ def hybrid(name, widths):
 hybrid("qwen3_5", [(None, None), (8, 32), (4, 32)])
 hybrid("qwen3_5_moe", [(4, 32)])
 hybrid("qwen3_next", [(4, 32)])
+
+
+# Checkpoints tandem writes (`tandem convert --mlx`, TANDEM_BIN: the binary to run; skipped
+# without it) from the same sources (the Llama fixture as converted above, the tamed hybrids),
+# each with mlx-lm's logits on it: mlx-lm must load what tandem writes (the MTP head in
+# mtp.safetensors, which mlx-lm leaves out) and agree with tandem on it (tests/mlx.rs).
+tandem = os.environ.get("TANDEM_BIN")
+if tandem:
+    for name, src, refp, group in [("llama", src, root / "tiny" / "llama" / "reference.safetensors", 64)] + [
+        (h, tame(h), root / "hybrid" / h / "reference.safetensors", 32) for h in ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+    ]:
+        out = root / "mlx" / f"tandem-{name}-q4-g{group}"
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([tandem, "convert", "--mlx", "--bits", "4", "--group-size", str(group), str(src), str(out)],
+                       check=True)
+        (out / "keys.txt").unlink(missing_ok=True)
+        subprocess.run([sys.executable, str(Path(__file__).parent / "mlx_reference.py"), str(out), str(refp)], check=True)

@@ -189,31 +189,123 @@ fn mlx_hybrid_with_grafted_head_drafts_like_the_hf_checkpoint() {
     let grafted = tandem_model::loader::load_with(&fixture("qwen3_5-f16"), &Device::Cpu, &opts).unwrap();
     let original = tandem_model::loader::load(&hf, &Device::Cpu).unwrap();
     let ids: Vec<u32> = (0..48u32).map(|i| 7 + (i * 29) % 360).collect();
-    let drafts = |m: &tandem_model::loader::LoadedModel| -> Vec<Vec<f32>> {
-        let model = &*m.model;
-        let mut cache = SequenceCache::new(&model.cache_spec(), &Device::Cpu);
-        let mut chunks = [SeqChunk { tokens: &ids, cache: &mut cache, logits: LogitsWanted::Last }];
-        let (_, hidden) = model.forward_with_hidden(&mut chunks).unwrap();
-        let hidden = hidden.unwrap();
-        let mtp = model.mtp().expect("MTP head");
-        let n = ids.len() - 1;
-        let y = mtp.mtp_forward(&hidden.narrow(0, 0, n).unwrap(), &ids[1..], &mut cache, 0).unwrap();
-        mtp.mtp_logits(&y).unwrap().to_vec2::<f32>().unwrap()
-    };
-    let (got, want) = (drafts(&grafted), drafts(&original));
+    let (got, want) = (mtp_drafts(&grafted, &ids), mtp_drafts(&original, &ids));
+    let e = compare_drafts(&got, &want, ids.len() / 2 + 1, 0.05);
+    eprintln!("grafted MTP logits against the HF checkpoint's: relative error {e:.2e}");
+    assert!(e <= 2e-2, "grafted MTP logits: relative error {e}");
+}
+
+/// The MTP head's logits at every position of `ids` after the trunk's forward.
+fn mtp_drafts(m: &tandem_model::loader::LoadedModel, ids: &[u32]) -> Vec<Vec<f32>> {
+    let model = &*m.model;
+    let mut cache = SequenceCache::new(&model.cache_spec(), &Device::Cpu);
+    let mut chunks = [SeqChunk { tokens: ids, cache: &mut cache, logits: LogitsWanted::Last }];
+    let (_, hidden) = model.forward_with_hidden(&mut chunks).unwrap();
+    let hidden = hidden.unwrap();
+    let mtp = model.mtp().expect("MTP head");
+    let n = ids.len() - 1;
+    let y = mtp.mtp_forward(&hidden.narrow(0, 0, n).unwrap(), &ids[1..], &mut cache, 0).unwrap();
+    mtp.mtp_logits(&y).unwrap().to_vec2::<f32>().unwrap()
+}
+
+/// Asserts the drafts (argmax) agree wherever `want`'s top two differ by `margin`, at least at
+/// `min_clear` positions, and returns the logits' relative error.
+fn compare_drafts(got: &[Vec<f32>], want: &[Vec<f32>], min_clear: usize, margin: f32) -> f32 {
     let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0;
     let mut compared = 0;
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let mut s = w.clone();
         s.sort_by(|x, y| y.total_cmp(x));
-        if s[0] - s[1] > 0.05 {
+        if s[0] - s[1] > margin {
             assert_eq!(argmax(g), argmax(w), "draft at position {i}");
             compared += 1;
         }
     }
-    assert!(compared > ids.len() / 2, "only {compared} positions had a clear draft");
-    let e =
-        rel_err(&Tensor::new(got.concat(), &Device::Cpu).unwrap(), &Tensor::new(want.concat(), &Device::Cpu).unwrap());
-    eprintln!("grafted MTP logits against the HF checkpoint's: relative error {e:.2e}");
-    assert!(e <= 2e-2, "grafted MTP logits: relative error {e}");
+    assert!(compared >= min_clear, "only {compared} positions had a clear draft");
+    rel_err(&Tensor::new(got.concat(), &Device::Cpu).unwrap(), &Tensor::new(want.concat(), &Device::Cpu).unwrap())
+}
+
+/// Logits of every position of `ids`.
+fn logits(m: &tandem_model::loader::LoadedModel, ids: &[u32]) -> Tensor {
+    let model = &*m.model;
+    let mut cache = SequenceCache::new(&model.cache_spec(), &Device::Cpu);
+    let mut chunks = [SeqChunk { tokens: ids, cache: &mut cache, logits: LogitsWanted::All }];
+    model.forward(&mut chunks).unwrap().pop().flatten().unwrap()
+}
+
+/// Checkpoints `tandem convert --mlx` wrote (4 bits; the Llama fixture and the tamed hybrids,
+/// `scripts/gen_mlx_fixtures.py` with TANDEM_BIN) load in mlx-lm, and tandem's logits on them
+/// are mlx-lm's (run in f32 by `scripts/mlx_reference.py`); the hybrids keep their MTP head.
+#[test]
+fn tandem_written_mlx_checkpoints_give_mlx_lm_logits() {
+    for (name, hybrid) in [
+        ("tandem-llama-q4-g64", false),
+        ("tandem-qwen3_5-q4-g32", true),
+        ("tandem-qwen3_5_moe-q4-g32", true),
+        ("tandem-qwen3_next-q4-g32", true),
+    ] {
+        let dir = fixture(name);
+        let r = candle_core::safetensors::load(dir.join("mlx_reference.safetensors"), &Device::Cpu).unwrap();
+        let ids: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
+        let loaded = tandem_model::loader::load(&dir, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.model.mtp().is_some(), hybrid, "{name}: the MTP head is kept");
+        let e = rel_err(&logits(&loaded, &ids), &r["prompt_logits"]);
+        eprintln!("{name}: logits relative error against mlx-lm {e:.2e}");
+        assert!(e <= 3e-2, "{name}: relative error {e}");
+    }
+}
+
+/// `loader::mlx_write` on the tamed Qwen3.5 HF fixture at 4 and 8 bits (groups of 32): the
+/// 4-bit checkpoint it writes is the committed one (the same logits, bit for bit); both are no
+/// further from the HF checkpoint's logits than mlx-lm's own conversions at those widths, and
+/// their MTP heads draft what the HF checkpoint's head drafts.
+#[test]
+fn mlx_writer_keeps_the_model_and_its_mtp_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tamed_hf(tmp.path());
+    let original = tandem_model::loader::load(&hf, &Device::Cpu).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| 7 + (i * 29) % 360).collect();
+    let want = logits(&original, &ids);
+    // (bits, mlx-lm's conversion, draft margin, clear drafts, MTP logits bound): 4-bit weights
+    // move the trunk's logits by ~7% of their range and the head compounds it.
+    for (bits, theirs, margin, clear, mtp_tol) in
+        [(4, "qwen3_5-q4-g32", 0.5, 8, 2e-1), (8, "qwen3_5-q8-g32", 0.05, ids.len() / 2 + 1, 2e-2)]
+    {
+        let out = tmp.path().join(format!("mlx{bits}"));
+        let opts = tandem_model::loader::mlx_write::MlxWriteOptions { bits, group: 32 };
+        let s = tandem_model::loader::mlx_write::write_mlx(&hf, &out, &opts).unwrap();
+        assert!(s.quantised > 20 && s.mtp_tensors > 0, "{s:?}");
+        assert!(out.join("mtp.safetensors").is_file() && out.join("model.safetensors.index.json").is_file());
+        let written = tandem_model::loader::load(&out, &Device::Cpu).unwrap();
+        let got = logits(&written, &ids);
+        if bits == 4 {
+            let committed = tandem_model::loader::load(&fixture("tandem-qwen3_5-q4-g32"), &Device::Cpu).unwrap();
+            assert_eq!(
+                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                logits(&committed, &ids).flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                "the writer's output changed"
+            );
+        }
+        let mlx_lm = tandem_model::loader::load(&fixture(theirs), &Device::Cpu).unwrap();
+        let (e, theirs) = (rel_err(&got, &want), rel_err(&logits(&mlx_lm, &ids), &want));
+        eprintln!("{bits}-bit MLX against the HF checkpoint, logits relative error: tandem's writer {e:.2e}, mlx-lm's {theirs:.2e}");
+        assert!(e <= 1.25 * theirs, "{bits} bits: relative error {e} (mlx-lm's conversion: {theirs})");
+        let e = compare_drafts(&mtp_drafts(&written, &ids), &mtp_drafts(&original, &ids), clear, margin);
+        eprintln!("{bits}-bit MLX MTP logits against the HF checkpoint's: relative error {e:.2e}");
+        assert!(e <= mtp_tol, "{bits} bits: MTP logits relative error {e}");
+    }
+}
+
+/// Bad writer settings are errors, and an MLX checkpoint is not written again.
+#[test]
+fn mlx_writer_refuses_bad_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tamed_hf(tmp.path());
+    let w = |bits, group, input: &std::path::Path| {
+        let opts = tandem_model::loader::mlx_write::MlxWriteOptions { bits, group };
+        tandem_model::loader::mlx_write::write_mlx(input, &tmp.path().join("out"), &opts)
+    };
+    assert!(w(7, 32, &hf).unwrap_err().to_string().contains("7 / 32"));
+    assert!(w(4, 48, &hf).is_err());
+    assert!(w(4, 32, &fixture("qwen3_5-q4-g32")).unwrap_err().to_string().contains("already MLX-quantised"));
 }

@@ -384,7 +384,7 @@ impl WeightSource for SafetensorsSource {
     }
 }
 
-fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
