@@ -13,7 +13,8 @@ use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
-    /// A Hugging Face directory of a hybrid model (config.json + safetensors + tokenizer.json).
+    /// A Hugging Face directory (config.json + safetensors + tokenizer.json): a hybrid model for
+    /// GGUF (an MLX checkpoint of one too: dequantised), any model tandem loads for `--mlx`.
     pub input: PathBuf,
     /// The GGUF file to write (with `--mlx`: the directory).
     pub output: PathBuf,

@@ -309,3 +309,32 @@ fn mlx_writer_refuses_bad_settings() {
     assert!(w(4, 48, &hf).is_err());
     assert!(w(4, 32, &fixture("qwen3_5-q4-g32")).unwrap_err().to_string().contains("already MLX-quantised"));
 }
+
+/// `tandem convert` from MLX checkpoints (`loader::mlx_to_hf`: dequantised, mlx-lm's layout
+/// undone) to GGUF, unquantised: the GGUF's f32 weights are the MLX values, so tandem's logits
+/// on it are mlx-lm's f32 logits on the MLX checkpoint (the tandem-written ones; mlx-lm's own
+/// conversion was run in f16), and the MTP head tandem wrote into the MLX checkpoint survives.
+#[test]
+fn mlx_checkpoints_convert_to_gguf() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, tol, mtp) in [
+        ("tandem-qwen3_5-q4-g32", 1e-5, true),
+        ("tandem-qwen3_5_moe-q4-g32", 1e-5, true),
+        ("tandem-qwen3_next-q4-g32", 1e-5, true),
+        ("qwen3_5-q4-g32", 1e-2, false),
+    ] {
+        let dir = fixture(name);
+        let out = tmp.path().join(format!("{name}.gguf"));
+        let opts =
+            tandem_model::arch::qwen_hybrid::to_gguf::ExportOptions { qwen3next_mtp: true, ..Default::default() };
+        tandem_model::arch::qwen_hybrid::to_gguf::export_hf_dir(&dir, &out, &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = candle_core::safetensors::load(dir.join("mlx_reference.safetensors"), &Device::Cpu).unwrap();
+        let ids: Vec<u32> = r["prompt_ids"].to_vec1::<i64>().unwrap().into_iter().map(|x| x as u32).collect();
+        let loaded = tandem_model::loader::load(&out, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.model.mtp().is_some(), mtp, "{name}: MTP head");
+        let e = rel_err(&logits(&loaded, &ids), &r["prompt_logits"]);
+        eprintln!("{name} as GGUF: logits relative error against mlx-lm {e:.2e}");
+        assert!(e <= tol, "{name}: relative error {e}, bound {tol}");
+    }
+}

@@ -7,6 +7,7 @@ pub mod gguf_check;
 pub mod graft;
 pub mod mlx;
 pub mod mlx_fp;
+pub mod mlx_to_hf;
 pub mod mlx_write;
 pub mod quantize;
 pub mod safetensors;

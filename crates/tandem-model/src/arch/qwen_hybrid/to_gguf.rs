@@ -62,8 +62,12 @@ fn read_json(path: &Path) -> Result<Json> {
     serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))
 }
 
-/// Every tensor of the checkpoint as f32, by HF name.
+/// Every tensor of the checkpoint as f32, by HF name (an MLX checkpoint dequantised and put
+/// back into the HF layout: `loader::mlx_to_hf`).
 fn load_tensors(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
+    if crate::loader::mlx_to_hf::is_mlx_dir(dir) {
+        return crate::loader::mlx_to_hf::hf_tensors(dir);
+    }
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| ModelError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
