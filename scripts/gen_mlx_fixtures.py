@@ -123,9 +123,9 @@ def hybrid(name, widths):
         print(out, logits.shape)
 
 
-hybrid("qwen3_5", [(None, None), (8, 32), (4, 32)])
-hybrid("qwen3_5_moe", [(4, 32)])
-hybrid("qwen3_next", [(4, 32)])
+hybrid("qwen3_5", [(None, None), (8, 32), (4, 32), (4, 64)])
+hybrid("qwen3_5_moe", [(4, 32), (8, 32), (4, 64)])
+hybrid("qwen3_next", [(4, 32), (8, 32), (4, 64)])
 
 
 # Checkpoints tandem writes (`tandem convert --mlx`, TANDEM_BIN: the binary to run; skipped

@@ -127,9 +127,10 @@ fn bad_mlx_checkpoints_are_errors() {
 
 /// The Qwen3.5 hybrid fixture, tamed (linear weights x0.2) and converted by mlx-lm (f16, 8-bit
 /// and 4-bit in groups of 32; its layout: `language_model.model.*`, norms stored as 1 + w, the
-/// conv as `[C, K, 1]`), and the Qwen3.5-MoE and Qwen3-Next fixtures at 4 bits (experts stacked
-/// as `switch_mlp`; mlx-lm's logits from the f16 values in f32): tandem gives mlx-lm's logits,
-/// and reports the MTP head mlx-lm dropped.
+/// conv as `[C, K, 1]`; also 4-bit in groups of 64), and the Qwen3.5-MoE and Qwen3-Next
+/// fixtures at 4 and 8 bits in groups of 32 and 4 bits in groups of 64 (experts stacked as
+/// `switch_mlp`; mlx-lm's logits from the f16 values in f32): tandem gives mlx-lm's logits, and
+/// reports the MTP head mlx-lm dropped.
 #[test]
 fn mlx_hybrid_checkpoints_give_mlx_lm_logits() {
     for (name, tol) in [
@@ -138,8 +139,13 @@ fn mlx_hybrid_checkpoints_give_mlx_lm_logits() {
         ("qwen3_5-q4-g32", 2e-2),
         // mlx-lm's stacked experts (`switch_mlp`): gate / up 4-bit, down (16 wide, below a
         // group) f16, the routers 8-bit in groups of 64 (its quant predicate).
+        ("qwen3_5-q4-g64", 2e-2),
         ("qwen3_5_moe-q4-g32", 3e-2),
+        ("qwen3_5_moe-q8-g32", 3e-2),
+        ("qwen3_5_moe-q4-g64", 3e-2),
         ("qwen3_next-q4-g32", 3e-2),
+        ("qwen3_next-q8-g32", 3e-2),
+        ("qwen3_next-q4-g64", 3e-2),
     ] {
         let dir = fixture(name);
         let r = candle_core::safetensors::load(dir.join("mlx_reference.safetensors"), &Device::Cpu).unwrap();

@@ -247,7 +247,9 @@ pub fn write_mlx(input: &Path, output: &Path, opts: &MlxWriteOptions) -> Result<
         }
         candle_core::safetensors::save(part, &path)?;
         summary.bytes += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        for n in part.keys() {
+        let mut names: Vec<&String> = part.keys().collect();
+        names.sort(); // a stable index, whatever the map's order
+        for n in names {
             weight_map.insert(n.clone(), serde_json::Value::String(file.into()));
         }
     }
