@@ -1,7 +1,7 @@
 //! `tandem convert`: a Hugging Face checkpoint of the hybrid family (Qwen3.5 dense and MoE,
 //! Qwen3-Next) written as a llama.cpp-style GGUF (`arch::qwen_hybrid::to_gguf`: llama.cpp's
-//! converter transforms), keeping the MTP head (llama.cpp drops Qwen3-Next's), its weight
-//! matrices optionally quantised; or (`--mlx`) any Hugging Face checkpoint tandem loads written
+//! converter transforms), keeping the MTP head (llama.cpp drops Qwen3-Next's), or of the Llama
+//! family (`arch::llama_to_gguf`), its weight matrices optionally quantised; or (`--mlx`) any Hugging Face checkpoint tandem loads written
 //! as an MLX-format directory (`loader::mlx_write`: affine-quantised, the layout mlx-lm loads,
 //! the MTP head kept where mlx-lm's converter drops it).
 
@@ -13,8 +13,9 @@ use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
-    /// A Hugging Face directory (config.json + safetensors + tokenizer.json): a hybrid model for
-    /// GGUF (an MLX checkpoint of one too: dequantised), any model tandem loads for `--mlx`.
+    /// A Hugging Face directory (config.json + safetensors + tokenizer.json): a hybrid or
+    /// Llama-family model for GGUF (an MLX checkpoint of a hybrid too: dequantised), any model
+    /// tandem loads for `--mlx`.
     pub input: PathBuf,
     /// The GGUF file to write (with `--mlx`: the directory).
     pub output: PathBuf,
@@ -41,17 +42,16 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     if a.mlx {
         return run_mlx(&a);
     }
-    if !tandem_model::arch::qwen_hybrid::is_hybrid_dir(&a.input) {
-        anyhow::bail!(
-            "{} is not a Hugging Face directory of a hybrid model (Qwen3.5 / Qwen3.6 / Qwen3-Next): \
-             `tandem convert` writes those as GGUF; other models load as they are",
-            a.input.display()
-        );
-    }
-    let opts = ExportOptions { quantize: a.quantize.map(|q| q.0), qwen3next_mtp: true, ..Default::default() };
     let t = std::time::Instant::now();
-    export_hf_dir(&a.input, &a.output, &opts)
-        .with_context(|| format!("cannot convert {} to {}", a.input.display(), a.output.display()))?;
+    if tandem_model::arch::qwen_hybrid::is_hybrid_dir(&a.input) {
+        let opts = ExportOptions { quantize: a.quantize.map(|q| q.0), qwen3next_mtp: true, ..Default::default() };
+        export_hf_dir(&a.input, &a.output, &opts)
+            .with_context(|| format!("cannot convert {} to {}", a.input.display(), a.output.display()))?;
+    } else {
+        // Llama family (Llama, Mistral, SmolLM2, Qwen2/2.5, Qwen3); anything else is refused there.
+        tandem_model::arch::llama_to_gguf::export_llama_dir(&a.input, &a.output, a.quantize.map(|q| q.0))
+            .with_context(|| format!("cannot convert {} to {}", a.input.display(), a.output.display()))?;
+    }
     let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
     let summary = tandem_model::loader::summarize(&a.output)?;
     println!(

@@ -4,6 +4,7 @@
 #[cfg(feature = "cuda")]
 pub mod decode_graph;
 pub mod llama;
+pub mod llama_to_gguf;
 pub mod qwen_hybrid;
 pub mod random_llama;
 

@@ -505,6 +505,12 @@ pub fn tokenizer_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, 
     let pre_json = tok.get("pre_tokenizer").map(|p| p.to_string()).unwrap_or_default();
     let pre = if pre_json.contains(r"\\p{M}") {
         "qwen35"
+    } else if pre_json.contains(r"\\p{N}{1,3}") {
+        // Llama 3's split rules (digits in threes).
+        "llama-bpe"
+    } else if pre_json.contains("\"Digits\"") && pre_json.contains("\"individual_digits\":true") {
+        // SmolLM2 / StarCoder: digits one by one, then the GPT-2 rules.
+        "smollm"
     } else if pre_json.contains(r"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}") {
         "qwen2"
     } else if pre_json.contains("\"ByteLevel\"") && pre_json.contains("\"use_regex\":true") {
