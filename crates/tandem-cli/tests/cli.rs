@@ -143,12 +143,22 @@ fn convert_quantize_and_graft_from_the_command_line() {
     let out = tandem(&["inspect", g]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("Q8_0"), "{text}");
+    // Llama-family checkpoints convert too; other architectures are refused with the reason.
     let llama = root().join("fixtures/tiny/llama");
-    let out = tandem(&["convert", llama.to_str().unwrap(), g]);
-    assert!(
-        !out.status.success()
-            && String::from_utf8_lossy(&out.stderr).contains("not a Hugging Face directory of a hybrid")
-    );
+    let lg = dir.path().join("llama.gguf");
+    let out = tandem(&["convert", llama.to_str().unwrap(), lg.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("llama"), "{text}");
+    let neox = dir.path().join("neox");
+    std::fs::create_dir_all(&neox).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(llama.join(f), neox.join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(llama.join("config.json")).unwrap().replace("\"llama\"", "\"gpt_neox\"");
+    std::fs::write(neox.join("config.json"), cfg).unwrap();
+    let out = tandem(&["convert", neox.to_str().unwrap(), lg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("gpt_neox") && err.contains("supported"), "{err}");
     // Load-time quantisation and a grafted head from the command line (from a GGUF of the
     // same model; the Qwen3-Next one is refused: its head is MoE).
     let q35 = root().join("fixtures/hybrid/qwen3_5");
