@@ -451,15 +451,7 @@ impl Scheduler {
             .zip(&logits)
             .map(|(e, l)| l.as_ref().is_some_and(|l| !l.device().is_cpu()) && self.running[e.seq].argmax_only())
             .collect();
-        let mut argmax = match argmax::device_argmax_rows(
-            logits.iter().zip(&greedy).filter(|(_, &g)| g).filter_map(|(l, _)| l.as_ref()),
-        ) {
-            Ok(ids) => ids.into_iter().map(Ok).collect::<Vec<_>>().into_iter(),
-            Err(err) => {
-                let n = greedy.iter().filter(|&&g| g).count();
-                (0..n).map(|_| Err(err.to_string())).collect::<Vec<_>>().into_iter()
-            }
-        };
+        let mut argmax = argmax::device_argmax_each(logits.iter().zip(greedy.iter().copied()));
         for ((e, l), g) in plan.iter().zip(logits).zip(greedy) {
             let s = &mut self.running[e.seq];
             s.consumed(e.n, elapsed);
@@ -467,18 +459,9 @@ impl Scheduler {
                 // Greedy on a GPU: one id per position came back instead of the whole
                 // vocabulary's logits.
                 match argmax.next() {
-                    Some(Ok(ids)) if e.verify => {
-                        let (d0, a0) = (s.spec.usage.drafted_tokens, s.spec.usage.accepted_tokens);
-                        if let Err(err) = s.on_verify_argmax(&ids, &self.tokenizer, self.context_length) {
-                            s.fail(&format!("committing verified tokens failed: {err}"));
-                            continue;
-                        }
-                        speculate::count(
-                            &self.stats,
-                            s.spec.usage.drafted_tokens - d0,
-                            s.spec.usage.accepted_tokens - a0,
-                        );
-                    }
+                    Some(Ok(ids)) if e.verify => speculate::commit_verify(&self.stats, s, |s| {
+                        s.on_verify_argmax(&ids, &self.tokenizer, self.context_length)
+                    }),
                     Some(Ok(ids)) => match ids.first() {
                         Some(&id) => s.on_argmax(id, &self.tokenizer, self.context_length),
                         None => s.fail("reading the argmax failed: a row went missing"),
@@ -497,12 +480,9 @@ impl Scheduler {
                         continue;
                     }
                 };
-                let (d0, a0) = (s.spec.usage.drafted_tokens, s.spec.usage.accepted_tokens);
-                if let Err(err) = s.on_verify_logits(rows, &self.tokenizer, self.context_length) {
-                    s.fail(&format!("committing verified tokens failed: {err}"));
-                    continue;
-                }
-                speculate::count(&self.stats, s.spec.usage.drafted_tokens - d0, s.spec.usage.accepted_tokens - a0);
+                speculate::commit_verify(&self.stats, s, |s| {
+                    s.on_verify_logits(rows, &self.tokenizer, self.context_length)
+                });
                 continue;
             }
             if self.cfg.device_sampling && !l.device().is_cpu() {

@@ -24,3 +24,16 @@ pub(super) fn device_argmax_rows<'a>(
     let mut it = ids.into_iter();
     Ok(counts.into_iter().map(|c| it.by_ref().take(c).collect()).collect())
 }
+
+/// [`device_argmax_rows`] of the tensors whose `greedy` flag is set, one result per such tensor
+/// in order (every one the error, if the read failed).
+pub(super) fn device_argmax_each<'a>(
+    logits: impl Iterator<Item = (&'a Option<candle_core::Tensor>, bool)>,
+) -> std::vec::IntoIter<Result<Vec<u32>, String>> {
+    let rows: Vec<&candle_core::Tensor> = logits.filter(|(_, g)| *g).filter_map(|(l, _)| l.as_ref()).collect();
+    let n = rows.len();
+    match device_argmax_rows(rows.into_iter()) {
+        Ok(ids) => ids.into_iter().map(Ok).collect::<Vec<_>>().into_iter(),
+        Err(err) => vec![Err(err.to_string()); n].into_iter(),
+    }
+}

@@ -127,6 +127,21 @@ pub(super) fn draft_length(s: &mut Sequence, cost: DraftCost, context_length: us
 }
 
 /// Adds one verification's numbers to the engine-wide counters.
+/// Commits a verify step's verdict with `apply` (from the logits rows or the device argmax)
+/// and counts its drafts; a failure fails the sequence.
+pub(super) fn commit_verify(
+    stats: &EngineStats,
+    s: &mut crate::sequence::Sequence,
+    apply: impl FnOnce(&mut crate::sequence::Sequence) -> Result<(), String>,
+) {
+    let (d0, a0) = (s.spec.usage.drafted_tokens, s.spec.usage.accepted_tokens);
+    if let Err(err) = apply(s) {
+        s.fail(&format!("committing verified tokens failed: {err}"));
+        return;
+    }
+    count(stats, s.spec.usage.drafted_tokens - d0, s.spec.usage.accepted_tokens - a0);
+}
+
 pub(super) fn count(stats: &EngineStats, drafted: usize, accepted: usize) {
     if drafted == 0 {
         return;

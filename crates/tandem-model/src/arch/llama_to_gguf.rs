@@ -37,20 +37,7 @@ fn gguf_name(hf: &str) -> Option<String> {
     }
     let (n, tail) = hf.strip_prefix("model.layers.")?.split_once('.')?;
     let (stem, suffix) = tail.rsplit_once('.')?;
-    let g = match stem {
-        "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
+    let (g, _) = crate::loader::safetensors::LLAMA_LAYER_NAMES.iter().find(|(_, h)| *h == stem)?;
     Some(format!("blk.{n}.{g}.{suffix}"))
 }
 

@@ -85,6 +85,20 @@ impl MlxQuant {
     }
 }
 
+/// mlx-lm's zero-centred norms of the hybrids (its `norm_keys`), stored as 1 + w in its
+/// sanitised layout: `mlx_write` bakes them, the readers take the 1 back off.
+pub fn is_baked_norm(name: &str) -> bool {
+    [
+        ".input_layernorm.weight",
+        ".post_attention_layernorm.weight",
+        "model.norm.weight",
+        ".q_norm.weight",
+        ".k_norm.weight",
+    ]
+    .iter()
+    .any(|s| name.ends_with(s))
+}
+
 /// Unpacks rows of `k` `bits`-bit values from `words` (`[n, k * bits / 32]`).
 pub fn unpack(words: &[u32], n: usize, k: usize, bits: usize) -> Result<Vec<u8>> {
     let per_row = k * bits / 32;

@@ -21,15 +21,6 @@ pub fn is_mlx_dir(dir: &Path) -> bool {
         .is_some_and(|v| v.get("quantization").is_some())
 }
 
-/// mlx-lm's zero-centred norms (stored as 1 + w in its sanitised hybrid layout).
-const NORM_KEYS: [&str; 5] = [
-    ".input_layernorm.weight",
-    ".post_attention_layernorm.weight",
-    "model.norm.weight",
-    ".q_norm.weight",
-    ".k_norm.weight",
-];
-
 /// Every tensor of the MLX checkpoint in `dir`, f32, by Hugging Face name.
 pub fn hf_tensors(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
     let cfg_path = dir.join("config.json");
@@ -70,7 +61,7 @@ pub fn hf_tensors(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
         if sanitised && hf.ends_with("conv1d.weight") && t.rank() == 3 && t.dim(2)? == 1 {
             t = t.transpose(1, 2)?.contiguous()?; // [C, K, 1] -> [C, 1, K]
         }
-        if sanitised && t.rank() == 1 && NORM_KEYS.iter().any(|s| hf.ends_with(s)) {
+        if sanitised && t.rank() == 1 && super::mlx::is_baked_norm(&hf) {
             t = t.affine(1.0, -1.0)?;
         }
         if let Some((base, tail)) = hf.split_once(".switch_mlp.") {

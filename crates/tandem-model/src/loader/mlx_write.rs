@@ -111,15 +111,6 @@ enum Source {
     Stack(Vec<String>),
 }
 
-/// mlx-lm's zero-centred norms of the hybrids (stored as 1 + w in its layout).
-const NORM_KEYS: [&str; 5] = [
-    ".input_layernorm.weight",
-    ".post_attention_layernorm.weight",
-    "model.norm.weight",
-    ".q_norm.weight",
-    ".k_norm.weight",
-];
-
 /// The output tensors and their sources: the checkpoint's names, with the hybrids' experts
 /// stacked as `switch_mlp`.
 fn plan(names: &[String], hybrid: bool, cfg: &serde_json::Value) -> Result<BTreeMap<String, Source>> {
@@ -201,7 +192,7 @@ pub fn write_mlx(input: &Path, output: &Path, opts: &MlxWriteOptions) -> Result<
         if hybrid && name.ends_with("conv1d.weight") && t.rank() == 3 && t.dim(1)? == 1 {
             t = t.transpose(1, 2)?.contiguous()?; // [C, 1, K] -> [C, K, 1]
         }
-        if hybrid && t.rank() == 1 && NORM_KEYS.iter().any(|s| name.ends_with(s)) {
+        if hybrid && t.rank() == 1 && super::mlx::is_baked_norm(&name) {
             t = (t.to_dtype(DType::F32)? + 1.0)?.to_dtype(t.dtype())?;
         }
         if name.starts_with("mtp.") {

@@ -50,6 +50,22 @@ enum MlxWeight {
     F32(Tensor),
 }
 
+/// A Llama-family layer's tensors: (GGUF stem, Hugging Face stem), both directions of the
+/// name maps (`hf_name`, `arch::llama_to_gguf`).
+pub(crate) const LLAMA_LAYER_NAMES: [(&str, &str); 11] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
 /// Maps a GGUF-style tensor name to the Hugging Face name.
 pub fn hf_name(gguf: &str, prefix: &str) -> String {
     let map_tail = |tail: &str| -> String {
@@ -57,20 +73,7 @@ pub fn hf_name(gguf: &str, prefix: &str) -> String {
             Some((s, suf)) => (s, suf),
             None => (tail, ""),
         };
-        let hf = match stem {
-            "attn_norm" => "input_layernorm",
-            "ffn_norm" => "post_attention_layernorm",
-            "attn_q" => "self_attn.q_proj",
-            "attn_k" => "self_attn.k_proj",
-            "attn_v" => "self_attn.v_proj",
-            "attn_output" => "self_attn.o_proj",
-            "attn_q_norm" => "self_attn.q_norm",
-            "attn_k_norm" => "self_attn.k_norm",
-            "ffn_gate" => "mlp.gate_proj",
-            "ffn_up" => "mlp.up_proj",
-            "ffn_down" => "mlp.down_proj",
-            other => other,
-        };
+        let hf = LLAMA_LAYER_NAMES.iter().find(|(g, _)| *g == stem).map_or(stem, |(_, h)| h);
         format!("{hf}.{suffix}")
     };
     match gguf {
@@ -125,11 +128,7 @@ impl SafetensorsSource {
 
     /// Whether `hf` is a zero-centred norm stored as 1 + w (mlx-lm's hybrid converters).
     fn baked_norm(&self, hf: &str) -> bool {
-        self.norms_plus_one
-            && ([".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight"]
-                .iter()
-                .any(|s| hf.ends_with(s))
-                || hf == format!("{}norm.weight", self.prefix))
+        self.norms_plus_one && super::mlx::is_baked_norm(hf)
     }
 
     /// mlx-lm's stacked experts: `{base}.experts.{e}.{proj}.weight`, which the checkpoint does
