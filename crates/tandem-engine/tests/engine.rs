@@ -82,7 +82,7 @@ fn wait_idle(e: &EngineHandle) {
 
 #[test]
 fn greedy_equals_transformers_up_to_first_near_tie() {
-    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "gemma3"] {
         let (prompt, want, margins) = reference(name);
         let n = margins.iter().position(|&m| m < 1e-3).unwrap_or(want.len());
         let e = engine(name, EngineConfig::default());
@@ -96,33 +96,37 @@ fn greedy_equals_transformers_up_to_first_near_tie() {
 /// Eight different requests in flight together give the same tokens as each alone.
 #[test]
 fn batch_invariance() {
-    let (prompt, _, _) = reference("qwen2");
-    let e = engine("qwen2", EngineConfig::default());
-    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt[i..i + 12 + 3 * i].to_vec()).collect();
-    let alone: Vec<Vec<u32>> =
-        prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
-    let rxs: Vec<_> = prompts.iter().map(|p| e.submit(greedy_req(p.clone(), 16)).unwrap()).collect();
-    let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).ids).collect();
-    assert_eq!(alone, together);
-    wait_idle(&e);
-    assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
+    for name in ["qwen2", "gemma3"] {
+        let (prompt, _, _) = reference(name);
+        let e = engine(name, EngineConfig::default());
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt[i..i + 12 + 3 * i].to_vec()).collect();
+        let alone: Vec<Vec<u32>> =
+            prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
+        let rxs: Vec<_> = prompts.iter().map(|p| e.submit(greedy_req(p.clone(), 16)).unwrap()).collect();
+        let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).ids).collect();
+        assert_eq!(alone, together, "{name}");
+        wait_idle(&e);
+        assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
+    }
 }
 
 /// Prefill chunk sizes 1, 7, 64 and 512 give the same output.
 #[test]
 fn chunk_equivalence() {
-    let (prompt, _, _) = reference("llama");
-    let mut outs = Vec::new();
-    for chunk in [1usize, 7, 64, 512] {
-        let e = engine("llama", EngineConfig { prefill_chunk: chunk, ..Default::default() });
-        let req = GenerateRequest { logprobs: Some(3), ..greedy_req(prompt.clone(), 12) };
-        let o = collect(e.submit(req).unwrap());
-        outs.push((chunk, o.ids, o.logprobs));
-    }
-    for (chunk, ids, lps) in &outs[1..] {
-        assert_eq!(ids, &outs[0].1, "chunk {chunk}");
-        for (a, b) in lps.iter().zip(&outs[0].2) {
-            assert!((a.chosen.logprob - b.chosen.logprob).abs() < 1e-4, "chunk {chunk}: logprob drift");
+    for name in ["llama", "gemma3"] {
+        let (prompt, _, _) = reference(name);
+        let mut outs = Vec::new();
+        for chunk in [1usize, 7, 64, 512] {
+            let e = engine(name, EngineConfig { prefill_chunk: chunk, ..Default::default() });
+            let req = GenerateRequest { logprobs: Some(3), ..greedy_req(prompt.clone(), 12) };
+            let o = collect(e.submit(req).unwrap());
+            outs.push((chunk, o.ids, o.logprobs));
+        }
+        for (chunk, ids, lps) in &outs[1..] {
+            assert_eq!(ids, &outs[0].1, "{name} chunk {chunk}");
+            for (a, b) in lps.iter().zip(&outs[0].2) {
+                assert!((a.chosen.logprob - b.chosen.logprob).abs() < 1e-4, "{name} chunk {chunk}: logprob drift");
+            }
         }
     }
 }

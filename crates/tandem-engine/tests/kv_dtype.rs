@@ -23,7 +23,7 @@ fn cfg(kv: KvDtype) -> EngineConfig {
 /// Fixtures whose head dimension the format can store (the quantised formats need multiples
 /// of 32; tiny/llama's heads are 16 wide).
 fn models(kv: KvDtype) -> Vec<&'static str> {
-    let mut v = vec!["tiny/qwen3", "hybrid/qwen3_5"];
+    let mut v = vec!["tiny/qwen3", "tiny/gemma3", "hybrid/qwen3_5"];
     if !kv.is_quantized() {
         v.push("tiny/llama");
     }

@@ -14,7 +14,7 @@ use tandem_engine::*;
 /// alone on an engine without a prefix cache.
 #[test]
 fn batch_invariance_with_prefix_sharing() {
-    for path in ["tiny/llama", "hybrid/qwen3_5", "hybrid/qwen3_5_moe"] {
+    for path in ["tiny/llama", "tiny/gemma3", "hybrid/qwen3_5", "hybrid/qwen3_5_moe"] {
         let p = long_prompt(path, 200);
         let prompts: Vec<Vec<u32>> =
             (0..8).map(|i| if i % 2 == 0 { p[..20 + 6 * i].to_vec() } else { p[i..i + 25].to_vec() }).collect();
@@ -34,7 +34,7 @@ fn batch_invariance_with_prefix_sharing() {
 /// the prefix cache on (chunks are also cut at checkpoint positions).
 #[test]
 fn chunk_equivalence_on_hybrid_models() {
-    for path in ["hybrid/qwen3_next", "tiny/qwen2"] {
+    for path in ["hybrid/qwen3_next", "tiny/qwen2", "tiny/gemma3"] {
         let p = long_prompt(path, 200);
         let mut outs = Vec::new();
         for chunk in [1usize, 7, 64, 512] {

@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use common::*;
 use tandem_engine::*;
 
-const MODELS: [&str; 5] = ["tiny/llama", "tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"];
+const MODELS: [&str; 6] =
+    ["tiny/llama", "tiny/qwen3", "tiny/gemma3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"];
 
 /// Cached tokens expected when `prompt` is looked up in a tree that holds the blocks of
 /// `fed` (tokens some earlier sequence fed) and, for hybrid models, checkpoints at

@@ -47,7 +47,8 @@ fn run_batch(e: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Outcome> {
 /// (model, method, draft model) combinations under test.
 fn cases() -> Vec<(&'static str, SpecMethod, Option<&'static str>)> {
     let mut v = Vec::new();
-    for path in ["tiny/llama", "tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"] {
+    for path in ["tiny/llama", "tiny/qwen3", "tiny/gemma3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"]
+    {
         v.push((path, SpecMethod::Ngram, None));
         // A draft that always agrees (the model itself, attention-only) and one that mostly
         // does not (another fixture with the same vocabulary).
@@ -65,7 +66,8 @@ fn cases() -> Vec<(&'static str, SpecMethod, Option<&'static str>)> {
 #[test]
 fn greedy_output_is_unchanged_by_every_proposer() {
     let n = 24;
-    for path in ["tiny/llama", "tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"] {
+    for path in ["tiny/llama", "tiny/qwen3", "tiny/gemma3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"]
+    {
         let plain = engine(path, cache_off());
         let ps = prompts(path);
         let want: Vec<Outcome> = ps.iter().map(|p| run(&plain, greedy(p.clone(), n))).collect();

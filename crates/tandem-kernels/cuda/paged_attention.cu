@@ -3,7 +3,8 @@
 // q: [nh, t, hd] f32 (rows past .. past + t - 1 of the sequence), pools [rows, nkv, hd] in T
 // (f32, f16, bf16) or [rows, nkv, row_bytes] of ggml q8_0 / q4_0 blocks (kv_quant.cuh),
 // blocks: the sequence's block table (position p is pool row blocks[p / bs] * bs + p % bs),
-// out: [nh, t, hd] f32. Query row i sees positions 0 ..= past + i.
+// out: [nh, t, hd] f32. Query row i sees positions 0 ..= past + i, or with a sliding window
+// > 0 only the last `window` of them (past + i + 1 - window ..= past + i).
 //
 // Split-KV: a row's keys are cut into segments of SPLIT positions (fixed boundaries). A thread
 // block takes one segment of one KV head for U (query row, query head) units that read it:
@@ -51,7 +52,7 @@ template <typename L, int NR, int U>
 __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
                              const typename L::elem* __restrict__ kp, const typename L::elem* __restrict__ vp,
                              const uint32_t* __restrict__ blocks, int nh, int nkv, int t, int hd, int past, int bs,
-                             float scale, int tile, int sp, int nsplit, int qrows, int pstride) {
+                             float scale, int window, int tile, int sp, int nsplit, int qrows, int pstride) {
     typedef typename L::elem T;
     const size_t re = L::row_elems(hd);
     const int G = nh / nkv;
@@ -65,14 +66,17 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         const int hg = hg0 + u % Gb, qi = r0 + u / Gb;
         return u < R * Gb && hg < G && qi < t ? past + qi + 1 : 0;
     };
-    int len[U];
+    // A unit sees keys first[u] .. len[u] - 1 (a sliding window moves first up).
+    int len[U], first[U];
     float qr[U][NR], acc[U][NR], m[U], l[U];
-    int end_max = start;
+    int end_max = start, start_min = start + SPLIT;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         len[u] = unit_len(u);
+        first[u] = window > 0 ? max(0, len[u] - window) : 0;
         const bool act = len[u] > 0;
         end_max = max(end_max, min(len[u], start + SPLIT));
+        if (act) start_min = min(start_min, max(start, first[u]));
         const float* qrow = q + ((size_t)(kvh * G + hg0 + u % Gb) * qrows + r0 + u / Gb) * hd;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
@@ -83,7 +87,9 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         m[u] = -INFINITY;
         l[u] = 0.f;
     }
-    for (int j = start + warp; j < end_max; j += WARPS) {
+    // Keys before every unit's window are skipped; the warps keep their j mod WARPS lanes.
+    const int j0 = start + ((start_min - start) / WARPS) * WARPS;
+    for (int j = j0 + warp; j < end_max; j += WARPS) {
         const size_t prow_ = (size_t)blocks[j / bs] * bs + j % bs;
         const T* krow = kp + (prow_ * nkv + kvh) * re;
         const T* vrow = vp + (prow_ * nkv + kvh) * re;
@@ -96,7 +102,7 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (j < len[u]) {
+            if (j < len[u] && j >= first[u]) {
                 float s = 0.f;
 #pragma unroll
                 for (int r = 0; r < NR; r++) {
@@ -228,14 +234,15 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
 #define PAGED_ONE(name, L, NR, U)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
         name(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,                    \
-             const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale) {          \
-        attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale, blockIdx.x,     \
-                               blockIdx.z, gridDim.z, t, gridDim.z);                                           \
+             const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale,            \
+             int window) {                                                                                     \
+        attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale, window,         \
+                               blockIdx.x, blockIdx.z, gridDim.z, t, gridDim.z);                               \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
         name##_batch(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,            \
                      const uint32_t* tables, const int* meta, int nh, int nkv, int hd, int bs, int total,      \
-                     int pstride, float scale) {                                                               \
+                     int pstride, float scale, int window) {                                                   \
         int off, t, past, toff;                                                                                \
         batch_seq(meta, blockIdx.z / pstride, &off, &t, &past, &toff);                                         \
         const int sp = blockIdx.z % pstride, nsplit = (past + t + SPLIT - 1) / SPLIT;                          \
@@ -243,7 +250,7 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
         if ((int)blockIdx.x >= tiles || sp >= nsplit) return;                                                  \
         attend_units<L, NR, U>(out + (size_t)off * hd, part + (size_t)off * nh * pstride * (hd + 2),           \
                                q + (size_t)off * hd, kp, vp, tables + toff, nh, nkv, t, hd, past, bs, scale,  \
-                               blockIdx.x, sp, nsplit, total, pstride);                                        \
+                               window, blockIdx.x, sp, nsplit, total, pstride);                                \
     }
 // Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4).
 #define PAGED(name, L)                     \

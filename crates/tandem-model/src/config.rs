@@ -260,7 +260,7 @@ impl LlamaConfig {
     }
 }
 
-fn hf_rope_scaling(s: &Json, max_pos: usize) -> Result<RopeScaling> {
+pub(crate) fn hf_rope_scaling(s: &Json, max_pos: usize) -> Result<RopeScaling> {
     let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(Json::as_str).unwrap_or("default");
     let f = |k: &str, d: f64| s.get(k).and_then(Json::as_f64).unwrap_or(d);
     let orig = s.get("original_max_position_embeddings").and_then(Json::as_u64).map(|x| x as usize).unwrap_or(max_pos);

@@ -30,24 +30,37 @@ pub use paged::{LayerKv, PagedKvStore};
 pub enum LayerCacheSpec {
     /// Attention keys and values: `kv_heads * head_dim` floats each per token.
     Attention { kv_heads: usize, head_dim: usize },
+    /// Sliding-window attention (Gemma 3's local layers): keys and values like
+    /// [`Self::Attention`], but a query at position `p` sees only positions
+    /// `p + 1 - window ..= p`.
+    SlidingWindow { kv_heads: usize, head_dim: usize, window: usize },
     /// A recurrent (Gated DeltaNet) layer: a conv state of `conv_kernel - 1` inputs of
     /// `conv_channels` each, and `state_heads` f32 matrices of `key_dim x value_dim`.
     Recurrent { conv_channels: usize, conv_kernel: usize, state_heads: usize, key_dim: usize, value_dim: usize },
 }
 
 impl LayerCacheSpec {
+    /// `(kv_heads, head_dim, window)` of an attention layer (window 0: every position).
+    pub fn attention(&self) -> Option<(usize, usize, usize)> {
+        match *self {
+            LayerCacheSpec::Attention { kv_heads, head_dim } => Some((kv_heads, head_dim, 0)),
+            LayerCacheSpec::SlidingWindow { kv_heads, head_dim, window } => Some((kv_heads, head_dim, window)),
+            LayerCacheSpec::Recurrent { .. } => None,
+        }
+    }
+
     /// Bytes one token occupies in this layer (K and V stored as `dtype`).
     pub fn bytes_per_token(&self, dtype: KvDtype) -> usize {
-        match self {
-            LayerCacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * dtype.row_bytes(*head_dim),
-            LayerCacheSpec::Recurrent { .. } => 0,
+        match self.attention() {
+            Some((kv_heads, head_dim, _)) => 2 * kv_heads * dtype.row_bytes(head_dim),
+            None => 0,
         }
     }
 
     /// Bytes the layer holds per sequence whatever its length (recurrent state).
     pub fn fixed_bytes(&self) -> usize {
         match self {
-            LayerCacheSpec::Attention { .. } => 0,
+            LayerCacheSpec::Attention { .. } | LayerCacheSpec::SlidingWindow { .. } => 0,
             LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim } => {
                 4 * (conv_channels * conv_kernel.saturating_sub(1) + state_heads * key_dim * value_dim)
             }
@@ -167,13 +180,25 @@ pub struct KvBuffer {
     cap: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Sliding window of the layer (0: none).
+    window: usize,
 }
 
 const GROW_STEP: usize = 256;
 
 impl KvBuffer {
     pub fn new(kv_heads: usize, head_dim: usize) -> Self {
-        Self { k: None, v: None, len: 0, cap: 0, kv_heads, head_dim }
+        Self::with_window(kv_heads, head_dim, 0)
+    }
+
+    /// A buffer for a sliding-window layer (`window` 0: none).
+    pub fn with_window(kv_heads: usize, head_dim: usize, window: usize) -> Self {
+        Self { k: None, v: None, len: 0, cap: 0, kv_heads, head_dim, window }
+    }
+
+    /// The layer's sliding window (0: none).
+    pub fn window(&self) -> usize {
+        self.window
     }
 
     pub fn len(&self) -> usize {
@@ -254,15 +279,15 @@ impl SequenceCache {
     pub fn new(spec: &[LayerCacheSpec], device: &Device) -> Self {
         let layers = spec
             .iter()
-            .map(|s| match s {
-                LayerCacheSpec::Attention { kv_heads, head_dim } => KvBuffer::new(*kv_heads, *head_dim),
-                LayerCacheSpec::Recurrent { .. } => KvBuffer::new(0, 0),
+            .map(|s| match s.attention() {
+                Some((kv_heads, head_dim, window)) => KvBuffer::with_window(kv_heads, head_dim, window),
+                None => KvBuffer::new(0, 0),
             })
             .collect();
         let recurrent = spec
             .iter()
             .map(|s| match s {
-                LayerCacheSpec::Attention { .. } => None,
+                LayerCacheSpec::Attention { .. } | LayerCacheSpec::SlidingWindow { .. } => None,
                 LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim } => {
                     let len = state_heads * key_dim * value_dim;
                     Some(

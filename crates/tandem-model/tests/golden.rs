@@ -10,7 +10,7 @@ use tandem_model::arch::CausalLm;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
 use tandem_model::kv::SequenceCache;
 
-const VARIANTS: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
+const VARIANTS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "gemma3"];
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny").join(name)
@@ -102,7 +102,7 @@ fn prompt_and_decode_logits_match_transformers() {
 
 #[test]
 fn chunked_prefill_equals_one_shot() {
-    for name in ["qwen2", "llama"] {
+    for name in ["qwen2", "llama", "gemma3"] {
         let model = load(name);
         let r = reference(name);
         let mut one = SequenceCache::new(&model.cache_spec(), &Device::Cpu);

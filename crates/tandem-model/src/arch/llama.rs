@@ -167,45 +167,13 @@ impl Llama {
     /// reference the decode graphs are checked against).
     fn eager_forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let cfg = &self.cfg;
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        for c in chunks.iter() {
-            if c.tokens.is_empty() {
-                return Err(ModelError::Input("empty chunk in forward batch".into()));
-            }
-            if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
-            }
-            ids.extend_from_slice(c.tokens);
-            let start = c.cache.position();
-            positions.extend(start..start + c.tokens.len());
-        }
+        let (ids, positions) = crate::arch::batch_tokens(chunks, cfg.vocab_size)?;
         // One RoPE table for every token of the batch (one upload, not one per sequence).
         let tables = self.rope.tables(&positions, &self.device)?;
         let total = ids.len();
         let ids = Tensor::from_vec(ids, total, &self.device)?;
         let x = self.layers_forward(&ids, &tables, |li, q, k, v, scale| {
-            let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
-            let batched = {
-                let kvs = chunks.iter_mut().map(|c| c.cache.layer_kv(li)).collect::<Result<Vec<_>>>()?;
-                let refs: Vec<&crate::kv::LayerKv<'_>> = kvs.iter().collect();
-                crate::kv::attend_batch(&refs, &lens, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)?
-            };
-            if let Some(att) = batched {
-                Ok(att)
-            } else if let [c] = chunks {
-                c.cache.layer_kv(li)?.attend(q, k, v, scale)
-            } else {
-                let mut outs = Vec::with_capacity(chunks.len());
-                let mut off = 0;
-                for c in chunks.iter_mut() {
-                    let t = c.tokens.len();
-                    let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
-                    outs.push(c.cache.layer_kv(li)?.attend(&rows(q)?, &rows(k)?, &rows(v)?, scale)?);
-                    off += t;
-                }
-                Ok(Tensor::cat(&outs, 1)?)
-            }
+            crate::arch::attend_chunks(chunks, li, q, k, v, scale)
         })?;
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod decode_graph;
+pub mod gemma3;
 pub mod llama;
 pub mod llama_to_gguf;
 pub mod qwen_hybrid;
@@ -13,6 +14,60 @@ use candle_core::{Device, Tensor};
 use crate::batch::SeqChunk;
 use crate::error::Result;
 use crate::kv::{LayerCacheSpec, SequenceCache};
+
+/// The token ids of a batch's chunks one after another and each token's position, after
+/// checking that no chunk is empty and every id is inside the vocabulary.
+pub(crate) fn batch_tokens(chunks: &[SeqChunk<'_>], vocab_size: usize) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut ids = Vec::new();
+    let mut positions = Vec::new();
+    for c in chunks {
+        if c.tokens.is_empty() {
+            return Err(crate::error::ModelError::Input("empty chunk in forward batch".into()));
+        }
+        if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(crate::error::ModelError::Input(format!("token id {bad} is outside the vocabulary")));
+        }
+        ids.extend_from_slice(c.tokens);
+        let start = c.cache.position();
+        positions.extend(start..start + c.tokens.len());
+    }
+    Ok((ids, positions))
+}
+
+/// Attention of layer `li` for a batch: `q [nh, total, hd]`, `k`, `v [nkv, total, hd]` hold
+/// every chunk's rows one after another; each chunk's new keys and values are written to its
+/// cache and its queries attend over its own positions. One launch for the batch where the
+/// device has it ([`crate::kv::attend_batch`]), else chunk by chunk. Returns `[nh, total, hd]`.
+pub(crate) fn attend_chunks(
+    chunks: &mut [SeqChunk<'_>],
+    li: usize,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let lens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+    let batched = {
+        let kvs = chunks.iter_mut().map(|c| c.cache.layer_kv(li)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&crate::kv::LayerKv<'_>> = kvs.iter().collect();
+        crate::kv::attend_batch(&refs, &lens, &q.contiguous()?, &k.contiguous()?, &v.contiguous()?, scale)?
+    };
+    if let Some(att) = batched {
+        return Ok(att);
+    }
+    if let [c] = chunks {
+        return c.cache.layer_kv(li)?.attend(q, k, v, scale);
+    }
+    let mut outs = Vec::with_capacity(chunks.len());
+    let mut off = 0;
+    for c in chunks.iter_mut() {
+        let t = c.tokens.len();
+        let rows = |x: &Tensor| x.narrow(1, off, t).and_then(|x| x.contiguous());
+        outs.push(c.cache.layer_kv(li)?.attend(&rows(q)?, &rows(k)?, &rows(v)?, scale)?);
+        off += t;
+    }
+    Ok(Tensor::cat(&outs, 1)?)
+}
 
 /// A decoder-only language model.
 pub trait CausalLm: Send + Sync {

@@ -42,6 +42,24 @@ pub const CHATML_TEMPLATE: &str = "{%- for message in messages %}\
 {%- endfor %}\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
+/// Gemma's turn format, for Gemma checkpoints that ship no template (llama.cpp's GGUFs of
+/// Gemma 3 often do not): `<start_of_turn>user` / `<start_of_turn>model` turns closed by
+/// `<end_of_turn>`, the system prompt folded into the first user turn, contents trimmed.
+pub const GEMMA_TEMPLATE: &str = "{{- bos_token }}\
+{%- set ns = namespace(system='', text='') %}\
+{%- for message in messages %}\
+{%- if message['content'] is string %}{%- set ns.text = message['content'] %}\
+{%- else %}{%- set ns.text = '' %}{%- for part in message['content'] %}\
+{%- if part['type'] == 'text' %}{%- set ns.text = ns.text + part['text'] %}{%- endif %}{%- endfor %}{%- endif %}\
+{%- if message['role'] == 'system' and loop.first %}{%- set ns.system = ns.text | trim + '\n\n' %}\
+{%- else %}\
+{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}\
+{%- if message['role'] == 'user' and ns.system %}{{- ns.system }}{%- set ns.system = '' %}{%- endif %}\
+{{- ns.text | trim }}{{- '<end_of_turn>\n' }}\
+{%- endif %}\
+{%- endfor %}\
+{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}";
+
 /// Instructions one render may execute.
 const FUEL: u64 = 20_000_000;
 /// Messages at the end of a conversation that get message boundaries.

@@ -105,6 +105,24 @@ fn gen() -> RenderOptions {
     RenderOptions { add_generation_prompt: true, ..Default::default() }
 }
 
+/// Gemma's built-in template: turns named user / model, the system prompt folded into the
+/// first user turn, contents trimmed, BOS first.
+#[test]
+fn gemma_template_renders_gemma_turns() {
+    let t = ChatTemplate::new(GEMMA_TEMPLATE, Some("<bos>".into()), Some("<eos>".into())).unwrap();
+    let mut m = msgs();
+    m.push(json!({"role": "assistant", "content": [{"type": "text", "text": " 4 "}]}));
+    m.push(json!({"role": "user", "content": "And 3+3?"}));
+    let r = t.render(&m, &gen()).unwrap();
+    assert_eq!(
+        r.text,
+        "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nWhat is 2+2?<end_of_turn>\n\
+         <start_of_turn>model\n4<end_of_turn>\n<start_of_turn>user\nAnd 3+3?<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let plain = t.render(&[json!({"role": "user", "content": "Hi"})], &RenderOptions::default()).unwrap();
+    assert_eq!(plain.text, "<bos><start_of_turn>user\nHi<end_of_turn>\n");
+}
+
 #[test]
 fn chatml_renders_and_marks_message_ends() {
     let t = ChatTemplate::new(CHATML_TEMPLATE, None, None).unwrap();

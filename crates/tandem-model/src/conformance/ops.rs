@@ -144,7 +144,7 @@ fn attn_case(
     let want = {
         let (_, q, _, store) = run(&Device::Cpu)?;
         let (k, v) = store.read(0, &blocks, len)?;
-        crate::ops::causal_attention(&q, &k, &v, scale)?
+        crate::ops::causal_attention(&q, &k, &v, scale, 0)?
     };
     let (got, q, ms, store) = run(dev)?;
     let tol = if kv.is_quantized() { 1e-4 } else { 2e-5 };

@@ -35,6 +35,8 @@ pub(super) struct PoolLayer {
     pub(super) k: Tensor,
     pub(super) v: Tensor,
     head_dim: usize,
+    /// Sliding window (0: none).
+    window: usize,
 }
 
 /// The KV pools of every attention layer of a model.
@@ -101,17 +103,18 @@ impl PagedKvStore {
         }
         let layers = spec
             .iter()
-            .map(|s| match s {
-                LayerCacheSpec::Attention { kv_heads, head_dim } => {
-                    dtype.check_head_dim(*head_dim)?;
-                    let shape = (num_blocks * block_size, *kv_heads, dtype.row_elems(*head_dim));
+            .map(|s| match s.attention() {
+                Some((kv_heads, head_dim, window)) => {
+                    dtype.check_head_dim(head_dim)?;
+                    let shape = (num_blocks * block_size, kv_heads, dtype.row_elems(head_dim));
                     Ok(Some(PoolLayer {
                         k: zeroed_pool(shape, dtype.storage_dtype(), device)?,
                         v: zeroed_pool(shape, dtype.storage_dtype(), device)?,
-                        head_dim: *head_dim,
+                        head_dim,
+                        window,
                     }))
                 }
-                LayerCacheSpec::Recurrent { .. } => Ok(None),
+                None => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { block_size, num_blocks, dtype, layers, device: device.clone() })
@@ -131,8 +134,8 @@ impl PagedKvStore {
         &self.device
     }
 
-    fn paged<'a>(&self, blocks: &'a [u32]) -> PagedKv<'a> {
-        PagedKv { blocks, block_size: self.block_size, dtype: self.dtype }
+    fn paged<'a>(&self, blocks: &'a [u32], window: usize) -> PagedKv<'a> {
+        PagedKv { blocks, block_size: self.block_size, dtype: self.dtype, window }
     }
 
     /// `x: [kv_heads, t, head_dim]` as `t` pool rows `[t, kv_heads, row_elems]` in the store's
@@ -248,7 +251,7 @@ impl PagedKvStore {
         scale: f64,
     ) -> Result<Tensor> {
         let l = self.layer(li)?;
-        let kv = self.paged(blocks);
+        let kv = self.paged(blocks, l.window);
         let (n_heads, t, _) = q.dims3()?;
         let len = past + t;
         // On CUDA every chunk takes the kernel: as fast as gathering for cuBLAS (measured on
@@ -256,7 +259,7 @@ impl PagedKvStore {
         let kernel_only = self.device.is_cuda();
         if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() && !kernel_only {
             let (k, v) = (gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?);
-            return causal_attention(&q.contiguous()?, &k, &v, scale);
+            return causal_attention(&q.contiguous()?, &k, &v, scale, l.window);
         }
         paged_attention_with_table(q, &l.k, &l.v, kv, device_table, past, scale)
     }
@@ -300,7 +303,7 @@ impl PagedKvStore {
         let l = self.layer(li)?;
         cuda_batch::scatter_rows(&l.k, &self.encode(k)?, bt)?;
         cuda_batch::scatter_rows(&l.v, &self.encode(v)?, bt)?;
-        cuda_batch::attention(q, &l.k, &l.v, self.dtype, bt, self.block_size, scale)
+        cuda_batch::attention(q, &l.k, &l.v, self.dtype, bt, self.block_size, l.window, scale)
     }
 
     /// Whether layer `li`'s attention has the batched CUDA kernels (format and head dim).
@@ -314,7 +317,7 @@ impl PagedKvStore {
     /// (decoded from the store's format).
     pub fn read(&self, li: usize, blocks: &[u32], len: usize) -> Result<(Tensor, Tensor)> {
         let l = self.layer(li)?;
-        let kv = self.paged(blocks);
+        let kv = self.paged(blocks, 0);
         Ok((gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?))
     }
 }
@@ -336,7 +339,7 @@ impl LayerKv<'_> {
         match self {
             LayerKv::Contiguous(buf) => {
                 let (k, v) = buf.append(k_new, v_new)?;
-                causal_attention(q, &k, &v, scale)
+                causal_attention(q, &k, &v, scale, buf.window())
             }
             LayerKv::Paged { store, layer, blocks, past } => {
                 store.write(*layer, blocks, *past, k_new, v_new)?;

@@ -137,7 +137,7 @@ impl RecurrentSnapshot {
         for (i, s) in spec.iter().enumerate() {
             let tag = take(b, 1)?[0];
             match (tag, s) {
-                (0, LayerCacheSpec::Attention { .. }) => layers.push(None),
+                (0, LayerCacheSpec::Attention { .. } | LayerCacheSpec::SlidingWindow { .. }) => layers.push(None),
                 (1, LayerCacheSpec::Recurrent { conv_channels, conv_kernel, state_heads, key_dim, value_dim }) => {
                     let (cl, sl) = (take_u64(b)? as usize, take_u64(b)? as usize);
                     let want_c = conv_channels * conv_kernel.saturating_sub(1);

@@ -178,7 +178,7 @@ pub fn summarize(path: &Path) -> Result<ModelSummary> {
     Ok(summary_of(&src, &cfg, path))
 }
 
-fn summary_of(src: &GgufSource, cfg: &LlamaConfig, path: &Path) -> ModelSummary {
+pub(crate) fn summary_of(src: &GgufSource, cfg: &LlamaConfig, path: &Path) -> ModelSummary {
     let chat_template = src.metadata().get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
     let (tensor_types, parameters) = src.tensor_types();
     ModelSummary {

@@ -139,10 +139,14 @@ fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
             "--mtp-from: {} is not a hybrid model (Qwen3.5 / Qwen3.6 / Qwen3-Next); only those have MTP heads",
             path.display()
         )));
+    } else if path.is_dir() && crate::arch::gemma3::is_gemma3_dir(path) {
+        crate::arch::gemma3::load_hf_dir(path, device, opts)?
     } else if path.is_dir() {
         safetensors::load_hf_dir(path, device, opts)?
     } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {
         crate::arch::qwen_hybrid::gguf::load_gguf(path, device, opts)?
+    } else if crate::arch::gemma3::is_gemma3_gguf(path) {
+        crate::arch::gemma3::load_gguf(path, device, opts)?
     } else if path.is_file() {
         gguf::load_gguf(path, device, opts)?
     } else {
@@ -194,6 +198,8 @@ pub fn summarize(path: &Path) -> Result<ModelSummary> {
 fn summarize_any(path: &Path) -> Result<ModelSummary> {
     if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::summarize(path)
+    } else if crate::arch::gemma3::is_gemma3_dir(path) || crate::arch::gemma3::is_gemma3_gguf(path) {
+        crate::arch::gemma3::summarize(path)
     } else if path.is_dir() {
         safetensors::summarize(path)
     } else if crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {

@@ -438,7 +438,7 @@ pub fn summarize(dir: &Path) -> Result<ModelSummary> {
     summary_of(&src, &cfg, dir)
 }
 
-fn summary_of(src: &SafetensorsSource, cfg: &LlamaConfig, dir: &Path) -> Result<ModelSummary> {
+pub(crate) fn summary_of(src: &SafetensorsSource, cfg: &LlamaConfig, dir: &Path) -> Result<ModelSummary> {
     let (tensor_types, parameters) = src.tensor_types();
     let file_bytes = shard_files(dir)?.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     Ok(ModelSummary {

@@ -9,8 +9,9 @@ use crate::error::Result;
 
 /// `q: [n_heads, t, hd]` for the last `t` positions, `k`, `v: [n_kv, len, hd]` with
 /// `len >= t` (the past plus these t tokens). Query i (absolute position len - t + i) sees keys
-/// 0..=len - t + i. Returns `[n_heads, t, hd]`.
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+/// 0..=len - t + i, or with a sliding `window` > 0 only the last `window` of them.
+/// Returns `[n_heads, t, hd]`.
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: usize) -> Result<Tensor> {
     let (n_heads, t, hd) = q.dims3()?;
     let (n_kv, len, _) = k.dims3()?;
     let group = n_heads / n_kv;
@@ -22,11 +23,12 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Resul
         Ok(s) => s,
         Err(_) => q.matmul(&kt.contiguous()?)?,
     };
-    let scores = if t > 1 {
+    let first = |i: usize| if window == 0 { 0 } else { (past + i + 1).saturating_sub(window) };
+    let scores = if t > 1 || first(0) > 0 {
         let mut mask = Vec::with_capacity(t * len);
         for i in 0..t {
             for j in 0..len {
-                mask.push(if j <= past + i { 0f32 } else { f32::NEG_INFINITY });
+                mask.push(if j <= past + i && j >= first(i) { 0f32 } else { f32::NEG_INFINITY });
             }
         }
         let mask = Tensor::from_vec(mask, (1, 1, t, len), q.device())?;
@@ -42,8 +44,8 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Resul
     Ok(out.reshape((n_heads, t, hd))?)
 }
 
-/// Straightforward loops over plain slices, the reference for [`causal_attention`].
-/// Layouts as above, row-major.
+/// Straightforward loops over plain slices, the reference for [`causal_attention`] (no
+/// window). Layouts as above, row-major.
 #[allow(clippy::too_many_arguments)] // the shapes, spelled out, as the reference should
 pub fn causal_attention_reference(
     q: &[f32],
@@ -109,7 +111,7 @@ mod tests {
             let kt = Tensor::from_vec(k.clone(), (nkv, len, hd), &dev)?;
             let vt = Tensor::from_vec(v.clone(), (nkv, len, hd), &dev)?;
             let scale = 1.0 / (hd as f64).sqrt();
-            let got = causal_attention(&qt, &kt, &vt, scale)?.flatten_all()?.to_vec1::<f32>()?;
+            let got = causal_attention(&qt, &kt, &vt, scale, 0)?.flatten_all()?.to_vec1::<f32>()?;
             let want = causal_attention_reference(&q, &k, &v, nh, nkv, t, len, hd, scale as f32);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "t={t} len={len}: {a} vs {b}");

@@ -36,6 +36,8 @@ pub struct PagedKv<'a> {
     pub block_size: usize,
     /// The format of the pool rows.
     pub dtype: KvDtype,
+    /// Sliding window: a query at position `p` sees keys `p + 1 - window ..= p` (0: all).
+    pub window: usize,
 }
 
 impl PagedKv<'_> {
@@ -75,7 +77,8 @@ pub fn gather_kv(pool: &Tensor, kv: PagedKv<'_>, len: usize, hd: usize) -> Resul
 
 /// Attention of `q: [n_heads, t, hd]` (the last `t` of `past + t` positions) over the
 /// sequence's keys and values in `k_pool`, `v_pool: [rows, n_kv, row_elems]` (rows in format
-/// `kv.dtype`). Query `i` sees positions `0..=past + i`. Returns `[n_heads, t, hd]` (f32).
+/// `kv.dtype`). Query `i` sees positions `0..=past + i` (the last `kv.window` of them with a
+/// sliding window). Returns `[n_heads, t, hd]` (f32).
 pub fn paged_attention(
     q: &Tensor,
     k_pool: &Tensor,
@@ -137,12 +140,13 @@ pub fn paged_attention_with_table(
         // The portable path: any device, any format (gathered and decoded), materialised.
         let k = gather_kv(k_pool, kv, len, hd)?;
         let v = gather_kv(v_pool, kv, len, hd)?;
-        return causal_attention(&q.contiguous()?, &k, &v, scale);
+        return causal_attention(&q.contiguous()?, &k, &v, scale, kv.window);
     }
     let op = PagedAttentionOp {
         blocks: kv.blocks.to_vec(),
         block_size: kv.block_size,
         dtype: kv.dtype,
+        window: kv.window,
         past,
         scale: scale as f32,
     };
@@ -154,6 +158,7 @@ struct PagedAttentionOp {
     blocks: Vec<u32>,
     block_size: usize,
     dtype: KvDtype,
+    window: usize,
     past: usize,
     scale: f32,
 }
@@ -185,7 +190,7 @@ impl CustomOp3 for PagedAttentionOp {
         let q = contiguous(q, l1, "q")?;
         let (n_heads, t, hd) = l1.shape().dims3()?;
         let (_, n_kv, _) = l2.shape().dims3()?;
-        let d = Dims { n_heads, n_kv, t, hd, past: self.past, block_size: self.block_size };
+        let d = Dims { n_heads, n_kv, t, hd, past: self.past, block_size: self.block_size, window: self.window };
         let (blocks, scale, simd) = (&self.blocks[..], self.scale, kernel::has_avx2_fma());
         let out = match (self.dtype, s2, s3) {
             (KvDtype::F32, CpuStorage::F32(k), CpuStorage::F32(v)) => {

@@ -125,6 +125,7 @@ pub fn paged_attention(
     let bv = inputs.view::<u32>(3)?;
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
+    let window = i32_of(kv.window)?;
     let f = dev.get_or_load_custom_func(&name, "tandem_paged_attention", tandem_kernels::PAGED_ATTENTION)?;
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
@@ -144,7 +145,7 @@ pub fn paged_attention(
             for a in &args {
                 b.arg(a);
             }
-            b.arg(&scale);
+            b.arg(&scale).arg(&window);
             // SAFETY: arguments in the kernel's order; out holds nh*t*hd, part t*nh*nsplit*(hd+2);
             // the block table covers positions 0..past+t (checked by the caller against the
             // pool's rows).

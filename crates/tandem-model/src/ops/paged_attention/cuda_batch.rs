@@ -164,6 +164,7 @@ pub fn attention(
     dtype: KvDtype,
     bt: &BatchTables,
     block_size: usize,
+    window: usize,
     scale: f64,
 ) -> Result<Tensor> {
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
@@ -189,6 +190,7 @@ pub fn attention(
     let meta = all.slice(0..4 * bt.nseq);
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(hd)?, i32_of(block_size)?, i32_of(total)?, i32_of(pstride)?];
     let scale = scale as f32;
+    let window = i32_of(window)?;
     let grid_z = u32::try_from(pstride * bt.nseq).ok().filter(|&z| z <= 65_535);
     let grid_z = grid_z.ok_or_else(|| ModelError::Input("batched paged attention: too many segments".into()))?;
     let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::PAGED_ATTENTION)?;
@@ -207,9 +209,9 @@ pub fn attention(
             for a in &args[..5] {
                 b.arg(a);
             }
-            b.arg(&args[5]).arg(&scale);
+            b.arg(&args[5]).arg(&scale).arg(&window);
             // SAFETY: arguments in the *_batch kernel's order (out, part, q, k, v, tables, meta,
-            // nh, nkv, hd, bs, total, pstride, scale); out holds nh*total*hd, part
+            // nh, nkv, hd, bs, total, pstride, scale, window); out holds nh*total*hd, part
             // total*nh*pstride*(hd+2); the tables cover every sequence's positions (checked).
             unsafe { run(&mut b, cfg, &name)? };
         }};

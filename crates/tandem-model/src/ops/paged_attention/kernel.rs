@@ -33,6 +33,20 @@ pub struct Dims {
     pub hd: usize,
     pub past: usize,
     pub block_size: usize,
+    /// Sliding window: query position `p` sees keys `p + 1 - window ..= p` (0: every key
+    /// from position 0).
+    pub window: usize,
+}
+
+impl Dims {
+    /// First key position query position `p` sees.
+    pub fn first_key(&self, p: usize) -> usize {
+        if self.window == 0 {
+            0
+        } else {
+            (p + 1).saturating_sub(self.window)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -80,7 +94,9 @@ fn heads_per_item(d: Dims, threads: usize) -> usize {
     }
 }
 
-/// The work items of a call, each (KV heads, tile)'s segments adjacent and in key order.
+/// The work items of a call, each (KV heads, tile)'s segments adjacent and in key order; a
+/// sliding window skips the segments no row of the tile sees (segment boundaries stay
+/// absolute, so a row gets the same bits in any tile).
 fn items(d: Dims, heads_per_item: usize) -> Vec<Item> {
     let mut items = Vec::new();
     for kh in (0..d.n_kv).step_by(heads_per_item) {
@@ -88,7 +104,8 @@ fn items(d: Dims, heads_per_item: usize) -> Vec<Item> {
         for i0 in (0..d.t).step_by(TILE_Q) {
             let i1 = (i0 + TILE_Q).min(d.t);
             let len = d.past + i1;
-            for p0 in (0..len).step_by(SEGMENT_KEYS) {
+            let first = d.first_key(d.past + i0) / SEGMENT_KEYS * SEGMENT_KEYS;
+            for p0 in (first..len).step_by(SEGMENT_KEYS) {
                 items.push(Item { kh, kh_end, i0, i1, p0, p1: (p0 + SEGMENT_KEYS).min(len) });
             }
         }

@@ -14,7 +14,7 @@ pub(super) fn paged_attention_reference(
     d: Dims,
     scale: f32,
 ) -> Vec<f32> {
-    let Dims { n_heads, n_kv, t, hd, past, block_size: bs } = d;
+    let Dims { n_heads, n_kv, t, hd, past, block_size: bs, .. } = d;
     let group = n_heads / n_kv;
     let row = |p: usize, kh: usize| ((blocks[p / bs] as usize * bs + p % bs) * n_kv + kh) * hd;
     let mut out = vec![0f32; n_heads * t * hd];
@@ -23,7 +23,8 @@ pub(super) fn paged_attention_reference(
         for i in 0..t {
             let qrow = &q[(h * t + i) * hd..][..hd];
             let seen = past + i + 1;
-            let s: Vec<f64> = (0..seen)
+            let first = d.first_key(past + i);
+            let s: Vec<f64> = (first..seen)
                 .map(|p| {
                     let krow = &k[row(p, kh)..][..hd];
                     qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
@@ -33,7 +34,7 @@ pub(super) fn paged_attention_reference(
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let l: f64 = e.iter().sum();
             let mut acc = vec![0f64; hd];
-            for (p, &w) in e.iter().enumerate() {
+            for (p, &w) in (first..seen).zip(&e) {
                 for (a, &x) in acc.iter_mut().zip(&v[row(p, kh)..][..hd]) {
                     *a += w * x as f64;
                 }

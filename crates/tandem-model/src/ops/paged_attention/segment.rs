@@ -53,7 +53,7 @@ pub(super) fn segment<R: KvRows, M: VecOps>(
     scale: f32,
     it: Item,
 ) -> Partial {
-    let Dims { n_heads, n_kv, t, hd, past, block_size: bs } = d;
+    let Dims { n_heads, n_kv, t, hd, past, block_size: bs, .. } = d;
     let group = n_heads / n_kv;
     // Pool elements per head row and per position.
     let row_elems = R::DTYPE.row_elems(hd);
@@ -61,8 +61,11 @@ pub(super) fn segment<R: KvRows, M: VecOps>(
     let tq = it.i1 - it.i0;
     let per_head = group * tq;
     let n_rows = (it.kh_end - it.kh) * per_head;
-    // Row r sees key positions p0..p0 + seen[r] of this segment.
+    // Row r sees key positions p0 + from[r] .. p0 + seen[r] of this segment (a sliding
+    // window starts it later; the lanes before `from` become exact zeros like those after).
     let seen: Vec<usize> = (0..n_rows).map(|r| (past + it.i0 + r % tq + 1).min(it.p1).saturating_sub(it.p0)).collect();
+    let from: Vec<usize> =
+        (0..n_rows).map(|r| d.first_key(past + it.i0 + r % tq).saturating_sub(it.p0).min(seen[r])).collect();
     let n = seen.iter().copied().max().unwrap_or(0);
     let mut part = Partial { m: vec![f32::NEG_INFINITY; n_rows], l: vec![0f32; n_rows], acc: vec![0f32; n_rows * hd] };
     if n == 0 {
@@ -104,12 +107,14 @@ pub(super) fn segment<R: KvRows, M: VecOps>(
     }
     // 2. Numerators and normaliser; the lanes a row does not see become exact zeros.
     for (r, &nr) in seen.iter().enumerate() {
-        if nr == 0 {
+        let f = from[r];
+        if nr == f {
             continue;
         }
         let sr = &mut s[r * cap..(r + 1) * cap];
-        let m = max(&sr[..nr]);
-        exp_sub(&mut sr[..nr], m);
+        let m = max(&sr[f..nr]);
+        exp_sub(&mut sr[f..nr], m);
+        sr[..f].fill(0.0);
         sr[nr..].fill(0.0);
         part.m[r] = m;
         part.l[r] = sum8(sr);

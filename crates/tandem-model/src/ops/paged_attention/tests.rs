@@ -89,9 +89,9 @@ fn matches_causal_attention_on_random_layouts() {
         let (kp, vp, blocks, k, v) = scattered(&mut rng, nkv, hd, len, bs);
         let q = Tensor::from_vec(rng.vec(nh * t * hd, 1.0), (nh, t, hd), &Device::Cpu).unwrap();
         let scale = 1.0 / (hd as f64).sqrt();
-        let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32 };
+        let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32, window: 0 };
         let got = paged_attention(&q, &kp, &vp, kv, past, scale).unwrap();
-        let want = causal_attention(&q, &k, &v, scale).unwrap();
+        let want = causal_attention(&q, &k, &v, scale, 0).unwrap();
         let e = max_abs_diff(&got, &want);
         assert!(e < 1e-5, "nh={nh} nkv={nkv} hd={hd} t={t} past={past} bs={bs}: max diff {e}");
         // The gather used on other devices reads back exactly the contiguous KV.
@@ -105,7 +105,7 @@ fn chunking_does_not_change_a_single_bit() {
     let (nh, nkv, hd, bs, len) = (4, 2, 16, 16, 75);
     let (kp, vp, blocks, _, _) = scattered(&mut rng, nkv, hd, len, bs);
     let q = Tensor::from_vec(rng.vec(nh * len * hd, 1.0), (nh, len, hd), &Device::Cpu).unwrap();
-    let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32 };
+    let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32, window: 0 };
     let whole = paged_attention(&q, &kp, &vp, kv, 0, 0.25).unwrap();
     for sizes in [vec![1usize; 75], vec![7, 64, 4], vec![30, 45]] {
         let mut parts = Vec::new();
@@ -125,15 +125,29 @@ fn bad_block_tables_are_errors() {
     let mut rng = Rng(7);
     let (kp, vp, blocks, _, _) = scattered(&mut rng, 2, 8, 20, 16);
     let q = Tensor::zeros((2, 4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let short = PagedKv { blocks: &blocks[..1], block_size: 16, dtype: KvDtype::F32 };
+    let short = PagedKv { blocks: &blocks[..1], block_size: 16, dtype: KvDtype::F32, window: 0 };
     assert!(paged_attention(&q, &kp, &vp, short, 16, 1.0).is_err(), "table too short");
     let outside = [blocks[0], 1000];
-    assert!(paged_attention(&q, &kp, &vp, PagedKv { blocks: &outside, block_size: 16, dtype: KvDtype::F32 }, 16, 1.0)
-        .is_err());
+    assert!(paged_attention(
+        &q,
+        &kp,
+        &vp,
+        PagedKv { blocks: &outside, block_size: 16, dtype: KvDtype::F32, window: 0 },
+        16,
+        1.0
+    )
+    .is_err());
     let q3 = Tensor::zeros((3, 4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
     assert!(
-        paged_attention(&q3, &kp, &vp, PagedKv { blocks: &blocks, block_size: 16, dtype: KvDtype::F32 }, 16, 1.0)
-            .is_err(),
+        paged_attention(
+            &q3,
+            &kp,
+            &vp,
+            PagedKv { blocks: &blocks, block_size: 16, dtype: KvDtype::F32, window: 0 },
+            16,
+            1.0
+        )
+        .is_err(),
         "3 heads over 2 KV heads"
     );
 }
@@ -149,12 +163,12 @@ fn timing_against_causal_attention() {
         let len = past + t;
         let (kp, vp, blocks, k, v) = scattered(&mut rng, nkv, hd, len, bs);
         let q = Tensor::from_vec(rng.vec(nh * t * hd, 1.0), (nh, t, hd), &Device::Cpu).unwrap();
-        let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32 };
+        let kv = PagedKv { blocks: &blocks, block_size: bs, dtype: KvDtype::F32, window: 0 };
         let (mut best_plain, mut best_paged) = (f64::MAX, f64::MAX);
         for _ in 0..3 {
             let s = std::time::Instant::now();
             for _ in 0..reps {
-                causal_attention(&q, &k, &v, 0.125).unwrap();
+                causal_attention(&q, &k, &v, 0.125, 0).unwrap();
             }
             best_plain = best_plain.min(s.elapsed().as_secs_f64() / reps as f64);
             let s = std::time::Instant::now();

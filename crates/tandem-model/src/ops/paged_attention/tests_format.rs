@@ -61,7 +61,7 @@ fn formats_equal_the_f32_kernel_on_decoded_values() {
         for (n_heads, n_kv, hd, t, past, bs) in
             [(9, 3, 64, 1, 700, 16), (8, 2, 128, 1, 40, 16), (4, 4, 32, 37, SEGMENT_KEYS - 20, 5), (6, 2, 64, 3, 0, 16)]
         {
-            let d = Dims { n_heads, n_kv, t, hd, past, block_size: bs };
+            let d = Dims { n_heads, n_kv, t, hd, past, block_size: bs, window: 0 };
             let len = past + t;
             let n_blocks = len.div_ceil(bs) + 3;
             let rows = n_blocks * bs * n_kv * hd;
@@ -94,10 +94,18 @@ fn decode_rows_equal_chunk_rows_in_every_format() {
         let k = Pool::new(dtype, rng.vec(n_blocks * bs * n_kv * hd, 2.0), hd);
         let v = Pool::new(dtype, rng.vec(n_blocks * bs * n_kv * hd, 1.0), hd);
         for simd in builds() {
-            let whole = run_pool(&q, &k, &v, &blocks, Dims { n_heads, n_kv, t, hd, past, block_size: bs }, 0.2, simd);
+            let whole = run_pool(
+                &q,
+                &k,
+                &v,
+                &blocks,
+                Dims { n_heads, n_kv, t, hd, past, block_size: bs, window: 0 },
+                0.2,
+                simd,
+            );
             for i in 0..t {
                 let qi: Vec<f32> = (0..n_heads).flat_map(|h| q[(h * t + i) * hd..][..hd].to_vec()).collect();
-                let d = Dims { n_heads, n_kv, t: 1, hd, past: past + i, block_size: bs };
+                let d = Dims { n_heads, n_kv, t: 1, hd, past: past + i, block_size: bs, window: 0 };
                 let one = run_pool(&qi, &k, &v, &blocks, d, 0.2, simd);
                 for h in 0..n_heads {
                     let (a, b) = (&one[h * hd..][..hd], &whole[(h * t + i) * hd..][..hd]);
@@ -128,7 +136,7 @@ fn timing_at_depth() {
         let (kf, vf) = (rng.vec(n_blocks * bs * n_kv * hd, 1.0), rng.vec(n_blocks * bs * n_kv * hd, 1.0));
         let blocks: Vec<u32> = (0..n_blocks as u32).collect();
         let q = rng.vec(n_heads * t * hd, 1.0);
-        let d = Dims { n_heads, n_kv, t, hd, past: len - t, block_size: bs };
+        let d = Dims { n_heads, n_kv, t, hd, past: len - t, block_size: bs, window: 0 };
         let reps = (400_000 / (len * t)).max(2);
         for &dtype in &dtypes {
             let (k, v) = (Pool::new(dtype, kf.clone(), hd), Pool::new(dtype, vf.clone(), hd));

@@ -80,7 +80,7 @@ fn decode_matches_reference_for_gqa_ratios_and_odd_sizes() {
     for (n_heads, n_kv) in [(3, 3), (9, 3), (8, 2), (4, 1)] {
         for hd in [64, 17, 40, 96, 128] {
             for (past, bs) in [(0, 16), (36, 16), (100, 7), (SEGMENT_KEYS - 1, 16), (SEGMENT_KEYS, 16), (1000, 16)] {
-                let d = Dims { n_heads, n_kv, t: 1, hd, past, block_size: bs };
+                let d = Dims { n_heads, n_kv, t: 1, hd, past, block_size: bs, window: 0 };
                 check(&mut rng, d, "decode");
             }
         }
@@ -92,7 +92,7 @@ fn long_decode_splits_over_segments_and_merges() {
     let mut rng = Rng(99);
     // SmolLM2-135M's shape at the depths of the agent benchmark, and a GQA-4 head of 128.
     for (n_heads, n_kv, hd, past) in [(9, 3, 64, 3199), (9, 3, 64, 5999), (8, 2, 128, 2 * SEGMENT_KEYS + 3)] {
-        let d = Dims { n_heads, n_kv, t: 1, hd, past, block_size: 16 };
+        let d = Dims { n_heads, n_kv, t: 1, hd, past, block_size: 16, window: 0 };
         check(&mut rng, d, "long decode");
     }
 }
@@ -109,7 +109,7 @@ fn multi_query_chunks_match_reference() {
         (12, 3, 24, 17, 13, 1),
         (6, 2, 8, 3, 400, 32),
     ] {
-        let d = Dims { n_heads, n_kv, t, hd, past, block_size: bs };
+        let d = Dims { n_heads, n_kv, t, hd, past, block_size: bs, window: 0 };
         check(&mut rng, d, "chunk");
     }
 }
@@ -129,7 +129,7 @@ fn sequences_sharing_a_pool_match_reference() {
     for len in lens {
         let blocks = &all[next..next + len.div_ceil(bs)];
         next += blocks.len();
-        let d = Dims { n_heads, n_kv, t: 1, hd, past: len - 1, block_size: bs };
+        let d = Dims { n_heads, n_kv, t: 1, hd, past: len - 1, block_size: bs, window: 0 };
         let q = rng.vec(n_heads * hd, 1.0);
         let want = paged_attention_reference(&q, &k, &v, blocks, d, 0.125);
         for simd in builds() {
@@ -151,13 +151,58 @@ fn decode_rows_equal_chunk_rows_bit_for_bit() {
     let (t, past) = (60, len - 60);
     let q = rng.vec(n_heads * t * hd, 1.0);
     for simd in builds() {
-        let whole = run::<F32Rows>(&q, &k, &v, &blocks, Dims { n_heads, n_kv, t, hd, past, block_size: bs }, 0.2, simd);
+        let whole = run::<F32Rows>(
+            &q,
+            &k,
+            &v,
+            &blocks,
+            Dims { n_heads, n_kv, t, hd, past, block_size: bs, window: 0 },
+            0.2,
+            simd,
+        );
         for i in 0..t {
             let qi: Vec<f32> = (0..n_heads).flat_map(|h| q[(h * t + i) * hd..][..hd].to_vec()).collect();
-            let d = Dims { n_heads, n_kv, t: 1, hd, past: past + i, block_size: bs };
+            let d = Dims { n_heads, n_kv, t: 1, hd, past: past + i, block_size: bs, window: 0 };
             let one = run::<F32Rows>(&qi, &k, &v, &blocks, d, 0.2, simd);
             for h in 0..n_heads {
                 assert_eq!(&one[h * hd..][..hd], &whole[(h * t + i) * hd..][..hd], "row {i} head {h} simd={simd}");
+            }
+        }
+    }
+}
+
+/// Sliding windows (Gemma 3's local layers): decode and chunks against the reference, with
+/// windows shorter than the chunk, across segment and block boundaries, and longer than the
+/// sequence; and every row of a chunk equals the same row decoded alone, bit for bit (the
+/// skipped segments change nothing).
+#[test]
+fn sliding_window_matches_reference_and_decode_rows() {
+    let mut rng = Rng(4242);
+    for (n_heads, n_kv, hd, t, past, bs, window) in [
+        (4, 2, 32, 1, 40, 16, 8),
+        (4, 2, 32, 40, 0, 16, 8),
+        (9, 3, 64, 37, SEGMENT_KEYS - 20, 16, 30),
+        (8, 2, 64, 70, 2 * SEGMENT_KEYS - 1, 16, SEGMENT_KEYS + 7),
+        (4, 1, 40, 17, 1000, 7, 512),
+        (4, 4, 16, 5, 3, 4, 100),
+        (2, 1, 8, 3, 600, 16, 1),
+    ] {
+        let d = Dims { n_heads, n_kv, t, hd, past, block_size: bs, window };
+        check(&mut rng, d, "window");
+        let len = past + t;
+        let n_blocks = len.div_ceil(bs);
+        let (k, v) = (rng.vec(n_blocks * bs * n_kv * hd, 2.0), rng.vec(n_blocks * bs * n_kv * hd, 1.0));
+        let blocks = table(&mut rng, n_blocks, len, bs);
+        let q = rng.vec(n_heads * t * hd, 1.0);
+        for simd in builds() {
+            let whole = run::<F32Rows>(&q, &k, &v, &blocks, d, 0.2, simd);
+            for i in 0..t {
+                let qi: Vec<f32> = (0..n_heads).flat_map(|h| q[(h * t + i) * hd..][..hd].to_vec()).collect();
+                let one = run::<F32Rows>(&qi, &k, &v, &blocks, Dims { t: 1, past: past + i, ..d }, 0.2, simd);
+                for h in 0..n_heads {
+                    let row = &whole[(h * t + i) * hd..][..hd];
+                    assert_eq!(&one[h * hd..][..hd], row, "window {window} row {i} head {h} simd={simd}");
+                }
             }
         }
     }
