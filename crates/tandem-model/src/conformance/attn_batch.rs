@@ -14,9 +14,15 @@ const BS: usize = 16;
 
 pub fn run(dev: &Device) -> Vec<Check> {
     let mut out = Vec::new();
-    for (dtype, nh, nkv, hd) in [(KvDtype::F16, 16, 4, 256), (KvDtype::Q8_0, 8, 2, 128), (KvDtype::F32, 4, 4, 64)] {
-        let shape = format!("h{nh}/{nkv} d{hd} past [0, 37, 300, 5] t [1, 4, 1, 9]");
-        match case(dev, dtype, nh, nkv, hd) {
+    for (dtype, nh, nkv, hd, window) in [
+        (KvDtype::F16, 16, 4, 256, 0),
+        (KvDtype::Q8_0, 8, 2, 128, 0),
+        (KvDtype::F32, 4, 4, 64, 0),
+        (KvDtype::F16, 4, 1, 256, 20),
+    ] {
+        let win = if window > 0 { format!(" window {window}") } else { String::new() };
+        let shape = format!("h{nh}/{nkv} d{hd} past [0, 37, 300, 5] t [1, 4, 1, 9]{win}");
+        match case(dev, dtype, nh, nkv, hd, window) {
             Ok(c) => out.push(Check { shape: shape.clone(), ..c }),
             Err(e) => out.push(Check::error("attention batch", shape, &dtype.to_string(), e)),
         }
@@ -24,9 +30,12 @@ pub fn run(dev: &Device) -> Vec<Check> {
     out
 }
 
-fn case(dev: &Device, dtype: KvDtype, nh: usize, nkv: usize, hd: usize) -> Result<Check> {
+fn case(dev: &Device, dtype: KvDtype, nh: usize, nkv: usize, hd: usize, window: usize) -> Result<Check> {
     let fmt = dtype.to_string();
-    let spec = [LayerCacheSpec::Attention { kv_heads: nkv, head_dim: hd }];
+    let spec = [match window {
+        0 => LayerCacheSpec::Attention { kv_heads: nkv, head_dim: hd },
+        w => LayerCacheSpec::SlidingWindow { kv_heads: nkv, head_dim: hd, window: w },
+    }];
     let pasts = [0usize, 37, 300, 5];
     let lens = [1usize, 4, 1, 9];
     // Disjoint block tables, 24 blocks each.

@@ -14,11 +14,12 @@ use crate::batch::{LogitsWanted, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::kv::{KvDtype, PagedKvStore, SequenceCache};
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "tiny/llama",
     "tiny/qwen2",
     "tiny/qwen3",
     "tiny/mistral",
+    "tiny/gemma3",
     "hybrid/qwen3_5",
     "hybrid/qwen3_next",
     "hybrid/qwen3_5_moe",

@@ -38,25 +38,32 @@ fn tensor(rng: &mut Rng, shape: &[usize], dev: &Device) -> Result<Tensor> {
 
 // ---- paged attention -------------------------------------------------------------------
 
-/// `(heads, kv heads, head dim, past, new rows)`.
-const ATTN_SHAPES: [(usize, usize, usize, usize, usize); 6] = [
-    (4, 4, 64, 0, 7),
-    (8, 2, 128, 37, 1),
-    (8, 2, 128, 300, 5),
-    (16, 4, 256, 1000, 1),
-    (6, 2, 80, 50, 17),
-    (4, 1, 32, 90, 40),
+/// `(heads, kv heads, head dim, past, new rows, sliding window)` (window 0: none; the
+/// windowed rows are Gemma 3's local layers, 270M's shape among them).
+const ATTN_SHAPES: [(usize, usize, usize, usize, usize, usize); 10] = [
+    (4, 4, 64, 0, 7, 0),
+    (8, 2, 128, 37, 1, 0),
+    (8, 2, 128, 300, 5, 0),
+    (16, 4, 256, 1000, 1, 0),
+    (6, 2, 80, 50, 17, 0),
+    (4, 1, 32, 90, 40, 0),
+    (4, 1, 256, 1000, 1, 512),
+    (4, 1, 256, 600, 9, 512),
+    (8, 2, 128, 300, 5, 30),
+    (4, 1, 32, 90, 40, 8),
 ];
 
 fn paged_attention(dev: &Device, out: &mut Vec<Check>) {
     for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0] {
-        for (nh, nkv, hd, past, t) in ATTN_SHAPES {
+        for (nh, nkv, hd, past, t, w) in ATTN_SHAPES {
             if kv.is_quantized() && hd % 32 != 0 {
                 continue;
             }
-            let shape = format!("h{nh}/{nkv} d{hd} past{past} t{t}");
+            let win = if w > 0 { format!(" window{w}") } else { String::new() };
+            let shape = format!("h{nh}/{nkv} d{hd} past{past} t{t}{win}");
             let fmt = kv.to_string();
-            push(out, "paged_attention", shape.clone(), &fmt, attn_case(dev, kv, (nh, nkv, hd, past, t), &shape));
+            let case = attn_case(dev, kv, (nh, nkv, hd, past, t, w), &shape);
+            push(out, "paged_attention", shape.clone(), &fmt, case);
         }
     }
 }
@@ -116,12 +123,15 @@ fn kv_encode(dev: &Device, out: &mut Vec<Check>) {
 fn attn_case(
     dev: &Device,
     kv: KvDtype,
-    (nh, nkv, hd, past, t): (usize, usize, usize, usize, usize),
+    (nh, nkv, hd, past, t, window): (usize, usize, usize, usize, usize, usize),
     shape: &str,
 ) -> Result<Vec<Check>> {
     const BS: usize = 16;
     let len = past + t;
-    let spec = [LayerCacheSpec::Attention { kv_heads: nkv, head_dim: hd }];
+    let spec = [match window {
+        0 => LayerCacheSpec::Attention { kv_heads: nkv, head_dim: hd },
+        w => LayerCacheSpec::SlidingWindow { kv_heads: nkv, head_dim: hd, window: w },
+    }];
     let nb = len.div_ceil(BS);
     // Scattered, out-of-order blocks.
     let blocks: Vec<u32> = (0..nb as u32).map(|i| (i * 7 + 3) % (2 * nb as u32 + 1)).collect();
@@ -144,7 +154,7 @@ fn attn_case(
     let want = {
         let (_, q, _, store) = run(&Device::Cpu)?;
         let (k, v) = store.read(0, &blocks, len)?;
-        crate::ops::causal_attention(&q, &k, &v, scale, 0)?
+        crate::ops::causal_attention(&q, &k, &v, scale, window)?
     };
     let (got, q, ms, store) = run(dev)?;
     let tol = if kv.is_quantized() { 1e-4 } else { 2e-5 };
