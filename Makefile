@@ -19,6 +19,8 @@ models: build
 	@echo "models/smollm2-135m.gguf -> $$(readlink models/smollm2-135m.gguf)"
 	@path=$$($(CARGO) run -q --bin tandem -- pull qwen2.5-coder-0.5b) && ln -sf "$$path" models/qwen2.5-coder-0.5b.gguf
 	@echo "models/qwen2.5-coder-0.5b.gguf -> $$(readlink models/qwen2.5-coder-0.5b.gguf)"
+	@path=$$($(CARGO) run -q --bin tandem -- pull gemma3-270m) && ln -sf "$$path" models/gemma3-270m.gguf
+	@echo "models/gemma3-270m.gguf -> $$(readlink models/gemma3-270m.gguf)"
 
 test: models test-sdk test-fuzz test-metal test-mlx
 	$(CARGO) test --workspace

@@ -7,6 +7,12 @@
 //! and checkpoints after it ([`EngineCache::commit`]) and give everything back when they
 //! finish, are cancelled or preempted ([`EngineCache::release`]). Everything is sized from the
 //! model's per-layer cache description, never from its architecture.
+//!
+//! Sliding-window layers keep a ring per running sequence ([`ring::Rings`]) instead of blocks:
+//! their memory stays at the window (plus one chunk) however long the sequence grows, and a
+//! prefix hit resumes from a checkpoint carrying their last window of keys and values, the
+//! way recurrent layers resume from their state (prompt ends, message boundaries, intervals,
+//! and the last block boundary a finished request reached).
 
 use std::sync::Arc;
 
@@ -21,6 +27,7 @@ use crate::spec::SpecMethod;
 mod book;
 pub mod disk;
 mod proposer_kv;
+mod ring;
 mod tiering;
 pub(crate) use book::CacheBook;
 use proposer_kv::{ProposerKv, DRAFT, MTP};
@@ -36,6 +43,8 @@ pub(crate) struct CacheStats {
     pub slots_free: usize,
     pub checkpoints: usize,
     pub checkpoint_bytes: usize,
+    /// Bytes of one running sequence's sliding-window rings (0: none).
+    pub ring_bytes: usize,
 }
 
 pub(crate) struct EngineCache {
@@ -51,7 +60,10 @@ pub(crate) struct EngineCache {
     pool: BlockPool,
     tree: Option<PrefixTree<RecurrentSnapshot>>,
     slots: StateSlots,
-    recurrent: bool,
+    /// Sequences resume only at checkpoints: the model has recurrent layers or rings.
+    stateful: bool,
+    /// The sliding-window layers' per-sequence rings, when the model has such layers.
+    rings: Option<ring::Rings>,
     block_bytes: usize,
     /// Tokens between interval checkpoints (a multiple of the block size; 0 = none).
     checkpoint_interval: usize,
@@ -60,7 +72,7 @@ pub(crate) struct EngineCache {
 }
 
 fn snapshot_bytes(s: &RecurrentSnapshot) -> usize {
-    s.layers.iter().flatten().map(|l| l.bytes()).sum()
+    s.bytes()
 }
 
 impl EngineCache {
@@ -78,7 +90,12 @@ impl EngineCache {
             return Err(EngineError::Config("the KV block size must be positive".into()));
         }
         let draft_block_bytes = draft_spec.as_ref().map_or(0, |d| PagedKvStore::bytes_per_block(d, bs, cfg.kv_dtype));
-        let block_bytes = PagedKvStore::bytes_per_block(&spec, bs, cfg.kv_dtype) + draft_block_bytes;
+        let rings = ring::Rings::plan(&spec, cfg);
+        let target_block_bytes = match rings {
+            Some(_) => PagedKvStore::bytes_per_paged_block(&spec, bs, cfg.kv_dtype),
+            None => PagedKvStore::bytes_per_block(&spec, bs, cfg.kv_dtype),
+        };
+        let block_bytes = target_block_bytes + draft_block_bytes;
         // On a GPU a fraction is of the device memory free now (weights already loaded) and
         // a byte budget must fit in it.
         let device_free = tandem_model::device::memory_info(device).map(|(free, _)| free as u64);
@@ -90,6 +107,16 @@ impl EngineCache {
                 )));
             }
         }
+        // The rings come first: every running sequence holds its own.
+        let ring_total = rings.map_or(0, |r| (r.bytes * cfg.max_running.max(1)) as u64);
+        if ring_total > 0 && ring_total + block_bytes as u64 > budget {
+            return Err(EngineError::Config(format!(
+                "the sliding-window layers of {} running sequences need {ring_total} bytes of KV ({} each) and the budget is {budget}; raise --kv-memory or lower --max-running",
+                cfg.max_running.max(1),
+                rings.map_or(0, |r| r.bytes)
+            )));
+        }
+        let budget = budget - ring_total;
         // The most the configuration can fill: every running sequence at the full context,
         // plus one context more of cached prefixes. A bigger pool only holds memory no
         // request can use (`tandem run` holds one sequence).
@@ -108,7 +135,8 @@ impl EngineCache {
         let checkpoint_budget = cfg.checkpoint_memory.bytes().map_err(|e| EngineError::Config(e.to_string()))?;
         let recurrent = spec.iter().any(|s| matches!(s, LayerCacheSpec::Recurrent { .. }));
         let started = std::time::Instant::now();
-        let store = Arc::new(PagedKvStore::new(&spec, num_blocks, bs, cfg.kv_dtype, device)?);
+        let ring_blocks = rings.map_or(0, |r| r.len * cfg.max_running.max(1));
+        let store = Arc::new(PagedKvStore::with_rings(&spec, num_blocks, ring_blocks, bs, cfg.kv_dtype, device)?);
         let draft = match draft_spec {
             Some(d) => {
                 let st = Arc::new(PagedKvStore::new(&d, num_blocks, bs, cfg.kv_dtype, device)?);
@@ -121,6 +149,8 @@ impl EngineCache {
             block_tokens = bs,
             dtype = %cfg.kv_dtype,
             kv_mib = (num_blocks * block_bytes) >> 20,
+            ring_blocks_per_seq = rings.map_or(0, |r| r.len),
+            ring_mib = ring_total >> 20,
             alloc_ms = started.elapsed().as_millis() as u64,
             prefix_cache = cfg.prefix_cache,
             "paged KV cache"
@@ -134,7 +164,8 @@ impl EngineCache {
             pool: BlockPool::new(num_blocks, bs).map_err(|e| EngineError::Config(e.to_string()))?,
             tree: cfg.prefix_cache.then(|| PrefixTree::new(bs, checkpoint_budget as usize)),
             slots: StateSlots::new(cfg.max_running),
-            recurrent,
+            stateful: recurrent || rings.is_some(),
+            rings,
             block_bytes,
             checkpoint_interval: cfg.checkpoint_interval.div_ceil(bs) * bs,
             disk: if cfg.prefix_cache { disk } else { None },
@@ -182,7 +213,7 @@ impl EngineCache {
     }
 
     fn checkpoint_positions(&self, prompt_len: usize, boundaries: &[usize]) -> Vec<usize> {
-        if !self.recurrent || self.tree.is_none() {
+        if !self.stateful || self.tree.is_none() {
             return Vec::new();
         }
         let bs = self.block_size();
@@ -211,6 +242,9 @@ impl EngineCache {
         let Some(slot) = self.slots.acquire() else { return Ok(None) };
         seq.book.slot = Some(slot);
         seq.cache = self.new_cache();
+        if let Some(r) = self.rings {
+            seq.cache.set_ring(r.base(slot), r.len as u32);
+        }
         let bs = self.block_size();
         let mut limit = seq.tokens().len().saturating_sub(1);
         let (mut usable, mut snapshot, mut nodes) = (0, None, Vec::new());
@@ -222,7 +256,7 @@ impl EngineCache {
             if self.mtp && seq.spec.method == SpecMethod::Mtp {
                 limit = limit.min(self.proposer_kv.leading(&m.blocks, MTP) * bs);
             }
-            if self.recurrent {
+            if self.stateful {
                 if let Some((pos, snap)) = tree.deepest_checkpoint(&m, limit) {
                     usable = pos;
                     snapshot = Some(snap.clone());
@@ -270,6 +304,14 @@ impl EngineCache {
     /// and hands the block table to its cache.
     pub fn reserve(&mut self, seq: &mut Sequence, n: usize) -> Result<(), CacheError> {
         let pos = seq.cache.position();
+        if n > seq.cache.ring_slack() {
+            // The ring was sized for the longest chunk the scheduler makes; a longer one would
+            // overwrite keys its own first queries still see.
+            return Err(CacheError::Config(format!(
+                "a chunk of {n} tokens is longer than the sliding-window ring's slack of {}",
+                seq.cache.ring_slack()
+            )));
+        }
         let copies = seq.book.table.prepare_write(&mut self.pool, pos, pos + n)?;
         // These blocks are about to be written; the proposers' part is unknown until `commit`
         // sees how far their KV goes.
@@ -351,8 +393,11 @@ impl EngineCache {
             seq.book.checkpoints.remove(0);
         }
         let aligned = pos.is_multiple_of(bs) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs;
-        if self.recurrent && aligned && pos > seq.prompt_len() {
+        if self.stateful && aligned && pos > seq.prompt_len() {
             if let Some(node) = seq.book.tree_node {
+                // Ring windows are copied only when the request finishes (the ring still holds
+                // them then): copying them at every block boundary would cost a window per
+                // block of output.
                 match seq.cache.snapshot().detached() {
                     Ok(snap) => seq.book.decode_checkpoint = Some((node, snap)),
                     Err(e) => tracing::warn!("generated-token checkpoint at position {pos} not taken: {e}"),
@@ -362,7 +407,7 @@ impl EngineCache {
         if seq.book.checkpoints.first() == Some(&pos) && !seq.book.tree_stuck && seq.book.tree_blocks == pos / bs {
             seq.book.checkpoints.remove(0);
             if let Some(node) = seq.book.tree_node {
-                let snap = match seq.cache.snapshot().detached() {
+                let snap = match seq.cache.checkpoint() {
                     Ok(snap) => snap,
                     Err(e) => {
                         tracing::warn!("checkpoint at position {pos} not taken: {e}");
@@ -382,7 +427,16 @@ impl EngineCache {
     /// Keeps a finished sequence's last generated-token checkpoint (see
     /// [`Sequence::decode_checkpoint`]) in the prefix tree.
     pub fn keep_decode_checkpoint(&mut self, seq: &mut Sequence) {
-        let Some((node, snap)) = seq.book.decode_checkpoint.take() else { return };
+        let Some((node, mut snap)) = seq.book.decode_checkpoint.take() else { return };
+        if self.rings.is_some() {
+            match seq.cache.window_rows(snap.position) {
+                Ok(w) => snap.windows = w,
+                Err(e) => {
+                    tracing::debug!("generated-token checkpoint not kept: {e}");
+                    return;
+                }
+            }
+        }
         self.persist_checkpoint(&mut seq.book, &seq.tokens, &snap);
         let Some(tree) = &mut self.tree else { return };
         let bytes = snapshot_bytes(&snap);
@@ -411,9 +465,13 @@ impl EngineCache {
         seq.book.disk_tokens = 0;
     }
 
-    /// Bytes of KV blocks and recurrent state a live sequence holds.
+    /// Bytes of KV blocks, rings and recurrent state a live sequence holds.
     pub fn seq_bytes(&self, seq: &Sequence) -> usize {
-        seq.book.table.blocks().len() * self.block_bytes + seq.cache.allocated_bytes()
+        let ring = match (self.rings, seq.book.slot) {
+            (Some(r), Some(_)) => r.bytes,
+            _ => 0,
+        };
+        seq.book.table.blocks().len() * self.block_bytes + ring + seq.cache.allocated_bytes()
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -427,6 +485,7 @@ impl EngineCache {
             slots_free: self.slots.free_count(),
             checkpoints: tree.map_or(0, |t| t.checkpoint_count()),
             checkpoint_bytes: tree.map_or(0, |t| t.checkpoint_bytes()),
+            ring_bytes: self.rings.map_or(0, |r| r.bytes),
         }
     }
 }

@@ -118,6 +118,9 @@ pub struct EngineStats {
     pub kv_blocks_total: AtomicUsize,
     pub kv_blocks_free: AtomicUsize,
     pub kv_block_bytes: AtomicUsize,
+    /// Bytes of the sliding-window rings one running sequence holds (fixed, whatever its
+    /// length; 0 for models without sliding-window layers). Included in `kv_bytes`.
+    pub kv_ring_bytes: AtomicUsize,
     /// Blocks the prefix cache references (some may also be used by live sequences).
     pub prefix_cache_blocks: AtomicUsize,
     pub state_slots_total: AtomicUsize,

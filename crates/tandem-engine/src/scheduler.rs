@@ -237,6 +237,7 @@ impl Scheduler {
         st.kv_blocks_total.store(c.blocks_total, Ordering::Relaxed);
         st.kv_blocks_free.store(c.blocks_free, Ordering::Relaxed);
         st.kv_block_bytes.store(c.block_bytes, Ordering::Relaxed);
+        st.kv_ring_bytes.store(c.ring_bytes, Ordering::Relaxed);
         st.prefix_cache_blocks.store(c.tree_blocks, Ordering::Relaxed);
         st.state_slots_total.store(c.slots_total, Ordering::Relaxed);
         st.state_slots_free.store(c.slots_free, Ordering::Relaxed);

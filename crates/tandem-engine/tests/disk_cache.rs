@@ -1,6 +1,7 @@
 //! The prefix cache's disk tier: after a restart a request is served from disk and gives the
-//! same greedy tokens and log-probabilities (1e-4) as a cold run, on a Llama-family fixture and
-//! on the three hybrid fixtures (hybrids resume from a persisted checkpoint), with hits that
+//! same greedy tokens and log-probabilities (1e-4) as a cold run, on a Llama-family fixture, the
+//! sliding-window fixture and the three hybrid fixtures (hybrids and sliding-window models
+//! resume from a persisted checkpoint, which carries the window's keys and values), with hits that
 //! end inside, at and past a checkpoint; damaged, renamed and foreign entries are refused,
 //! counted and never change an output; the budget holds; a disk that refuses writes turns the
 //! tier off and nothing else; concurrent requests sharing a prefix while the tier writes all
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tandem_engine::*;
 
-const MODELS: [&str; 4] = ["tiny/qwen3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"];
+const MODELS: [&str; 5] = ["tiny/qwen3", "tiny/gemma3", "hybrid/qwen3_5", "hybrid/qwen3_next", "hybrid/qwen3_5_moe"];
 
 /// The name `--exact` takes for `test` in this binary (the device suite nests the file in a module).
 fn exact(test: &str) -> String {

@@ -1,9 +1,11 @@
 //! Cache transparency: with the prefix cache on, a repeated request, a request sharing a
 //! prefix and every turn of a multi-turn conversation give the same greedy tokens and
 //! log-probabilities (within 1e-4) as with the cache off, and report the cached prompt tokens:
-//! the whole matched prefix for attention-only models, the deepest recurrent-state checkpoint
-//! on it for hybrid ones (prompt ends, message boundaries, `checkpoint_interval`, and the last
-//! block boundary a finished request reached while generating).
+//! the whole matched prefix for attention-only models, the deepest checkpoint on it for hybrid
+//! ones and for sliding-window ones (whose rings hold only the last window: a checkpoint keeps
+//! it), at prompt ends, message boundaries, `checkpoint_interval`, and the last block boundary
+//! a finished request reached while generating. The sliding-window fixture's window (8) is far
+//! below the prompts, so hits land beyond it.
 
 mod common;
 
@@ -21,7 +23,7 @@ const MODELS: [&str; 6] =
 fn expected_hit(path: &str, prompt: &[u32], fed: &[u32], checkpoints: &[usize]) -> usize {
     let common = common_prefix(prompt, fed);
     let limit = prompt.len() - 1;
-    if is_hybrid(path) {
+    if resumes_at_checkpoints(path) {
         checkpoints.iter().copied().filter(|&c| c <= common.min(limit)).max().unwrap_or(0)
     } else {
         (common / BS * BS).min(limit)
@@ -60,7 +62,7 @@ fn repeated_and_shared_prefix_requests_are_transparent() {
         let st = on.stats();
         assert!(st.prefix_hit_tokens.load(Ordering::Relaxed) >= want + b.usage.cached_tokens);
         assert!(st.prefix_hit_ratio() > 0.0 && st.prefix_hit_ratio() < 1.0);
-        if is_hybrid(path) {
+        if resumes_at_checkpoints(path) {
             assert!(st.checkpoints.load(Ordering::Relaxed) >= 1, "{path}: checkpoints held");
         }
         assert_no_leaks(&on);
@@ -134,11 +136,11 @@ fn interval_checkpoints_serve_a_diverging_prompt() {
     }
 }
 
-/// Without room for a single checkpoint a hybrid model gets no hits but stays correct, and
-/// an attention-only model is unaffected.
+/// Without room for a single checkpoint a hybrid or sliding-window model gets no hits but
+/// stays correct, and an attention-only model is unaffected.
 #[test]
 fn no_checkpoint_memory_means_no_hybrid_hits() {
-    for path in ["hybrid/qwen3_5", "tiny/llama"] {
+    for path in ["hybrid/qwen3_5", "tiny/gemma3", "tiny/llama"] {
         let p = prompt(path);
         let cfg = EngineConfig { checkpoint_memory: MemoryBudget::Bytes(1), ..Default::default() };
         let on = engine(path, cfg);
@@ -147,7 +149,7 @@ fn no_checkpoint_memory_means_no_hybrid_hits() {
         let again = run(&on, greedy(p.clone(), 6));
         assert_same(&again, &want, path);
         assert_eq!(on.stats().checkpoints.load(Ordering::Relaxed), 0);
-        assert_eq!(again.usage.cached_tokens > 0, !is_hybrid(path), "{path}");
+        assert_eq!(again.usage.cached_tokens > 0, !resumes_at_checkpoints(path), "{path}");
         assert_no_leaks(&on);
     }
 }

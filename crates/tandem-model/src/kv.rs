@@ -21,9 +21,11 @@ mod batch;
 pub mod dtype;
 pub mod paged;
 mod persist;
+mod window;
 pub use batch::attend_batch;
 pub use dtype::KvDtype;
-pub use paged::{LayerKv, PagedKvStore};
+pub use paged::{ring_table, LayerKv, PagedKvStore};
+pub use window::WindowRows;
 
 /// What one layer keeps per sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +49,12 @@ impl LayerCacheSpec {
             LayerCacheSpec::SlidingWindow { kv_heads, head_dim, window } => Some((kv_heads, head_dim, window)),
             LayerCacheSpec::Recurrent { .. } => None,
         }
+    }
+
+    /// The layer's sliding window (0: an attention layer that sees every position, or a
+    /// recurrent layer).
+    pub fn window(&self) -> usize {
+        self.attention().map_or(0, |a| a.2)
     }
 
     /// Bytes one token occupies in this layer (K and V stored as `dtype`).
@@ -143,10 +151,16 @@ impl PartialEq for RecurrentState {
 
 /// The recurrent part of a sequence's state at one position (one entry per layer, `None` for
 /// attention layers). Restoring it also cuts the attention KV back to `position`.
+///
+/// A checkpoint ([`SequenceCache::checkpoint`]) of a cache whose sliding-window layers keep
+/// rings also carries those layers' last `window - 1` positions (`windows`, one entry per
+/// layer, `Some` for ring layers); a plain [`SequenceCache::snapshot`] leaves `windows` empty
+/// (rolling back within the ring's slack needs no copy).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecurrentSnapshot {
     pub position: usize,
     pub layers: Vec<Option<RecurrentState>>,
+    pub windows: Vec<Option<WindowRows>>,
 }
 
 impl RecurrentSnapshot {
@@ -167,7 +181,13 @@ impl RecurrentSnapshot {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Self { position: self.position, layers })
+        Ok(Self { position: self.position, layers, windows: self.windows.clone() })
+    }
+
+    /// Bytes held: recurrent states and window rows.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().flatten().map(RecurrentState::bytes).sum::<usize>()
+            + self.windows.iter().flatten().map(WindowRows::bytes).sum::<usize>()
     }
 }
 
@@ -272,6 +292,11 @@ struct PagedSeq {
     blocks: Vec<u32>,
     /// GPU pools: the same table on the device, uploaded once per change of the table.
     device_table: Option<Tensor>,
+    /// The ring (`base`, `len` blocks) of the store's ring layers this sequence owns, and its
+    /// ring table (as long as `blocks`) with its device copy.
+    ring: Option<(u32, u32)>,
+    ring_blocks: Vec<u32>,
+    ring_device_table: Option<Tensor>,
 }
 
 impl SequenceCache {
@@ -304,8 +329,48 @@ impl SequenceCache {
     /// current with [`Self::set_block_table`] before each forward pass.
     pub fn new_paged(spec: &[LayerCacheSpec], store: Arc<PagedKvStore>) -> Self {
         let mut c = Self::new(spec, store.device());
-        c.paged = Some(PagedSeq { store, blocks: Vec::new(), device_table: None });
+        c.paged = Some(PagedSeq {
+            store,
+            blocks: Vec::new(),
+            device_table: None,
+            ring: None,
+            ring_blocks: Vec::new(),
+            ring_device_table: None,
+        });
         c
+    }
+
+    /// Paged mode with ring layers: the sequence's ring is blocks `base .. base + len` of
+    /// their pools (the engine deals one run out per running sequence). Set before the first
+    /// forward pass and before [`Self::resume`].
+    pub fn set_ring(&mut self, base: u32, len: u32) {
+        if let Some(p) = &mut self.paged {
+            if p.store.has_rings() {
+                p.ring = Some((base, len.max(1)));
+                p.ring_blocks.clear();
+                p.ring_device_table = None;
+            }
+        }
+    }
+
+    /// Whether the store has ring layers (sliding-window layers whose memory is bounded by
+    /// their window).
+    pub fn has_rings(&self) -> bool {
+        self.paged.as_ref().is_some_and(|p| p.store.has_rings())
+    }
+
+    /// Positions a cache with rings can go back (truncate, restore) from its position: what
+    /// its ring holds beyond the window (`usize::MAX` without rings).
+    pub fn ring_slack(&self) -> usize {
+        match &self.paged {
+            Some(p) if p.store.has_rings() => match p.ring {
+                Some((_, len)) => {
+                    (len as usize * p.store.block_size()).saturating_sub(p.store.ring_window().saturating_sub(1))
+                }
+                None => 0,
+            },
+            _ => usize::MAX,
+        }
     }
 
     pub fn is_paged(&self) -> bool {
@@ -333,7 +398,27 @@ impl SequenceCache {
             if !dev.is_cpu() && !blocks.is_empty() {
                 p.device_table = Tensor::from_slice(blocks, blocks.len(), dev).ok();
             }
+            if let Some((base, len)) = p.ring {
+                if p.ring_blocks.len() != blocks.len() || p.ring_device_table.is_none() {
+                    p.ring_blocks = paged::ring_table(base, len, blocks.len());
+                    p.ring_device_table = None;
+                    if !dev.is_cpu() && !blocks.is_empty() {
+                        p.ring_device_table = Tensor::from_slice(&p.ring_blocks, blocks.len(), dev).ok();
+                    }
+                }
+            }
         }
+    }
+
+    /// The table of layer `li` (the ring table for ring layers) and its device copy.
+    fn table_of(p: &PagedSeq, li: usize) -> Result<(&[u32], Option<&Tensor>)> {
+        if p.store.is_ring(li) {
+            if p.ring.is_none() {
+                return Err(ModelError::Input(format!("layer {li} keeps a ring but the sequence has none")));
+            }
+            return Ok((&p.ring_blocks, p.ring_device_table.as_ref()));
+        }
+        Ok((&p.blocks, p.device_table.as_ref()))
     }
 
     pub fn block_table(&self) -> &[u32] {
@@ -344,10 +429,13 @@ impl SequenceCache {
     pub fn layer_kv(&mut self, li: usize) -> Result<LayerKv<'_>> {
         let past = self.pos;
         match &self.paged {
-            Some(p) => Ok(match &p.device_table {
-                Some(table) => LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks: &p.blocks, table, past },
-                None => LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past },
-            }),
+            Some(p) => {
+                let (blocks, device_table) = Self::table_of(p, li)?;
+                Ok(match device_table {
+                    Some(table) => LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks, table, past },
+                    None => LayerKv::Paged { store: &p.store, layer: li, blocks, past },
+                })
+            }
             None => self
                 .layers
                 .get_mut(li)
@@ -366,11 +454,10 @@ impl SequenceCache {
                 if past > p.blocks.len() * bs {
                     return Err(ModelError::Input(format!("layer {li}: position {past} is past the block table")));
                 }
-                Ok(match &p.device_table {
-                    Some(table) => {
-                        LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks: &p.blocks, table, past }
-                    }
-                    None => LayerKv::Paged { store: &p.store, layer: li, blocks: &p.blocks, past },
+                let (blocks, device_table) = Self::table_of(p, li)?;
+                Ok(match device_table {
+                    Some(table) => LayerKv::PagedOnDevice { store: &p.store, layer: li, blocks, table, past },
+                    None => LayerKv::Paged { store: &p.store, layer: li, blocks, past },
                 })
             }
             None => {
@@ -396,6 +483,9 @@ impl SequenceCache {
         }
         match snapshot {
             Some(s) if s.position == position && s.layers.len() == self.recurrent.len() => {
+                if self.has_rings() && position > 0 {
+                    self.write_windows(s)?;
+                }
                 self.recurrent = s.layers.clone();
             }
             Some(s) => {
@@ -406,12 +496,85 @@ impl SequenceCache {
                     self.recurrent.len()
                 )))
             }
-            None if self.has_recurrent() && position > 0 => {
-                return Err(ModelError::Input("resuming a model with recurrent layers needs a snapshot".into()))
+            None if (self.has_recurrent() || self.has_rings()) && position > 0 => {
+                return Err(ModelError::Input(
+                    "resuming a model with recurrent or ring layers needs a checkpoint".into(),
+                ))
             }
             None => {}
         }
         self.pos = position;
+        Ok(())
+    }
+
+    /// Writes a checkpoint's window rows into this sequence's ring (see [`Self::resume`]).
+    fn write_windows(&mut self, s: &RecurrentSnapshot) -> Result<()> {
+        let Some(p) = &self.paged else { return Ok(()) };
+        let Some((base, len)) = p.ring else {
+            return Err(ModelError::Input("a cache with ring layers resumes only after set_ring".into()));
+        };
+        for li in 0..self.layers.len() {
+            if !p.store.is_ring(li) {
+                continue;
+            }
+            let want = s.position.min(p.store.window_of(li).saturating_sub(1));
+            match s.windows.get(li).and_then(Option::as_ref) {
+                Some(rows) if rows.len() == want && rows.start + want == s.position => {
+                    p.store.write_ring_rows(li, base, len, rows)?;
+                }
+                _ => {
+                    return Err(ModelError::Input(format!(
+                        "the checkpoint at position {} lacks layer {li}'s last {want} positions",
+                        s.position
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The last `window - 1` positions before `position` of every ring layer (one entry per
+    /// layer, `Some` for ring layers; empty without rings). `position` may lie behind the
+    /// cache's position by at most [`Self::ring_slack`].
+    pub fn window_rows(&self, position: usize) -> Result<Vec<Option<WindowRows>>> {
+        let Some(p) = self.paged.as_ref().filter(|p| p.store.has_rings()) else { return Ok(Vec::new()) };
+        let Some((base, len)) = p.ring else {
+            return Err(ModelError::Input("the sequence holds no ring".into()));
+        };
+        if position > self.pos || self.pos - position > self.ring_slack() {
+            return Err(ModelError::Input(format!(
+                "the ring at position {} no longer holds the window before position {position}",
+                self.pos
+            )));
+        }
+        (0..self.layers.len())
+            .map(|li| {
+                if !p.store.is_ring(li) {
+                    return Ok(None);
+                }
+                let n = position.min(p.store.window_of(li).saturating_sub(1));
+                p.store.read_ring_rows(li, base, len, position - n, n).map(Some)
+            })
+            .collect()
+    }
+
+    /// A checkpoint at the current position: the recurrent state (owned copies) and, with ring
+    /// layers, their window rows, enough for [`Self::resume`] in another sequence.
+    pub fn checkpoint(&self) -> Result<RecurrentSnapshot> {
+        let mut snap = self.snapshot().detached()?;
+        snap.windows = self.window_rows(self.pos)?;
+        Ok(snap)
+    }
+
+    /// Going back from the current position to `len` loses no window a ring layer needs.
+    fn check_ring_rollback(&self, len: usize) -> Result<()> {
+        if len < self.pos && self.pos - len > self.ring_slack() {
+            return Err(ModelError::Input(format!(
+                "cannot go back from position {} to {len}: the sliding-window ring holds {} positions beyond its window",
+                self.pos,
+                self.ring_slack()
+            )));
+        }
         Ok(())
     }
 
@@ -439,7 +602,7 @@ impl SequenceCache {
 
     /// The recurrent part of the state at the current position.
     pub fn snapshot(&self) -> RecurrentSnapshot {
-        RecurrentSnapshot { position: self.pos, layers: self.recurrent.clone() }
+        RecurrentSnapshot { position: self.pos, layers: self.recurrent.clone(), windows: Vec::new() }
     }
 
     /// Goes back to `snap`: recurrent layers take its state, attention KV is cut to its position.
@@ -453,6 +616,7 @@ impl SequenceCache {
                 self.recurrent.len()
             )));
         }
+        self.check_ring_rollback(snap.position)?;
         self.recurrent = snap.layers.clone();
         for l in &mut self.layers {
             l.truncate(snap.position);
@@ -530,6 +694,7 @@ impl SequenceCache {
                 self.pos
             )));
         }
+        self.check_ring_rollback(len)?;
         for l in &mut self.layers {
             l.truncate(len);
         }

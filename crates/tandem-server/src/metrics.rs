@@ -40,7 +40,7 @@ pub fn render(stats: Option<&EngineStats>) -> String {
     metric(&mut out, "tandem_up", Gauge, "1 while the server runs.", 1.0);
     let Some(s) = stats else { return out };
     let v = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
-    let rows: [(&str, Kind, &str, f64); 17] = [
+    let rows: [(&str, Kind, &str, f64); 18] = [
         ("tandem_requests_running", Gauge, "Requests admitted and generating.", v(&s.running)),
         ("tandem_requests_waiting", Gauge, "Requests queued or preempted, waiting for admission.", v(&s.waiting)),
         ("tandem_requests_finished_total", Counter, "Requests that finished or failed.", v(&s.finished)),
@@ -53,7 +53,18 @@ pub fn render(stats: Option<&EngineStats>) -> String {
             s.kv_blocks_used() as f64,
         ),
         ("tandem_kv_blocks_free", Gauge, "KV blocks on the free list.", v(&s.kv_blocks_free)),
-        ("tandem_kv_block_bytes", Gauge, "Bytes of one KV block over all attention layers.", v(&s.kv_block_bytes)),
+        (
+            "tandem_kv_block_bytes",
+            Gauge,
+            "Bytes of one KV block over the paged attention layers.",
+            v(&s.kv_block_bytes),
+        ),
+        (
+            "tandem_kv_ring_bytes",
+            Gauge,
+            "Bytes of the sliding-window rings one running sequence holds, whatever its length.",
+            v(&s.kv_ring_bytes),
+        ),
         ("tandem_kv_live_bytes", Gauge, "Bytes of KV and recurrent state held by live sequences.", v(&s.kv_bytes)),
         ("tandem_prefix_cache_blocks", Gauge, "KV blocks referenced by the prefix cache.", v(&s.prefix_cache_blocks)),
         ("tandem_state_slots_total", Gauge, "Recurrent-state slots.", v(&s.state_slots_total)),

@@ -70,7 +70,7 @@ impl EngineCache {
         let m = tree.lookup(tokens);
         let mem = m.blocks.len();
         let mem_usable =
-            if self.recurrent { tree.deepest_checkpoint(&m, limit).map_or(0, |c| c.0) } else { (mem * bs).min(limit) };
+            if self.stateful { tree.deepest_checkpoint(&m, limit).map_or(0, |c| c.0) } else { (mem * bs).min(limit) };
         let full = tokens.len() / bs;
         if mem >= full {
             return 0;
@@ -84,14 +84,14 @@ impl EngineCache {
         // The deepest usable place: for hybrid models the deepest valid checkpoint on disk
         // past what memory has (without it the blocks are of no use), else every block.
         let mut snapshot = None;
-        let target = if self.recurrent {
+        let target = if self.stateful {
             let mut found = None;
             for j in (mem_usable / bs + 1..=on_disk).rev().filter(|&j| j * bs <= limit) {
                 if !disk.has(Kind::Checkpoint, keys[j - 1]) {
                     continue;
                 }
                 let Some(bytes) = disk.read(Kind::Checkpoint, keys[j - 1], 0, &tokens[..j * bs]) else { continue };
-                match RecurrentSnapshot::from_bytes(&bytes, &self.spec, self.store.device()) {
+                match RecurrentSnapshot::from_bytes(&bytes, &self.spec, self.store.dtype(), self.store.device()) {
                     Ok(s) if s.position == j * bs => {
                         snapshot = Some(s);
                         found = Some(j);

@@ -31,7 +31,25 @@ pub fn is_hybrid(path: &str) -> bool {
     path.starts_with("hybrid/")
 }
 
-pub fn engine(path: &str, cfg: EngineConfig) -> EngineHandle {
+/// Fixtures with sliding-window layers (window 8), whose rings make them resume at checkpoints.
+pub fn is_sliding(path: &str) -> bool {
+    path.ends_with("gemma3")
+}
+
+/// Models whose prefix hits are the deepest checkpoint on the match (recurrent state or
+/// sliding-window rings), not the whole match.
+pub fn resumes_at_checkpoints(path: &str) -> bool {
+    is_hybrid(path) || is_sliding(path)
+}
+
+/// Prefill chunk of sliding-window fixtures where a test does not choose one: their rings
+/// ((8 - 1 + 24) / 16 + 1 = 3 blocks, 48 positions) then wrap inside every suite's prompts.
+pub const SLIDING_CHUNK: usize = 24;
+
+pub fn engine(path: &str, mut cfg: EngineConfig) -> EngineHandle {
+    if is_sliding(path) && cfg.prefill_chunk == EngineConfig::default().prefill_chunk {
+        cfg.prefill_chunk = SLIDING_CHUNK;
+    }
     EngineHandle::load(&fixture(path), cfg).expect("engine")
 }
 

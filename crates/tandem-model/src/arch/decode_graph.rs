@@ -100,7 +100,8 @@ pub fn plan(chunks: &[SeqChunk<'_>], vocab: usize, attention: &[usize]) -> Resul
             && c.cache.verify.is_none()
             && c.cache.paged_store().is_some_and(|s| Arc::ptr_eq(s, &store))
     });
-    if !fits || !attention.iter().all(|&li| store.batches(li)) {
+    // Ring layers (sliding windows) index other tables than the one a graph step uploads.
+    if !fits || store.has_rings() || !attention.iter().all(|&li| store.batches(li)) {
         return Ok(None);
     }
     let seqs: Vec<SeqRows<'_>> =

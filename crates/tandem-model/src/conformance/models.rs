@@ -139,12 +139,17 @@ fn model_case(dev: &Device, dir: &Path, name: &str, kv: KvDtype) -> Result<Vec<C
         let cpu = crate::loader::load(dir, &Device::Cpu)?.model;
         let mut c = paged(cpu.as_ref(), &Device::Cpu, kv)?;
         let on_cpu = run_model(cpu.as_ref(), &mut c, &r.prompt, &[r.prompt.len()], decode)?;
+        // With f16 KV a key computed in another order can round to the neighbouring f16
+        // value on one device and not the other: the same effect the chunked check allows
+        // 2e-3 for (measured: tiny/gemma3, whose q/k norms and scaled embeddings make larger
+        // keys, 1.1e-4 on the H200; the other fixtures 3e-6 to 4e-5).
+        let tol = if kv == KvDtype::F32 { 1e-4 } else { 2e-3 };
         checks.push(Check::new(
             "model vs cpu",
             name.into(),
             &fmt,
             rel_err(&whole, &on_cpu)?,
-            Judge::Tolerance(1e-4),
+            Judge::Tolerance(tol),
             0.0,
         ));
     }

@@ -10,6 +10,14 @@
 //! positions into the blocks it is given and attends over them with
 //! [`crate::ops::paged_attention`]. Writes go through candle's in-place `slice_set`, so the
 //! store is shared behind `&` (one engine thread drives it).
+//!
+//! Sliding-window layers may instead keep a *ring* per sequence ([`PagedKvStore::with_rings`]):
+//! their pool is `ring_blocks` blocks that the engine deals out in fixed runs (one per running
+//! sequence), and a sequence's logical block `i` of such a layer lives in block
+//! `base + i % len` of its run ([`ring_table`]). A ring of `len` blocks holds the last
+//! `len * block_size` positions, so such a layer's memory per sequence is bounded by its
+//! window (plus one chunk), however long the sequence grows; the attention kernels never read
+//! a key older than the window, so the overwritten blocks are never seen.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -37,6 +45,16 @@ pub(super) struct PoolLayer {
     head_dim: usize,
     /// Sliding window (0: none).
     window: usize,
+    /// Blocks in this layer's pool.
+    blocks: usize,
+    /// The layer keeps per-sequence rings (indexed by ring tables, not the block table).
+    pub(super) ring: bool,
+}
+
+/// The ring table of a sequence whose ring is blocks `base .. base + len`: logical block `i`
+/// (positions `i * block_size ..`) of its sliding-window layers lives in `base + i % len`.
+pub fn ring_table(base: u32, len: u32, logical_blocks: usize) -> Vec<u32> {
+    (0..logical_blocks).map(|i| base + (i as u32) % len.max(1)).collect()
 }
 
 /// The KV pools of every attention layer of a model.
@@ -93,6 +111,20 @@ impl PagedKvStore {
         dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
+        Self::with_rings(spec, num_blocks, 0, block_size, dtype, device)
+    }
+
+    /// [`Self::new`], with the sliding-window layers of `spec` in a pool of `ring_blocks`
+    /// blocks dealt out as per-sequence rings (see the module doc; `ring_blocks` 0: they are
+    /// paged like every other attention layer).
+    pub fn with_rings(
+        spec: &[LayerCacheSpec],
+        num_blocks: usize,
+        ring_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+        device: &Device,
+    ) -> Result<Self> {
         if block_size == 0 {
             return Err(ModelError::Input("KV block size must be positive".into()));
         }
@@ -106,12 +138,16 @@ impl PagedKvStore {
             .map(|s| match s.attention() {
                 Some((kv_heads, head_dim, window)) => {
                     dtype.check_head_dim(head_dim)?;
-                    let shape = (num_blocks * block_size, kv_heads, dtype.row_elems(head_dim));
+                    let ring = window > 0 && ring_blocks > 0;
+                    let blocks = if ring { ring_blocks } else { num_blocks };
+                    let shape = (blocks * block_size, kv_heads, dtype.row_elems(head_dim));
                     Ok(Some(PoolLayer {
                         k: zeroed_pool(shape, dtype.storage_dtype(), device)?,
                         v: zeroed_pool(shape, dtype.storage_dtype(), device)?,
                         head_dim,
                         window,
+                        blocks,
+                        ring,
                     }))
                 }
                 None => Ok(None),
@@ -123,6 +159,37 @@ impl PagedKvStore {
     /// Bytes one block takes over all attention layers of `spec` in format `dtype`.
     pub fn bytes_per_block(spec: &[LayerCacheSpec], block_size: usize, dtype: KvDtype) -> usize {
         spec.iter().map(|s| s.bytes_per_token(dtype)).sum::<usize>() * block_size
+    }
+
+    /// Bytes one block takes over the layers of `spec` that are paged by the block table when
+    /// the sliding-window layers keep rings (every attention layer without a window).
+    pub fn bytes_per_paged_block(spec: &[LayerCacheSpec], block_size: usize, dtype: KvDtype) -> usize {
+        spec.iter().filter(|s| s.window() == 0).map(|s| s.bytes_per_token(dtype)).sum::<usize>() * block_size
+    }
+
+    /// Bytes one ring block takes over the sliding-window layers of `spec`.
+    pub fn bytes_per_ring_block(spec: &[LayerCacheSpec], block_size: usize, dtype: KvDtype) -> usize {
+        spec.iter().filter(|s| s.window() > 0).map(|s| s.bytes_per_token(dtype)).sum::<usize>() * block_size
+    }
+
+    /// Whether layer `li` keeps per-sequence rings.
+    pub fn is_ring(&self, li: usize) -> bool {
+        self.layers.get(li).and_then(Option::as_ref).is_some_and(|l| l.ring)
+    }
+
+    /// Layer `li`'s sliding window (0: none, or no such layer).
+    pub fn window_of(&self, li: usize) -> usize {
+        self.layers.get(li).and_then(Option::as_ref).map_or(0, |l| l.window)
+    }
+
+    /// Whether any layer keeps rings.
+    pub fn has_rings(&self) -> bool {
+        self.layers.iter().flatten().any(|l| l.ring)
+    }
+
+    /// The largest window of the ring layers (0: none).
+    pub fn ring_window(&self) -> usize {
+        self.layers.iter().flatten().filter(|l| l.ring).map(|l| l.window).max().unwrap_or(0)
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -182,12 +249,26 @@ impl PagedKvStore {
         }
     }
 
-    /// Copies block `src` into block `dst` in every layer (copy-on-write).
+    fn check_layer_block(l: &PoolLayer, b: u32) -> Result<()> {
+        if (b as usize) < l.blocks {
+            Ok(())
+        } else {
+            Err(ModelError::Input(format!("KV block {b} is outside a pool of {} blocks", l.blocks)))
+        }
+    }
+
+    /// The layers whose blocks the block table names (every layer but the rings).
+    pub(super) fn paged_layers(&self) -> impl Iterator<Item = &PoolLayer> {
+        self.layers.iter().flatten().filter(|l| !l.ring)
+    }
+
+    /// Copies block `src` into block `dst` in every paged layer (copy-on-write; rings are
+    /// private to their sequence and never shared).
     pub fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
         self.check_block(src)?;
         self.check_block(dst)?;
         let bs = self.block_size;
-        for l in self.layers.iter().flatten() {
+        for l in self.paged_layers() {
             for pool in [&l.k, &l.v] {
                 // `force_contiguous`, not `copy`: candle's copy clones the whole pool buffer.
                 let block = pool.narrow(0, src as usize * bs, bs)?.force_contiguous()?;
@@ -216,7 +297,7 @@ impl PagedKvStore {
             while i < t {
                 let p = start + i;
                 let b = blocks[p / bs];
-                self.check_block(b)?;
+                Self::check_layer_block(l, b)?;
                 let run = (bs - p % bs).min(t - i);
                 pool.slice_set(&rows.narrow(0, i, run)?, 0, b as usize * bs + p % bs)?;
                 i += run;
@@ -257,8 +338,14 @@ impl PagedKvStore {
         // On CUDA every chunk takes the kernel: as fast as gathering for cuBLAS (measured on
         // the H200, docs/PERFORMANCE.md) and row-invariant, so chunked prefill is exact there.
         let kernel_only = self.device.is_cuda();
-        if t > SMALL_CHUNK && n_heads * t * len * 4 <= MATERIALISE_LIMIT && !force_tiled() && !kernel_only {
-            let (k, v) = (gather_kv(&l.k, kv, len, l.head_dim)?, gather_kv(&l.v, kv, len, l.head_dim)?);
+        // A windowed layer gathers from the block of its first query's first key on (a ring
+        // holds nothing older); the queries stay the last `t` of the keys gathered.
+        let g0 = if l.window > 0 { (past + 1).saturating_sub(l.window) / self.block_size } else { 0 };
+        let span = len - g0 * self.block_size;
+        if t > SMALL_CHUNK && n_heads * t * span * 4 <= MATERIALISE_LIMIT && !force_tiled() && !kernel_only {
+            let blocks_from = blocks.get(g0..).unwrap_or(&[]);
+            let kv = self.paged(blocks_from, l.window);
+            let (k, v) = (gather_kv(&l.k, kv, span, l.head_dim)?, gather_kv(&l.v, kv, span, l.head_dim)?);
             return causal_attention(&q.contiguous()?, &k, &v, scale, l.window);
         }
         paged_attention_with_table(q, &l.k, &l.v, kv, device_table, past, scale)
@@ -283,7 +370,7 @@ impl PagedKvStore {
         if !self.device.is_cuda() || !cuda::supports(self.dtype, l.head_dim) {
             return Ok(None);
         }
-        let bt = cuda_batch::BatchTables::new(seqs, self.block_size, self.num_blocks, &self.device)?;
+        let bt = cuda_batch::BatchTables::new(seqs, self.block_size, l.blocks, &self.device)?;
         self.attend_tables(li, &bt, q, k, v, scale).map(Some)
     }
 

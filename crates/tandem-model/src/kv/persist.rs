@@ -7,10 +7,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{LayerCacheSpec, PagedKvStore, RecurrentSnapshot, RecurrentState};
+use super::{KvDtype, LayerCacheSpec, PagedKvStore, RecurrentSnapshot, RecurrentState, WindowRows};
 use crate::error::{ModelError, Result};
 
-fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
     let flat = t.flatten_all()?;
     Ok(match t.dtype() {
         DType::U8 => flat.to_vec1::<u8>()?,
@@ -22,11 +22,10 @@ fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
 }
 
 impl PagedKvStore {
-    /// Bytes of one block over all attention layers (K then V per layer, in layer order).
+    /// Bytes of one block over the paged attention layers (K then V per layer, in layer
+    /// order; ring layers are not in blocks).
     pub fn block_len(&self) -> usize {
-        self.layers
-            .iter()
-            .flatten()
+        self.paged_layers()
             .map(|l| {
                 2 * self.block_size * l.k.dim(1).unwrap_or(0) * l.k.dim(2).unwrap_or(0) * l.k.dtype().size_in_bytes()
             })
@@ -38,7 +37,7 @@ impl PagedKvStore {
         self.check_block(b)?;
         let bs = self.block_size;
         let mut out = Vec::with_capacity(self.block_len());
-        for l in self.layers.iter().flatten() {
+        for l in self.paged_layers() {
             for pool in [&l.k, &l.v] {
                 let block = pool.narrow(0, b as usize * bs, bs)?;
                 // Off the CPU, a copy of the block alone first: reading a view back copies its
@@ -62,7 +61,7 @@ impl PagedKvStore {
         }
         let bs = self.block_size;
         let mut off = 0;
-        for l in self.layers.iter().flatten() {
+        for l in self.paged_layers() {
             for pool in [&l.k, &l.v] {
                 let (_, heads, row) = pool.dims3()?;
                 let n = bs * heads * row * pool.dtype().size_in_bytes();
@@ -102,8 +101,10 @@ fn take_f32s(bytes: &mut &[u8], n: usize) -> Result<Vec<f32>> {
 
 impl RecurrentSnapshot {
     /// The snapshot as bytes: position, layer count, then per layer a tag (0: attention, 1:
-    /// recurrent) and for recurrent layers the conv and SSM lengths and values (f32 LE).
-    /// Device states are copied to the host.
+    /// recurrent) and for recurrent layers the conv and SSM lengths and values (f32 LE); then
+    /// the count of window entries and per entry a tag (0: none, 1: rows) and for rows their
+    /// first position, row count and the K and V bytes in the KV format. Device states are
+    /// copied to the host.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         out.extend((self.position as u64).to_le_bytes());
@@ -121,12 +122,26 @@ impl RecurrentSnapshot {
                 }
             }
         }
+        out.extend((self.windows.len() as u64).to_le_bytes());
+        for w in &self.windows {
+            match w {
+                None => out.push(0),
+                Some(rows) => {
+                    out.push(1);
+                    out.extend((rows.start as u64).to_le_bytes());
+                    out.extend((rows.len() as u64).to_le_bytes());
+                    out.extend(bytes_of(&rows.k)?);
+                    out.extend(bytes_of(&rows.v)?);
+                }
+            }
+        }
         Ok(out)
     }
 
-    /// Reads [`Self::to_bytes`]'s output for a model whose layers are `spec`, with states on
-    /// `device` (host vectors on the CPU). Every length is checked against the spec.
-    pub fn from_bytes(mut bytes: &[u8], spec: &[LayerCacheSpec], device: &Device) -> Result<Self> {
+    /// Reads [`Self::to_bytes`]'s output for a model whose layers are `spec` with KV in format
+    /// `dtype`, with states on `device` (host vectors on the CPU). Every length is checked
+    /// against the spec.
+    pub fn from_bytes(mut bytes: &[u8], spec: &[LayerCacheSpec], dtype: KvDtype, device: &Device) -> Result<Self> {
         let b = &mut bytes;
         let position = take_u64(b)? as usize;
         let n = take_u64(b)? as usize;
@@ -160,10 +175,35 @@ impl RecurrentSnapshot {
                 _ => return Err(ModelError::Input(format!("checkpoint layer {i} does not match the model's layer"))),
             }
         }
+        let nw = take_u64(b)? as usize;
+        if nw != 0 && nw != spec.len() {
+            return Err(ModelError::Input(format!("a checkpoint with {nw} window entries for {} layers", spec.len())));
+        }
+        let mut windows = Vec::with_capacity(nw);
+        for (i, s) in spec.iter().enumerate().take(nw) {
+            match (take(b, 1)?[0], s) {
+                (0, _) => windows.push(None),
+                (1, LayerCacheSpec::SlidingWindow { kv_heads, head_dim, window }) => {
+                    let (start, n) = (take_u64(b)? as usize, take_u64(b)? as usize);
+                    if n >= *window || start.checked_add(n) != Some(position) {
+                        return Err(ModelError::Input(format!(
+                            "checkpoint layer {i}: {n} window rows from {start} for a window of {window} at {position}"
+                        )));
+                    }
+                    let st = dtype.storage_dtype();
+                    let shape = [n, *kv_heads, dtype.row_elems(*head_dim)];
+                    let len = n * kv_heads * dtype.row_elems(*head_dim) * st.size_in_bytes();
+                    let k = Tensor::from_raw_buffer(take(b, len)?, st, &shape, &Device::Cpu)?.to_device(device)?;
+                    let v = Tensor::from_raw_buffer(take(b, len)?, st, &shape, &Device::Cpu)?.to_device(device)?;
+                    windows.push(Some(WindowRows { start, k, v }));
+                }
+                _ => return Err(ModelError::Input(format!("checkpoint window {i} does not match the model's layer"))),
+            }
+        }
         if !bytes.is_empty() {
             return Err(ModelError::Input("a recurrent checkpoint has trailing bytes".into()));
         }
-        Ok(Self { position, layers })
+        Ok(Self { position, layers, windows })
     }
 }
 
@@ -197,16 +237,45 @@ mod tests {
                 None,
                 Some(RecurrentState::Host { conv: (0..18).map(|i| i as f32).collect(), ssm: vec![0.5; 30] }),
             ],
+            windows: Vec::new(),
         };
+        let f32kv = KvDtype::F32;
         let bytes = snap.to_bytes().unwrap();
-        assert_eq!(RecurrentSnapshot::from_bytes(&bytes, &spec, &Device::Cpu).unwrap(), snap);
-        assert!(RecurrentSnapshot::from_bytes(&bytes[..bytes.len() - 1], &spec, &Device::Cpu).is_err());
-        assert!(RecurrentSnapshot::from_bytes(&[bytes.clone(), vec![0]].concat(), &spec, &Device::Cpu).is_err());
-        assert!(RecurrentSnapshot::from_bytes(&bytes, &spec[..1], &Device::Cpu).is_err());
+        assert_eq!(RecurrentSnapshot::from_bytes(&bytes, &spec, f32kv, &Device::Cpu).unwrap(), snap);
+        assert!(RecurrentSnapshot::from_bytes(&bytes[..bytes.len() - 1], &spec, f32kv, &Device::Cpu).is_err());
+        assert!(RecurrentSnapshot::from_bytes(&[bytes.clone(), vec![0]].concat(), &spec, f32kv, &Device::Cpu).is_err());
+        assert!(RecurrentSnapshot::from_bytes(&bytes, &spec[..1], f32kv, &Device::Cpu).is_err());
         let other = vec![
             spec[0].clone(),
             LayerCacheSpec::Recurrent { conv_channels: 6, conv_kernel: 4, state_heads: 2, key_dim: 3, value_dim: 6 },
         ];
-        assert!(RecurrentSnapshot::from_bytes(&bytes, &other, &Device::Cpu).is_err());
+        assert!(RecurrentSnapshot::from_bytes(&bytes, &other, f32kv, &Device::Cpu).is_err());
+    }
+
+    /// A checkpoint of a ring-layer model keeps its window rows bit for bit through bytes, in
+    /// every KV format; rows that do not fit the window or the position are refused.
+    #[test]
+    fn window_rows_round_trip_through_bytes() {
+        let spec = vec![
+            LayerCacheSpec::SlidingWindow { kv_heads: 2, head_dim: 32, window: 8 },
+            LayerCacheSpec::Attention { kv_heads: 2, head_dim: 32 },
+        ];
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0] {
+            let store = PagedKvStore::with_rings(&spec, 4, 2, 16, dtype, &Device::Cpu).unwrap();
+            let k = Tensor::randn(0f32, 1.0, (2, 20, 32), &Device::Cpu).unwrap();
+            store.write(0, &[0, 1], 0, &k, &(&k * 0.5).unwrap()).unwrap();
+            // Ring layers are not part of a block's bytes.
+            assert_eq!(store.block_len(), PagedKvStore::bytes_per_paged_block(&spec, 16, dtype));
+            let rows = store.read_ring_rows(0, 0, 2, 13, 7).unwrap();
+            let snap = RecurrentSnapshot { position: 20, layers: vec![None, None], windows: vec![Some(rows), None] };
+            let bytes = snap.to_bytes().unwrap();
+            let back = RecurrentSnapshot::from_bytes(&bytes, &spec, dtype, &Device::Cpu).unwrap();
+            assert_eq!(back, snap, "{dtype}");
+            assert_eq!(back.bytes(), snap.bytes());
+            let moved = RecurrentSnapshot { position: 21, ..snap.clone() };
+            assert!(RecurrentSnapshot::from_bytes(&moved.to_bytes().unwrap(), &spec, dtype, &Device::Cpu).is_err());
+            let wide = vec![LayerCacheSpec::SlidingWindow { kv_heads: 2, head_dim: 32, window: 7 }, spec[1].clone()];
+            assert!(RecurrentSnapshot::from_bytes(&bytes, &wide, dtype, &Device::Cpu).is_err());
+        }
     }
 }

@@ -22,7 +22,8 @@ use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 pub const MAGIC: [u8; 8] = *b"TNDMPC\0\x01";
 /// Bump when the layout or the meaning of a payload changes (the namespace includes it).
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: checkpoints carry sliding-window rows; blocks hold only the paged (non-ring) layers.
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER: usize = 96;
 
 /// A chain hash: the key of a block is `hash(parent key, its tokens)`, from [`ROOT`].

