@@ -179,6 +179,7 @@ mod tests {
         s.spec_accepted_at[0].store(3, Ordering::Relaxed);
         s.disk.hit_tokens.store(12, Ordering::Relaxed);
         s.disk.enabled.store(1, Ordering::Relaxed);
+        s.kv_ring_bytes.store(4096, Ordering::Relaxed);
         let text = render(Some(&s));
         for line in [
             "tandem_spec_drafted_tokens_total 10",
@@ -194,12 +195,13 @@ mod tests {
             "# TYPE tandem_preemptions_total counter",
             "tandem_disk_cache_hit_tokens_total 12",
             "tandem_disk_cache_enabled 1",
+            "tandem_kv_ring_bytes 4096",
         ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        // 25 engine and speculation samples, 10 of the disk tier.
-        assert_eq!(samples.len(), 35);
+        // 26 engine and speculation samples, 10 of the disk tier.
+        assert_eq!(samples.len(), 36);
         for l in &samples {
             let (name, value) = l.split_once(' ').unwrap();
             // One labelled family: acceptance per draft position.
