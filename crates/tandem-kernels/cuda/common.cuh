@@ -34,3 +34,21 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void warp_cp_async(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
     for (int i = lane; i < bytes / 16; i += 32) cp_async16(dst + i * 16, src + i * 16);
 }
+
+// Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
+// serialisation may start while the kernel before it finishes; it must wait (pdl_wait) before
+// it reads anything that kernel wrote, and lets the kernel after it start early (pdl_trigger).
+// Both are no-ops in a kernel launched the ordinary way, as the engine launches every kernel:
+// tmv_bf16 carries them for the GEMV lab (lab/gemv_bf16_lab.cu), where PDL took 6.5% off a
+// graph of matmuls alone, while PDL launches of the engine's GEMVs moved a 9B decode step by
+// nothing measurable (docs/PERFORMANCE.md, 2026-12-04).
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -119,6 +119,8 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
         if (q < mine) load(q);
         cp_async_commit();
     }
+    // The weights are in flight; the activations may come from the kernel before this one.
+    pdl_wait();
 #pragma unroll
     for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int q = 0; q < mine; q++) {
@@ -182,6 +184,7 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
     const int g = lane >> 2, t = lane & 3;
     const int col0 = blockIdx.x * 16;
     const int row0 = blockIdx.y * NT;
+    pdl_trigger();
     float acc[NJ][4];
     tv_partition<NJ, S>(acc, x, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
     // The warps' partials, added in warp order (the stages are free once every warp is here).
@@ -362,4 +365,3 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
     }
 }
-
