@@ -4,6 +4,7 @@
 # TANDEM_PROFILE_DECODE) and writes one CSV row per kernel launch; a summary per kernel name
 # (count, total microseconds, share) goes to $OUT/profile-*.md.
 #   CASES="9b:q8_0 9b:bf16 0.8b:q8_0" bash scripts/gpu-profile.sh
+# DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
@@ -13,12 +14,13 @@ gpu_unpack tandem
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for c in ${CASES:-9b:q8_0}; do
   p=${c%%:*}; t=${c##*:}
-  csv=/tmp/tg/ncu-$p-$t.csv
+  tag=$p-$t${DEPTH:+-d$DEPTH}
+  csv=/tmp/tg/ncu-$tag.csv
   TANDEM_PROFILE_DECODE=${PROFILE_STEPS:-1} timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
     --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
-    -p 1 -g 6 -r 1 > "$csv" 2> /tmp/tg/ncu.err
-  echo "ncu $p $t rc=$? ($(wc -l < "$csv") lines)"
-  python3 - "$csv" "$p" "$t" > "$res/profile-$p-$t.md" <<'PY'
+    -p 1 -g 6 -r 1 ${DEPTH:+-d $DEPTH} > "$csv" 2> /tmp/tg/ncu.err
+  echo "ncu $tag rc=$? ($(wc -l < "$csv") lines)"
+  python3 - "$csv" "$p" "$t${DEPTH:+ at depth $DEPTH}" > "$res/profile-$tag.md" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
 head = next((r for r in rows if "Kernel Name" in r), None)
