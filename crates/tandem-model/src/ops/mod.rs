@@ -7,6 +7,7 @@ pub mod cuda_graph;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
+pub mod gelu;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;
