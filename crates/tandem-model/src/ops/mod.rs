@@ -1,13 +1,13 @@
 //! Kernels the architectures run on. Each has a plain reference beside it where a fused or
 //! tiled version exists.
 
+pub mod act;
 pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
-pub mod gelu;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;

@@ -207,7 +207,7 @@ impl CausalLm for Gemma3 {
             let att = self.rms(&att, &layer.post_attn_norm)?;
             let (x1, h1) = crate::ops::norm::add_rms_norm(&x, &att, &layer.pre_ffn_norm, eps)?;
             let [g, u] = layer.gate_up.forward_array(&h1)?;
-            let ffn = layer.down.forward(&crate::ops::gelu::gelu_mul(&g, &u)?)?;
+            let ffn = layer.down.forward(&crate::ops::act::gelu_mul(&g, &u)?)?;
             let ffn = self.rms(&ffn, &layer.post_ffn_norm)?;
             match self.layers.get(li + 1) {
                 Some(next) => (x, h) = crate::ops::norm::add_rms_norm(&x1, &ffn, &next.attn_norm, eps)?,

@@ -1,13 +1,14 @@
-//! GELU (the tanh approximation, `gelu_pytorch_tanh`) times the up projection: Gemma's GeGLU.
+//! Gated activations on the CPU: GELU (the tanh approximation, `gelu_pytorch_tanh`) times up,
+//! Gemma's GeGLU.
 //!
-//! On the CPU one pass over f32 values with the identity `0.5 x (1 + tanh(y)) = x / (1 +
-//! exp(-2y))`, `y = sqrt(2 / pi) (x + 0.044715 x^3)`, and an exp of our own (Cephes' range
-//! reduction and polynomial, ~1 ulp) that the compiler vectorises (AVX2 + FMA where the CPU has
-//! them, picked at run time): candle's `gelu` calls libm's `tanhf` per value, 10% of Gemma 3
-//! 270M's prefill on the build machine. Every value depends only on its own `(g, u)`, so rows
-//! are independent of the call's row count (speculation stays lossless). Other devices keep
-//! candle's ops. [`gelu_ref`] is the plain formula in f64, the reference the tests hold the
-//! fast path to.
+//! One pass over f32 values with an exp of our own (Cephes' range reduction and polynomial,
+//! ~1 ulp) that the compiler vectorises (AVX2 + FMA where the CPU has them, picked at run
+//! time), through `0.5 x (1 + tanh(y)) = x / (1 + exp(-2y))`, `y = sqrt(2 / pi) (x + 0.044715
+//! x^3)`: candle's `gelu` calls libm's `tanhf` per value, 10% of Gemma 3 270M's prefill on the
+//! build machine. Every value depends only on its own `(g, u)`, so rows are independent of the
+//! call's row count (speculation stays lossless). Other devices keep candle's ops. [`gelu_ref`]
+//! is the plain formula in f64, the reference the tests hold the fast path to. (The same pass
+//! for SwiGLU's SiLU was measured on Qwen2.5-0.5B and moved nothing: docs/PERFORMANCE.md.)
 
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
@@ -16,17 +17,38 @@ use crate::error::Result;
 
 /// `gelu_tanh(g) * u`, elementwise (same shapes).
 pub fn gelu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
-    let cpu_f32 = matches!(g.device(), Device::Cpu) && g.dtype() == DType::F32 && u.dtype() == DType::F32;
-    if !cpu_f32 || g.shape() != u.shape() {
-        return Ok((g.gelu()? * u)?);
+    match cpu_pair(g, u)? {
+        Some((gv, uv)) => gated(g, &gv, &uv, gelu_mul_slice),
+        None => Ok((g.gelu()? * u)?),
     }
-    let (gv, uv) = (g.flatten_all()?.to_vec1::<f32>()?, u.flatten_all()?.to_vec1::<f32>()?);
+}
+
+/// Both operands' values when they are f32 CPU tensors of one shape (the fast path's case).
+fn cpu_pair(g: &Tensor, u: &Tensor) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+    let cpu_f32 = matches!(g.device(), Device::Cpu)
+        && matches!(u.device(), Device::Cpu)
+        && g.dtype() == DType::F32
+        && u.dtype() == DType::F32;
+    if !cpu_f32 || g.shape() != u.shape() {
+        return Ok(None);
+    }
+    Ok(Some((g.flatten_all()?.to_vec1::<f32>()?, u.flatten_all()?.to_vec1::<f32>()?)))
+}
+
+/// `f` over chunks of the operands on rayon's threads, as a tensor of `like`'s shape.
+fn gated(like: &Tensor, gv: &[f32], uv: &[f32], f: fn(&[f32], &[f32], &mut [f32])) -> Result<Tensor> {
     let mut out = vec![0f32; gv.len()];
     const CHUNK: usize = 1 << 14;
-    out.par_chunks_mut(CHUNK).zip(gv.par_chunks(CHUNK)).zip(uv.par_chunks(CHUNK)).for_each(|((o, g), u)| {
-        gelu_mul_slice(g, u, o);
-    });
-    Ok(Tensor::from_vec(out, g.shape(), &Device::Cpu)?)
+    if gv.len() <= CHUNK {
+        // A decode step's row: handing it to the pool costs more than the pass (a wake-up).
+        f(gv, uv, &mut out);
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(gv.par_chunks(CHUNK))
+            .zip(uv.par_chunks(CHUNK))
+            .for_each(|((o, g), u)| f(g, u, o));
+    }
+    Ok(Tensor::from_vec(out, like.shape(), &Device::Cpu)?)
 }
 
 /// `o[i] = gelu_tanh(g[i]) * u[i]` on the fastest path this CPU has (the same formula on each).
