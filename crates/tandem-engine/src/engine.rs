@@ -115,6 +115,8 @@ pub struct EngineStats {
     /// Bytes of KV blocks and recurrent state held by live sequences (shared blocks counted
     /// once per sequence; the prefix cache's own blocks not at all).
     pub kv_bytes: AtomicUsize,
+    /// The most `kv_bytes` has been since the engine started (for sizing `--kv-memory`).
+    pub kv_bytes_peak: AtomicUsize,
     pub kv_blocks_total: AtomicUsize,
     pub kv_blocks_free: AtomicUsize,
     pub kv_block_bytes: AtomicUsize,

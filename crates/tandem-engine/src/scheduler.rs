@@ -234,6 +234,7 @@ impl Scheduler {
         let st = &self.stats;
         let kv: usize = self.running.iter().map(|s| self.cache.seq_bytes(s)).sum();
         st.kv_bytes.store(kv, Ordering::Relaxed);
+        st.kv_bytes_peak.fetch_max(kv, Ordering::Relaxed);
         st.kv_blocks_total.store(c.blocks_total, Ordering::Relaxed);
         st.kv_blocks_free.store(c.blocks_free, Ordering::Relaxed);
         st.kv_block_bytes.store(c.block_bytes, Ordering::Relaxed);

@@ -51,7 +51,10 @@ fn window_memory_is_per_sequence_and_flat() {
     assert_eq!(ids, want.ids, "the long request under the tight budget");
     assert_eq!(load(&e.stats().preemptions), 0);
     // While it runs the sequence holds its rings and one global block per 16 positions: from
-    // the prompt's 3 blocks up to the 13 of 200 positions, never more.
+    // the prompt's 3 blocks up to the 13 of 200 positions, never more. The engine's peak says
+    // it reached exactly that; the samples taken as tokens arrive (as many as this thread
+    // sees before the engine is done: few on a busy machine) stay inside it and only grow.
+    assert_eq!(load(&e.stats().kv_bytes_peak), ring + 13 * block, "the peak: rings and 13 global blocks");
     let blocks: Vec<usize> = live
         .iter()
         .filter(|&&b| b > 0)
@@ -61,10 +64,8 @@ fn window_memory_is_per_sequence_and_flat() {
             paged / block
         })
         .collect();
-    assert!(blocks.len() > 100, "kv bytes seen while running: {}", blocks.len());
     assert!(blocks.iter().all(|&n| (3..=13).contains(&n)), "{blocks:?}");
     assert!(blocks.windows(2).all(|w| w[0] <= w[1]), "{blocks:?}");
-    assert!(blocks.last() > blocks.first(), "{blocks:?}");
     assert_no_leaks(&e);
 }
 

@@ -40,7 +40,7 @@ pub fn render(stats: Option<&EngineStats>) -> String {
     metric(&mut out, "tandem_up", Gauge, "1 while the server runs.", 1.0);
     let Some(s) = stats else { return out };
     let v = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
-    let rows: [(&str, Kind, &str, f64); 18] = [
+    let rows: [(&str, Kind, &str, f64); 19] = [
         ("tandem_requests_running", Gauge, "Requests admitted and generating.", v(&s.running)),
         ("tandem_requests_waiting", Gauge, "Requests queued or preempted, waiting for admission.", v(&s.waiting)),
         ("tandem_requests_finished_total", Counter, "Requests that finished or failed.", v(&s.finished)),
@@ -66,6 +66,12 @@ pub fn render(stats: Option<&EngineStats>) -> String {
             v(&s.kv_ring_bytes),
         ),
         ("tandem_kv_live_bytes", Gauge, "Bytes of KV and recurrent state held by live sequences.", v(&s.kv_bytes)),
+        (
+            "tandem_kv_live_bytes_peak",
+            Gauge,
+            "The most bytes of KV and recurrent state live sequences have held since the start.",
+            v(&s.kv_bytes_peak),
+        ),
         ("tandem_prefix_cache_blocks", Gauge, "KV blocks referenced by the prefix cache.", v(&s.prefix_cache_blocks)),
         ("tandem_state_slots_total", Gauge, "Recurrent-state slots.", v(&s.state_slots_total)),
         ("tandem_state_slots_free", Gauge, "Recurrent-state slots free.", v(&s.state_slots_free)),
@@ -180,6 +186,7 @@ mod tests {
         s.disk.hit_tokens.store(12, Ordering::Relaxed);
         s.disk.enabled.store(1, Ordering::Relaxed);
         s.kv_ring_bytes.store(4096, Ordering::Relaxed);
+        s.kv_bytes_peak.store(8192, Ordering::Relaxed);
         let text = render(Some(&s));
         for line in [
             "tandem_spec_drafted_tokens_total 10",
@@ -196,12 +203,13 @@ mod tests {
             "tandem_disk_cache_hit_tokens_total 12",
             "tandem_disk_cache_enabled 1",
             "tandem_kv_ring_bytes 4096",
+            "tandem_kv_live_bytes_peak 8192",
         ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        // 26 engine and speculation samples, 10 of the disk tier.
-        assert_eq!(samples.len(), 36);
+        // 27 engine and speculation samples, 10 of the disk tier.
+        assert_eq!(samples.len(), 37);
         for l in &samples {
             let (name, value) = l.split_once(' ').unwrap();
             // One labelled family: acceptance per draft position.
