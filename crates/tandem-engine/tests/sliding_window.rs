@@ -54,6 +54,8 @@ fn window_memory_is_per_sequence_and_flat() {
     // the prompt's 3 blocks up to the 13 of 200 positions, never more. The engine's peak says
     // it reached exactly that; the samples taken as tokens arrive (as many as this thread
     // sees before the engine is done: few on a busy machine) stay inside it and only grow.
+    // The engine publishes its stats after a step has sent its tokens, so a sample may show
+    // the step before: the prompt's first chunk of 24 positions, 2 blocks.
     assert_eq!(load(&e.stats().kv_bytes_peak), ring + 13 * block, "the peak: rings and 13 global blocks");
     let blocks: Vec<usize> = live
         .iter()
@@ -64,7 +66,7 @@ fn window_memory_is_per_sequence_and_flat() {
             paged / block
         })
         .collect();
-    assert!(blocks.iter().all(|&n| (3..=13).contains(&n)), "{blocks:?}");
+    assert!(blocks.iter().all(|&n| (2..=13).contains(&n)), "{blocks:?}");
     assert!(blocks.windows(2).all(|w| w[0] <= w[1]), "{blocks:?}");
     assert_no_leaks(&e);
 }
