@@ -3,7 +3,7 @@ CARGO ?= cargo
 PROMPT ?= Explain in two sentences why the sky is blue.
 MODEL ?= smollm2-135m
 
-.PHONY: demo test test-sdk test-fuzz test-metal test-mlx build models bench bench-peers serve clean-models cuda test-cuda gpu-pack
+.PHONY: demo test test-sdk test-fuzz test-metal test-mlx build models bench bench-peers serve clean-models cuda test-cuda gpu-pack test-neon
 
 build:
 	$(CARGO) build --bin tandem
@@ -32,6 +32,13 @@ test-metal:
 	@if rustup target list --installed 2>/dev/null | grep -q aarch64-apple-darwin || rustup target add aarch64-apple-darwin; then \
 		$(CARGO) check --target aarch64-apple-darwin -p tandem-cli --features metal; \
 	else echo "test-metal: no rustup target aarch64-apple-darwin; Metal type-check skipped"; fi
+
+# The aarch64 build under emulation (qemu-user, three CPU models): the NEON kernels against
+# their references bit for bit, row invariance of every GGUF type on candle's aarch64 kernels,
+# the conformance checks and the engine's lossless speculation suites. Installs Debian's
+# qemu-user and aarch64 cross gcc when run as root; about 10 minutes on 2 cores.
+test-neon:
+	CARGO="$(CARGO)" bash scripts/test-neon.sh
 
 # CUDA build (docs/GPU.md: a CUDA toolkit, or the pip wheels; CUDA_COMPUTE_CAP, default 90).
 cuda:

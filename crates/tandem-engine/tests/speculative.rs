@@ -108,6 +108,42 @@ fn greedy_output_is_unchanged_by_every_proposer() {
     }
 }
 
+/// Lossless in every 32-value weight format (the fixture's rows are 64 and 128 values, too
+/// short for the K-quants, whose rows `tandem-model`'s `row_invariance` test checks): the
+/// model quantised at load, self-drafting and n-gram speculation against plain greedy decoding,
+/// alone and in a batch of 8. On x86 these run the AVX2 / AVX-512 kernels, on aarch64 (`make
+/// test-neon`) the NEON ones.
+#[test]
+fn greedy_speculation_is_lossless_in_every_weight_format() {
+    use tandem_model::loader::{quantize::WeightQuant, LoadOptions};
+    let path = "tiny/llama";
+    let dev = tandem_model::device::default_device().expect("device");
+    let n = 16;
+    let ps = prompts(path);
+    for ty in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"] {
+        let opts = LoadOptions { quantize: Some(ty.parse::<WeightQuant>().expect("type")), ..Default::default() };
+        let load = || tandem_model::loader::load_with(&fixture(path), &dev, &opts).expect("quantised load");
+        let plain = EngineHandle::start(load(), cache_off()).expect("engine");
+        let want: Vec<Outcome> = ps.iter().map(|p| run(&plain, greedy(p.clone(), n))).collect();
+        for (method, draft) in [(SpecMethod::Draft, Some(load())), (SpecMethod::Ngram, None)] {
+            let what = format!("{path} {ty} {}", method.as_str());
+            let e = EngineHandle::start_with_draft(load(), draft, spec_cfg(method, 4)).expect("engine");
+            assert_same(&run(&e, greedy(ps[0].clone(), n)), &want[0], &what);
+            let got = run_batch(&e, ps.iter().map(|p| greedy(p.clone(), n)).collect());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_same(g, w, &format!("{what}: batch member {i}"));
+            }
+            let st = e.stats();
+            assert!(st.spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
+            if method == SpecMethod::Draft {
+                let (a, d) = (st.spec_accepted.load(Ordering::Relaxed), st.spec_drafted.load(Ordering::Relaxed));
+                assert_eq!(a, d, "{what}: a draft identical to the target must be fully accepted");
+            }
+            assert_no_leaks(&e);
+        }
+    }
+}
+
 /// With temperature 1 and top-k 5, the token chosen by verification (accepting a greedy draft
 /// with probability p(draft), else drawing from the rest) follows the model's distribution,
 /// which the request's own top-5 log-probabilities give exactly.

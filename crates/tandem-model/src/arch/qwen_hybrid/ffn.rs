@@ -10,6 +10,7 @@
 //! tensors stacked at load) and routed on the device, with no host round trip; elsewhere the
 //! router logits come to the host and each chosen expert runs its own matmuls.
 
+use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
@@ -18,19 +19,21 @@ use crate::ops::moe::{ExpertStack, RoutedExperts, StackData};
 
 use super::config::HybridConfig;
 
-/// A dense weight kept transposed (`[in, out]`) for `x · Wᵀ` as one matmul.
+/// A dense f32 weight `[out, in]` for `x · Wᵀ` through [`crate::ops::quant::row_stable`]: on
+/// the CPU the row-invariant dense kernel (candle's own matmul sums one row differently from
+/// several on aarch64, which broke verify rows of the MoE experts there).
 #[derive(Debug, Clone)]
 pub struct Dense {
-    wt: Tensor,
+    w: QMatMul,
 }
 
 impl Dense {
     /// From a PyTorch-layout weight `[out, in]`.
     pub fn from_weight(w: &Tensor) -> Result<Self> {
-        Ok(Self { wt: w.to_dtype(DType::F32)?.t()?.contiguous()? })
+        Ok(Self { w: QMatMul::Tensor(w.to_dtype(DType::F32)?.contiguous()?) })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.matmul(&self.wt)?)
+        Ok(crate::ops::quant::row_stable::forward(&self.w, x)?)
     }
 }
 

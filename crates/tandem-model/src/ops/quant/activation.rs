@@ -39,7 +39,7 @@ impl Q8Block {
 }
 
 #[inline(always)]
-fn finish(d: f32, sum: i32) -> (f32, f32) {
+pub(super) fn finish(d: f32, sum: i32) -> (f32, f32) {
     (f16::from_f32(d).to_f32(), f16::from_f32(d * sum as f32).to_f32())
 }
 
@@ -71,6 +71,8 @@ pub fn quantize_row(kernel: Kernel, x: &[f32], out: &mut [Q8Block]) {
             // SAFETY: the CPU has AVX2 (checked above); lengths checked above.
             unsafe { avx2::quantize_row(x, out) }
         }
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon | Kernel::NeonDot => super::neon::quantize_row(x, out),
         #[allow(unreachable_patterns)]
         _ => quantize_row_scalar(x, out),
     }

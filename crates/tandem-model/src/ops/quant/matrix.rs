@@ -190,6 +190,12 @@ impl GgmlMatrix {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             Kernel::Avx512Vnni => unsafe { super::avx512::matmul_cols(w, nb, acts, starts, m, cols, y, self.n) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Kernel::Neon => unsafe { super::neon::matmul_cols(super::neon::Flavor::Base, w, nb, acts, m, cols, y, self.n) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Kernel::NeonDot => unsafe { super::neon::matmul_cols(super::neon::Flavor::Dot, w, nb, acts, m, cols, y, self.n) },
             // SAFETY: forwarded from the caller.
             _ => unsafe { reference::matmul_cols(w, nb, acts, m, cols, y, self.n) },
         })

@@ -10,6 +10,8 @@
 //!   AVX-512's 32 registers (x86_64, picked at run time);
 //! * `avx512`: AVX-512 VNNI, two weight columns per 512-bit register (each half one column's
 //!   AVX2 chain: the same bits, half the instructions per column);
+//! * `neon`: the aarch64 kernels (NEON, with `sdot` where the CPU has `dotprod`), in the
+//!   reference's order: the reference's bits (tested under emulation, `make test-neon`);
 //! * [`matrix`]: [`GgmlMatrix`] and its rayon-parallel matmul;
 //! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`);
 //! * [`row_stable`]: candle's `QMatMul` routed so every row's result is independent of the
@@ -41,6 +43,8 @@ pub mod cuda_quant;
 pub mod cuda_tmma;
 pub mod dense;
 pub mod matrix;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod op;
 #[cfg(target_arch = "x86_64")]
 pub mod q6k;
@@ -67,6 +71,11 @@ pub enum Kernel {
     /// AVX-512 VNNI: two weight columns per 512-bit register, each with [`Kernel::AvxVnni`]'s
     /// arithmetic (same results).
     Avx512Vnni,
+    /// NEON (aarch64): integer sums by `smull` / `sadalp`, f32 in [`reference`]'s order (the
+    /// reference's bits).
+    Neon,
+    /// [`Kernel::Neon`] with the integer sums by `sdot` (ARMv8.2 `dotprod`; same results).
+    NeonDot,
 }
 
 impl Kernel {
@@ -89,6 +98,13 @@ impl Kernel {
                 static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
                 *DETECTED.get_or_init(avx512::detected)
             }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            Kernel::NeonDot => {
+                static DETECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                *DETECTED.get_or_init(neon::has_dotprod)
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -101,16 +117,20 @@ impl Kernel {
         *CANDLE.get_or_init(|| std::env::var("TANDEM_QUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
     }
 
-    /// Every kernel, fastest last.
-    pub const ALL: [Kernel; 4] = [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni];
+    /// Every kernel, fastest last (within one architecture).
+    pub const ALL: [Kernel; 6] =
+        [Kernel::Reference, Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Neon, Kernel::NeonDot];
+
+    /// The SIMD kernels (every one but the reference), available here or not.
+    pub const SIMD: [Kernel; 5] = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni, Kernel::Neon, Kernel::NeonDot];
 
     /// Whether this kernel forms its integer sums with VNNI instructions.
     pub fn is_vnni(self) -> bool {
         matches!(self, Kernel::AvxVnni | Kernel::Avx512Vnni)
     }
 
-    /// The fastest available kernel. `TANDEM_QUANT_KERNEL=reference`, `=avx2` or `=avxvnni`
-    /// caps the choice (for comparisons).
+    /// The fastest available kernel. `TANDEM_QUANT_KERNEL=reference`, `=avx2`, `=avxvnni` or
+    /// `=neon` caps the choice (for comparisons).
     pub fn best() -> Kernel {
         static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
@@ -118,7 +138,8 @@ impl Kernel {
                 Ok("reference") => Kernel::Reference,
                 Ok("avx2") => Kernel::Avx2,
                 Ok("avxvnni") => Kernel::AvxVnni,
-                _ => Kernel::Avx512Vnni,
+                Ok("neon") => Kernel::Neon,
+                _ => Kernel::NeonDot,
             };
             let allowed = &Kernel::ALL[..=Kernel::ALL.iter().position(|&k| k == cap).unwrap_or(0)];
             allowed.iter().rev().copied().find(|k| k.available()).unwrap_or(Kernel::Reference)

@@ -1,8 +1,7 @@
 //! candle's CPU `QMatMul` with every output row independent of how many rows the call has.
 //!
 //! Speculative decoding is lossless only if a verify chunk (k + 1 rows, or any rows of a ragged
-//! batch) gives each row the bits a decode step (one row) gives it. candle 0.11 (our patched
-//! copy) picks its x86_64 kernel per call from the number of rows `m`, and the kernels sum in
+//! batch) gives each row the bits a decode step (one row) gives it. candle 0.11 picks its x86_64 kernel per call from the number of rows `m`, and the kernels sum in
 //! different orders:
 //!
 //! * **Q6K**: `m == 1` runs ggml's dot products on the compact blocks (`k_quants::matmul`),
@@ -17,9 +16,11 @@
 //! per tile of rows), or where candle would not use that kernel, to candle's `k_quants::matmul`
 //! on the compact blocks (each (row, column) there is the same `vec_dot_4` / `vec_dot_2` /
 //! `vec_dot` of the same column group whatever `m` and the thread split are); on AMX CPUs Q4K
-//! calls are cut into pieces of fewer than 32 rows (not testable on a CPU without AMX). Every
-//! other quantised type already gives each row the same bits for any `m`
-//! (`tests/row_invariance.rs` checks them all).
+//! calls are cut into pieces of fewer than 32 rows (not testable on a CPU without AMX). On
+//! aarch64 with `dotprod` / `i8mm`, candle's repacked Q4K, Q5K and Q6K kernels sum a single row (a
+//! gemv) differently from a multiple of 4 rows (tiles), so those calls are padded with zero
+//! rows to a multiple of 4. Every other quantised type already gives each row the same bits
+//! for any `m` (`tests/row_invariance.rs` checks them all, on aarch64 under `make test-neon`).
 //!
 //! Dense weights (`QMatMul::Tensor`: safetensors models, whose bf16 / f16 matrices stay 16-bit,
 //! GGUF F32/F16/BF16 tensors, which candle dequantises to f32, and dense embeddings used as LM
@@ -79,6 +80,9 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
                     return compact_matmul(q, x)
                 }
                 GgmlDType::Q4K if rows >= AMX_MIN_ROWS && amx_possible() => return in_pieces(w, x, AMX_PIECE),
+                GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K if !rows.is_multiple_of(4) && arm_tiles() => {
+                    return padded_to_tiles(w, x, rows)
+                }
                 _ => {}
             }
         }
@@ -138,6 +142,40 @@ fn amx_possible() -> bool {
     {
         false
     }
+}
+
+/// Whether candle runs Q4K / Q5K / Q6K on its repacked aarch64 kernels: with `dotprod` or
+/// `i8mm` (Apple M1 and later, Graviton 2 and later), a call of a multiple of 4 rows takes the
+/// tiled matmul, a single row (and the rows past a multiple of 4) the gemv, and the two sum in
+/// different orders (Q4K and Q5K always, Q6K without i8mm: `tests/row_invariance.rs` under
+/// `make test-neon`, which runs the CPUs of both kinds).
+fn arm_tiles() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *TILES.get_or_init(|| {
+            std::arch::is_aarch64_feature_detected!("dotprod") || std::arch::is_aarch64_feature_detected!("i8mm")
+        })
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
+
+/// `x` padded with zero rows to a multiple of 4 so every row takes candle's tiled aarch64
+/// kernel (whose rows are independent of the call's size and of their place in a tile), the
+/// padding cut off again. A decode step multiplies 4 rows for one: the same weight bytes,
+/// which is what a memory-bound step costs.
+fn padded_to_tiles(w: &QMatMul, x: &Tensor, rows: usize) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let k = dims[dims.len() - 1];
+    let x2 = x.reshape((rows, k))?;
+    let pad = Tensor::zeros((rows.next_multiple_of(4) - rows, k), x.dtype(), x.device())?;
+    let y = w.forward(&Tensor::cat(&[&x2, &pad], 0)?)?.narrow(0, 0, rows)?;
+    let mut out = dims;
+    *out.last_mut().unwrap_or_else(|| unreachable!()) = y.dim(1)?;
+    y.reshape(out)
 }
 
 /// The rows of `x` in calls of at most `piece` rows, concatenated.

@@ -69,9 +69,10 @@ pub(super) fn quantize_rows(x: &[f32], k: usize) -> Vec<Q8Block> {
 }
 
 #[test]
-fn avx2_quantiser_is_bit_identical() {
-    if !Kernel::Avx2.available() {
-        eprintln!("no AVX2 here: skipped");
+fn simd_quantisers_are_bit_identical() {
+    let kernels: Vec<_> = Kernel::SIMD.into_iter().filter(|k| k.available()).collect();
+    if kernels.is_empty() {
+        eprintln!("no SIMD kernel here: skipped");
         return;
     }
     let mut rng = Rng(7);
@@ -80,12 +81,35 @@ fn avx2_quantiser_is_bit_identical() {
     rows.push((0..64).map(|i| (i as f32 - 32.0) * 1e-30).collect());
     // amax = 127: x · id is x itself, so the halves test round-half-to-even.
     rows.push((0..64).map(|i| if i == 0 { 127.0 } else { (i as f32 - 32.0) + 0.5 }).collect());
+    // NaN and infinities (a broken model's activations): no panic, and with an infinity in
+    // the block the same (infinite) scale. The integers differ (x86's conversion gives
+    // i32::MIN for NaN, as ggml's does, the scalar and NEON ones 0), and a block of NaN only
+    // gets scale 0 or NaN depending on the max instruction; every product with such blocks is
+    // NaN or infinite anyway.
+    for (x, same_scale) in
+        [((0..64).map(|i| [f32::NAN, 1.0, f32::INFINITY, -2.0][i % 4]).collect(), true), (vec![f32::NAN; 32], false)]
+    {
+        let mut a = vec![Q8Block::ZERO; x.len() / 32];
+        quantize_row(Kernel::Reference, &x, &mut a);
+        for &kernel in &kernels {
+            let mut b = vec![Q8Block::ZERO; x.len() / 32];
+            quantize_row(kernel, &x, &mut b);
+            let scales = |v: &[Q8Block]| v.iter().map(|q| q.d.to_bits()).collect::<Vec<_>>();
+            if same_scale {
+                assert_eq!(scales(&a), scales(&b), "{kernel:?}");
+            }
+        }
+    }
     for x in &rows {
         let mut a = vec![Q8Block::ZERO; x.len() / 32];
-        let mut b = a.clone();
         quantize_row(Kernel::Reference, x, &mut a);
-        quantize_row(Kernel::Avx2, x, &mut b);
-        assert_eq!(a, b);
+        for &kernel in &kernels {
+            let mut b = vec![Q8Block::ZERO; x.len() / 32];
+            quantize_row(kernel, x, &mut b);
+            // Compared as bits: NaN scales must match too.
+            let bits = |v: &[Q8Block]| v.iter().map(|q| (q.qs, q.d.to_bits(), q.s.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{kernel:?}");
+        }
     }
 }
 
@@ -163,22 +187,26 @@ fn check_type<B: WeightBlock>(seed: u64) {
             assert!(e <= tol, "{:?} m={m} k={k}: reference vs dequantised float rel err {e}", B::TYPE);
 
             let mut simd_results: Vec<Vec<f32>> = Vec::new();
-            for kernel in [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()) {
+            for kernel in Kernel::SIMD.into_iter().filter(|k| k.available()) {
                 let mut y_simd = vec![f32::NAN; m * N];
                 w.matmul_with(kernel, &x, m, &mut y_simd);
                 let e = rel_err(&y_simd, &y_ref);
                 worst[2] = worst[2].max(e);
                 assert!(e <= 1e-5, "{:?} m={m} k={k}: {kernel:?} vs reference rel err {e}", B::TYPE);
+                if matches!(kernel, Kernel::Neon | Kernel::NeonDot) {
+                    // The NEON kernels sum in the reference's order.
+                    assert_eq!(y_simd, y_ref, "{:?} m={m} k={k}: {kernel:?} is not the reference's bits", B::TYPE);
+                }
                 simd_results.push(y_simd);
             }
-            // The SIMD kernels only differ in how they form the exact integer sums.
+            // The SIMD kernels of one architecture only differ in how they form the exact
+            // integer sums.
             for (i, r) in simd_results.iter().enumerate().skip(1) {
-                assert_eq!(r, &simd_results[0], "{:?} m={m} k={k}: SIMD kernel {i} differs from AVX2", B::TYPE);
+                assert_eq!(r, &simd_results[0], "{:?} m={m} k={k}: SIMD kernel {i} differs from the first", B::TYPE);
             }
         }
     }
-    let simd: Vec<_> =
-        [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni].into_iter().filter(|k| k.available()).collect();
+    let simd: Vec<_> = Kernel::SIMD.into_iter().filter(|k| k.available()).collect();
     eprintln!(
         "{:?}: max rel err reference vs float {:.1e} (plain float {:.1e}), {simd:?} vs reference {:.1e}",
         B::TYPE,
@@ -236,6 +264,36 @@ fn simd_equals_ggml_order_bit_for_bit() {
     check::<BlockQ5_0>(&kernels, 22);
     check::<BlockQ5_1>(&kernels, 23);
     check::<BlockQ8_0>(&kernels, 24);
+}
+
+/// The NEON kernels against the reference, bit for bit, over row blocks (70 rows: 64 + 4 + 2),
+/// a column tail (13 = 3 tiles + 1) and every type.
+#[test]
+fn neon_kernels_give_the_references_bits() {
+    let kernels: Vec<_> = [Kernel::Neon, Kernel::NeonDot].into_iter().filter(|k| k.available()).collect();
+    if kernels.is_empty() {
+        eprintln!("not an aarch64 CPU: skipped (make test-neon runs it under qemu)");
+        return;
+    }
+    fn check<B: WeightBlock>(kernels: &[Kernel], seed: u64) {
+        let mut rng = Rng(seed);
+        let (n, k) = (13, 96);
+        let w = GgmlMatrix::from_blocks(n, k, &random_blocks::<B>(&mut rng, n * k / 32)).unwrap();
+        for m in [1, 2, 70] {
+            let x = random_x(&mut rng, m * k);
+            let mut want = vec![0f32; m * n];
+            w.matmul_with(Kernel::Reference, &x, m, &mut want);
+            for &kernel in kernels {
+                let mut y = vec![f32::NAN; m * n];
+                w.matmul_with(kernel, &x, m, &mut y);
+                assert_eq!(y, want, "{:?} {kernel:?} m={m}", B::TYPE);
+            }
+        }
+    }
+    check::<BlockQ4_1>(&kernels, 31);
+    check::<BlockQ5_0>(&kernels, 32);
+    check::<BlockQ5_1>(&kernels, 33);
+    check::<BlockQ8_0>(&kernels, 34);
 }
 
 #[test]

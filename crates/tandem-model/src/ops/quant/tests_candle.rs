@@ -73,8 +73,9 @@ fn check_candle(ty: QuantType, seed: u64) {
             worst[1] = worst[1].max(e);
             let tol = if matches!(ty, QuantType::Q5_0 | QuantType::Q8_0) { 1e-4 } else { 2e-3 };
             assert!(e <= tol, "{ty:?} m={m} k={k}: ours vs candle rel err {e}");
-            if ty == QuantType::Q8_0 {
-                // Both quantise activations as ggml does and sum as its AVX2 vec_dot: the same bits.
+            if ty == QuantType::Q8_0 && cfg!(target_arch = "x86_64") && Kernel::best() != Kernel::Reference {
+                // Both quantise activations as ggml does and sum as its AVX2 vec_dot: the same
+                // bits (on aarch64 candle sums in ggml's NEON order, ours in the reference's).
                 assert_eq!(got, theirs, "Q8_0 m={m} k={k}: ours and candle's differ");
             }
         }
