@@ -1,10 +1,12 @@
 //! Causal grouped-query attention of one sequence's new tokens over its whole KV.
 //!
-//! This is the plain (materialised scores) version; a tiled kernel over paged KV will sit
-//! beside it and be tested against it.
+//! The materialised version (scores, mask, softmax, values as tensor ops) on devices; on the
+//! CPU the query-block kernel of [`super::attention_blocks`]. The tiled kernel over paged KV
+//! (`paged_attention`) sits beside both, and the plain loops here are their reference.
 
 use candle_core::{DType, Tensor};
 
+use super::attention_blocks::{causal_attention_blocked, Dims};
 use crate::error::Result;
 
 /// `q: [n_heads, t, hd]` for the last `t` positions, `k`, `v: [n_kv, len, hd]` with
@@ -14,6 +16,13 @@ use crate::error::Result;
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: usize) -> Result<Tensor> {
     let (n_heads, t, hd) = q.dims3()?;
     let (n_kv, len, _) = k.dims3()?;
+    if q.device().is_cpu() && [q.dtype(), k.dtype(), v.dtype()] == [DType::F32; 3] {
+        // The CPU: by query blocks over only the keys each block sees, no score tensor.
+        let flat = |x: &Tensor| x.flatten_all().and_then(|x| x.to_vec1::<f32>());
+        let d = Dims { n_heads, n_kv, t, len, hd, window };
+        let out = causal_attention_blocked(&flat(q)?, &flat(k)?, &flat(v)?, d, scale as f32);
+        return Ok(Tensor::from_vec(out, (n_heads, t, hd), q.device())?);
+    }
     let group = n_heads / n_kv;
     let past = len - t;
     // Heads sharing a KV head are adjacent: view q as [n_kv, group * t, hd] (no KV copies).
@@ -24,15 +33,6 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: 
         Err(_) => q.matmul(&kt.contiguous()?)?,
     };
     let first = |i: usize| if window == 0 { 0 } else { (past + i + 1).saturating_sub(window) };
-    if scores.device().is_cpu() && scores.dtype() == DType::F32 {
-        // The CPU: mask and softmax in one pass over the scores (no mask tensor, no libm exp).
-        let probs = causal_softmax_cpu(&scores, t, past, window)?;
-        let out = match probs.matmul(v) {
-            Ok(o) => o,
-            Err(_) => probs.matmul(&v.contiguous()?)?,
-        };
-        return Ok(out.reshape((n_heads, t, hd))?);
-    }
     let scores = if t > 1 || first(0) > 0 {
         let mut mask = Vec::with_capacity(t * len);
         for i in 0..t {
@@ -51,65 +51,6 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: 
         Err(_) => probs.matmul(&v.contiguous()?)?,
     };
     Ok(out.reshape((n_heads, t, hd))?)
-}
-
-/// The causal (and windowed) softmax of CPU f32 scores `[n_kv, group * t, len]` (rows in `(kv
-/// head, group member, query)` order): row `(.., i)` keeps keys `first(i) ..= past + i` and
-/// gives the others 0. Each row's max and sum run over its own keys in order, with
-/// [`crate::ops::act::exp`] (vectorisable, ~1 ulp): what candle's mask + `softmax_last_dim`
-/// compute, without the mask tensor and the libm call per score (5-8% of a Qwen2.5-0.5B
-/// prefill on the build machine). A row depends only on its own scores and range, so chunked
-/// prefill stays equivalent.
-fn causal_softmax_cpu(scores: &Tensor, t: usize, past: usize, window: usize) -> Result<Tensor> {
-    use rayon::prelude::*;
-    let shape = scores.shape().clone();
-    let len = scores.dim(candle_core::D::Minus1)?;
-    let mut s = scores.flatten_all()?.to_vec1::<f32>()?;
-    let row = |r: &mut [f32], i: usize| {
-        let hi = past + i;
-        let lo = if window == 0 { 0 } else { (hi + 1).saturating_sub(window) };
-        let (live, tail) = r.split_at_mut(hi + 1);
-        let (dead, live) = live.split_at_mut(lo);
-        dead.fill(0.0);
-        tail.fill(0.0);
-        softmax_in_place(live);
-    };
-    if s.len() >= 1 << 15 {
-        s.par_chunks_mut(len).enumerate().for_each(|(ri, r)| row(r, ri % t));
-    } else {
-        s.chunks_mut(len).enumerate().for_each(|(ri, r)| row(r, ri % t));
-    }
-    Ok(Tensor::from_vec(s, shape, &candle_core::Device::Cpu)?)
-}
-
-/// `x <- softmax(x)` over a whole slice, the max and the sum in order.
-fn softmax_in_place(x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { softmax_avx2(x) };
-        return;
-    }
-    softmax_plain(x);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_avx2(x: &mut [f32]) {
-    softmax_plain(x);
-}
-
-#[inline(always)]
-fn softmax_plain(x: &mut [f32]) {
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for v in x.iter_mut() {
-        *v = crate::ops::act::exp(*v - m);
-    }
-    let z: f32 = x.iter().sum();
-    let inv = 1.0 / z;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
 }
 
 /// Straightforward loops over plain slices, the reference for [`causal_attention`] (no

@@ -3,11 +3,13 @@
 
 pub mod act;
 pub mod attention;
+pub mod attention_blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
+pub(crate) mod gemm;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;
