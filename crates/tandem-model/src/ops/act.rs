@@ -1,5 +1,5 @@
 //! Gated activations on the CPU: GELU (the tanh approximation, `gelu_pytorch_tanh`) times up,
-//! Gemma's GeGLU.
+//! Gemma's GeGLU, and SiLU times up (SwiGLU, `x / (1 + exp(-x))`).
 //!
 //! One pass over f32 values with an exp of our own (Cephes' range reduction and polynomial,
 //! ~1 ulp) that the compiler vectorises (AVX2 + FMA where the CPU has them, picked at run
@@ -7,8 +7,8 @@
 //! x^3)`: candle's `gelu` calls libm's `tanhf` per value, 10% of Gemma 3 270M's prefill on the
 //! build machine. Every value depends only on its own `(g, u)`, so rows are independent of the
 //! call's row count (speculation stays lossless). Other devices keep candle's ops. [`gelu_ref`]
-//! is the plain formula in f64, the reference the tests hold the fast path to. (The same pass
-//! for SwiGLU's SiLU was measured on Qwen2.5-0.5B and moved nothing: docs/PERFORMANCE.md.)
+//! is the plain formula in f64, the reference the tests hold the fast path to. Contiguous
+//! operands (matmul outputs) are read in place, not copied.
 
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
@@ -17,14 +17,19 @@ use crate::error::Result;
 
 /// `gelu_tanh(g) * u`, elementwise (same shapes).
 pub fn gelu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
-    match cpu_pair(g, u)? {
-        Some((gv, uv)) => gated(g, &gv, &uv, gelu_mul_slice),
-        None => Ok((g.gelu()? * u)?),
+    let cpu_f32 = matches!(g.device(), Device::Cpu)
+        && matches!(u.device(), Device::Cpu)
+        && g.dtype() == DType::F32
+        && u.dtype() == DType::F32;
+    if !cpu_f32 || g.shape() != u.shape() {
+        return Ok((g.gelu()? * u)?);
     }
+    with_values(g, |gv| with_values(u, |uv| gated(g, gv, uv, gelu_mul_slice)))
 }
 
-/// Both operands' values when they are f32 CPU tensors of one shape (the fast path's case).
-fn cpu_pair(g: &Tensor, u: &Tensor) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+/// `silu(g) * u` (SwiGLU) for CPU f32 operands of one shape, in one parallel pass with
+/// [`exp`]; `None` for anything else (the caller keeps candle's ops).
+pub fn silu_mul_cpu(g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
     let cpu_f32 = matches!(g.device(), Device::Cpu)
         && matches!(u.device(), Device::Cpu)
         && g.dtype() == DType::F32
@@ -32,7 +37,43 @@ fn cpu_pair(g: &Tensor, u: &Tensor) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
     if !cpu_f32 || g.shape() != u.shape() {
         return Ok(None);
     }
-    Ok(Some((g.flatten_all()?.to_vec1::<f32>()?, u.flatten_all()?.to_vec1::<f32>()?)))
+    with_values(g, |gv| with_values(u, |uv| gated(g, gv, uv, silu_mul_slice))).map(Some)
+}
+
+/// `o[i] = silu(g[i]) * u[i]` on the fastest path this CPU has (the same formula on each).
+pub fn silu_mul_slice(g: &[f32], u: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        unsafe { silu_mul_avx2(g, u, o) };
+        return;
+    }
+    silu_mul_plain(g, u, o);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
+    silu_mul_plain(g, u, o);
+}
+
+#[inline(always)]
+fn silu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+/// `f` on a CPU f32 tensor's values in row-major order: its storage itself when contiguous
+/// (the matmul outputs the activations take), else a copy.
+fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+            return f(&cpu.as_slice::<f32>()?[start..end]);
+        }
+    }
+    f(&t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// `f` over chunks of the operands on rayon's threads, as a tensor of `like`'s shape.
@@ -152,6 +193,30 @@ mod tests {
         assert!(gelu(-100.0).abs() < 1e-30);
         assert_eq!(gelu(100.0), 100.0);
         assert!(gelu(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn silu_mul_matches_the_f64_formula() -> Result<()> {
+        let xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 / 400.0 + 0.000_13).collect();
+        let us: Vec<f32> = xs.iter().map(|&x| 1.0 - 0.25 * x).collect();
+        let (mut fast, mut plain) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+        silu_mul_slice(&xs, &us, &mut fast);
+        silu_mul_plain(&xs, &us, &mut plain);
+        for i in 0..xs.len() {
+            let x = xs[i] as f64;
+            let want = x / (1.0 + (-x).exp()) * us[i] as f64;
+            assert!((fast[i] as f64 - want).abs() <= 1e-6 * want.abs() + 1e-30, "x = {}: {} vs {want}", xs[i], fast[i]);
+            assert_eq!(fast[i].to_bits(), plain[i].to_bits(), "x = {}", xs[i]);
+        }
+        // Through tensors: contiguous operands and a strided view give the same values.
+        let g = Tensor::from_vec(xs[..6000].to_vec(), (10, 600), &Device::Cpu)?;
+        let u = Tensor::from_vec(us[..6000].to_vec(), (10, 600), &Device::Cpu)?;
+        let t = silu_mul_cpu(&g, &u)?.expect("CPU f32").flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(t, fast[..6000].to_vec());
+        let (gt, ut) = (g.t()?, u.t()?);
+        let strided = silu_mul_cpu(&gt, &ut)?.expect("CPU f32").t()?.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(strided, t);
+        Ok(())
     }
 
     #[test]

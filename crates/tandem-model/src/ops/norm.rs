@@ -35,6 +35,9 @@ pub fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     if g.device().is_cuda() && enabled() {
         return cuda::silu_mul(g, u);
     }
+    if let Some(t) = crate::ops::act::silu_mul_cpu(g, u)? {
+        return Ok(t);
+    }
     Ok((candle_nn::ops::silu(g)? * u)?)
 }
 

@@ -140,22 +140,43 @@ impl GgmlMatrix {
 
     /// `y[m, n] = x[m, k] · Wᵀ` with the given kernel (panics if it is not available here).
     pub fn matmul_with(&self, kernel: Kernel, x: &[f32], m: usize, y: &mut [f32]) {
+        assert_eq!(y.len(), m * self.n, "matmul: y has {} values, want {m} × {}", y.len(), self.n);
+        // SAFETY: y holds m × n values (asserted) and is borrowed mutably for the call.
+        unsafe { self.matmul_raw(kernel, x, m, y.as_mut_ptr()) }
+    }
+
+    /// `x[m, k] · Wᵀ` as a new `m × n` vector with the best kernel, written once (no zeroing
+    /// of the output first: every element is one kernel store).
+    pub fn matmul_vec(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let len = m * self.n;
+        let mut y = Vec::<f32>::with_capacity(len);
+        // SAFETY: the allocation holds `len` values; `matmul_raw` writes every one of them
+        // (each column of each row is stored by exactly one task) before `set_len`.
+        unsafe {
+            self.matmul_raw(Kernel::best(), x, m, y.as_mut_ptr());
+            y.set_len(len);
+        }
+        y
+    }
+
+    /// # Safety
+    /// `y` must be valid for writes of `m × n` f32 values, with no other access meanwhile.
+    unsafe fn matmul_raw(&self, kernel: Kernel, x: &[f32], m: usize, y: *mut f32) {
         assert!(kernel.available(), "{kernel:?} kernel is not available on this CPU");
         assert_eq!(x.len(), m * self.k, "matmul: x has {} values, want {m} × {}", x.len(), self.k);
-        assert_eq!(y.len(), m * self.n, "matmul: y has {} values, want {m} × {}", y.len(), self.n);
         if m == 0 || self.n == 0 {
             return;
         }
         let nb = self.k / QK;
         with_scratch(m * nb, |acts| {
             quantize_rows(kernel, x, self.k, acts);
-            let out = OutPtr(y.as_mut_ptr());
+            let out = OutPtr(y);
             let threads = candle_core::utils::barrier_pool().n_workers() + 1;
             let run = |starts: Starts<'_>| {
                 // Columns in multiples of 4 (the decode tile).
                 for_column_chunks(self.n, threads, m * self.n * self.k, 16, 4, |cols| {
-                    // SAFETY: y is m × n (asserted) and borrowed mutably for the whole call;
-                    // tasks write disjoint column ranges.
+                    // SAFETY: y is m × n (the caller's contract) for the whole call; tasks
+                    // write disjoint column ranges.
                     unsafe { self.matmul_cols(kernel, acts, starts, m, cols, out.get()) };
                 });
             };

@@ -28,8 +28,7 @@ impl CustomOp1 for MatMulOp<'_> {
         }
         let x = &data[start..end];
         let m = x.len() / w.k();
-        let mut y = vec![0f32; m * w.n()];
-        w.matmul(x, m, &mut y);
+        let y = w.matmul_vec(x, m);
         let mut out = dims.to_vec();
         *out.last_mut().unwrap_or_else(|| unreachable!()) = w.n();
         Ok((CpuStorage::F32(y), Shape::from(out)))
