@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::loader::{Embedding, LinearWeight, WeightSource};
 
 /// Names of the presets [`preset`] knows.
-pub const PRESETS: [&str; 6] = ["0.8b", "0.8b-mtp", "9b", "9b-mtp", "27b", "tiny"];
+pub const PRESETS: [&str; 7] = ["0.8b", "0.8b-mtp", "9b", "9b-mtp", "27b", "moe", "tiny"];
 
 /// A named configuration:
 /// - `0.8b`: Qwen3.5-0.8B-like: 24 layers (3 GDN : 1 attention), hidden 1024, GDN nk = nv = 16,
@@ -27,6 +27,10 @@ pub const PRESETS: [&str; 6] = ["0.8b", "0.8b-mtp", "9b", "9b-mtp", "27b", "tiny
 ///   248320, untied (8.95 B parameters); `9b-mtp` with its MTP head;
 /// - `27b`: Qwen3.5-27B's shape: 64 layers (48 + 16), hidden 5120, GDN 16 / 48 heads,
 ///   attention 24 / 4 heads of 256, SwiGLU 17408, untied;
+/// - `moe`: Qwen3.5-MoE's layout scaled down for a CPU: the 0.8b preset's attention, GDN and
+///   vocabulary with a sparse FFN in every layer, 64 experts of 256, top-8 routing
+///   (renormalised), and a gated shared expert of 256 (1.72 B parameters, 0.66 B active per
+///   token, a quarter of them the tied 248,320-token embedding);
 /// - `tiny`: 4 layers, hidden 64, MoE with 4 experts (for quick checks).
 pub fn preset(name: &str) -> Result<HybridConfig> {
     let base = HybridConfig {
@@ -77,6 +81,18 @@ pub fn preset(name: &str) -> Result<HybridConfig> {
             tie_word_embeddings: false,
             linear_num_value_heads: 48,
             intermediate_size: 17408,
+            ..base
+        },
+        "moe" => HybridConfig {
+            model_type: "qwen3_5_moe_text".into(),
+            intermediate_size: 0,
+            moe: Some(MoeConfig {
+                num_experts: 64,
+                top_k: 8,
+                intermediate_size: 256,
+                shared_intermediate_size: 256,
+                norm_topk_prob: true,
+            }),
             ..base
         },
         "tiny" => HybridConfig {
@@ -411,6 +427,12 @@ mod tests {
         assert!((8_900_000_000..9_000_000_000).contains(&p), "9b preset has {p} parameters");
         let p = parameter_count(&preset("27b").unwrap());
         assert!((26_000_000_000..28_500_000_000).contains(&p), "27b preset has {p} parameters");
+        // The MoE preset: the 0.8b preset less its dense FFN (264 M) plus 24 sparse ones.
+        let moe = preset("moe").unwrap();
+        let per_layer = 64 * 3 * 256 * 1024 + 3 * 256 * 1024 + 64 * 1024 + 1024;
+        let dense = parameter_count(&preset("0.8b").unwrap()) - 24 * 3 * 3584 * 1024;
+        assert_eq!(parameter_count(&moe), dense + 24 * per_layer as u64, "moe preset");
+        assert_eq!((moe.moe.as_ref().unwrap().num_experts, moe.moe.as_ref().unwrap().top_k), (64, 8));
     }
 
     #[test]
