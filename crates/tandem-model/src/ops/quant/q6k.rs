@@ -193,6 +193,22 @@ macro_rules! kernels {
 }
 
 mod pair;
+mod q8k;
+
+/// candle's `BlockQ8K::from_float` of one row: [`q8k`]'s AVX-512 copy of it where the CPU has
+/// AVX-512 (the same blocks), else candle's own.
+fn quantize_q8k(row: &[f32], out: &mut [BlockQ8K]) {
+    if q8k::available() {
+        // SAFETY: `Q8` is `BlockQ8K`'s layout (size and alignment asserted above), plain data;
+        // the CPU has AVX-512 F/BW (checked).
+        unsafe {
+            let q = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut Q8, out.len());
+            q8k::quantize_row(row, q);
+        }
+    } else {
+        BlockQ8K::from_float(row, out);
+    }
+}
 
 /// AVX2 + FMA.
 mod plain {
@@ -280,10 +296,10 @@ fn matmul_impl(kind: Kind, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
     // Each row on its own (candle's quantisation of that row), in parallel for prefill.
     if m >= 4 && rayon::current_num_threads() > 1 {
         use rayon::prelude::*;
-        acts.par_chunks_exact_mut(nb).zip(x.par_chunks_exact(k)).for_each(|(a, row)| BlockQ8K::from_float(row, a));
+        acts.par_chunks_exact_mut(nb).zip(x.par_chunks_exact(k)).for_each(|(a, row)| quantize_q8k(row, a));
     } else {
         for (row, a) in x.chunks_exact(k).zip(acts.chunks_exact_mut(nb)) {
-            BlockQ8K::from_float(row, a);
+            quantize_q8k(row, a);
         }
     }
     // SAFETY: same size and alignment (asserted above), plain data.
@@ -304,6 +320,55 @@ mod tests {
     use candle_core::{Device, Module, Tensor};
 
     use super::*;
+
+    /// The AVX-512 quantiser gives candle's `from_float` blocks exactly: random rows of every
+    /// scale, a largest magnitude that is negative, shared by + and -, or first in a later
+    /// lane; halves (round away from zero), zeros, NaN, infinities and subnormals.
+    #[test]
+    fn q8k_quantiser_equals_candles() {
+        if !q8k::available() {
+            eprintln!("no AVX-512 here: skipped");
+            return;
+        }
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for scale in [1e-3f32, 1.0, 37.0, 1e4] {
+            for _ in 0..40 {
+                rows.push((0..512).map(|_| next() * scale).collect());
+            }
+        }
+        let mut r: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 0.25).collect();
+        r[200] = -40.0;
+        r[201] = 40.0; // the same magnitude after the first: candle keeps -40
+        rows.push(r);
+        // iscale = -1: x.5 values round away from zero.
+        let mut r: Vec<f32> = (0..256).map(|i| (i % 50) as f32 - 24.5).collect();
+        r[3] = 127.0;
+        rows.push(r);
+        rows.push(vec![0.0; 256]);
+        rows.push((0..256).map(|i| if i % 7 == 0 { f32::NAN } else { i as f32 }).collect());
+        rows.push(vec![f32::NAN; 256]);
+        rows.push((0..256).map(|i| if i == 9 { f32::INFINITY } else { 1.0 }).collect());
+        rows.push((0..256).map(|i| if i == 9 { 1e-40 } else { 0.0 }).collect());
+        for (i, row) in rows.iter().enumerate() {
+            let nb = row.len() / QK_K;
+            let mut want = vec![BlockQ8K::zeros(); nb];
+            BlockQ8K::from_float(row, &mut want);
+            let mut got = vec![BlockQ8K::zeros(); nb];
+            quantize_q8k(row, &mut got);
+            // SAFETY: BlockQ8K is plain `repr(C)` data (f32, i8s, i16s), no padding.
+            let bytes = |b: &[BlockQ8K]| unsafe {
+                std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)).to_vec()
+            };
+            assert_eq!(bytes(&got), bytes(&want), "row {i}");
+        }
+    }
 
     /// Every row of every row count equals candle's own single-row result, bit for bit, over
     /// row counts with 1..=3 leftover rows and odd column counts, for every build this CPU runs.
