@@ -348,7 +348,11 @@ impl PagedKvStore {
         // context: 113.8 tok/s against the tiled kernel's 104-106). Elsewhere the scores are
         // materialised, so their size decides.
         let gathered = 2 * span * l.k.dim(1)? * l.head_dim * 4;
-        let fits = if self.device.is_cpu() { gathered <= MATERIALISE_LIMIT } else { n_heads * t * span * 4 <= MATERIALISE_LIMIT };
+        let fits = if self.device.is_cpu() {
+            gathered <= MATERIALISE_LIMIT
+        } else {
+            n_heads * t * span * 4 <= MATERIALISE_LIMIT
+        };
         if t > SMALL_CHUNK && fits && !force_tiled() && !kernel_only {
             let blocks_from = blocks.get(g0..).unwrap_or(&[]);
             let kv = self.paged(blocks_from, l.window);

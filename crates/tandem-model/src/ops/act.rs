@@ -13,23 +13,26 @@
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+use super::host::with_values;
 use crate::error::Result;
 
 /// `gelu_tanh(g) * u`, elementwise (same shapes).
 pub fn gelu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
-    let cpu_f32 = matches!(g.device(), Device::Cpu)
-        && matches!(u.device(), Device::Cpu)
-        && g.dtype() == DType::F32
-        && u.dtype() == DType::F32;
-    if !cpu_f32 || g.shape() != u.shape() {
-        return Ok((g.gelu()? * u)?);
+    match gated_cpu(g, u, gelu_mul_slice)? {
+        Some(t) => Ok(t),
+        None => Ok((g.gelu()? * u)?),
     }
-    with_values(g, |gv| with_values(u, |uv| gated(g, gv, uv, gelu_mul_slice)))
 }
 
 /// `silu(g) * u` (SwiGLU) for CPU f32 operands of one shape, in one parallel pass with
 /// [`exp`]; `None` for anything else (the caller keeps candle's ops).
 pub fn silu_mul_cpu(g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
+    gated_cpu(g, u, silu_mul_slice)
+}
+
+/// `f` over CPU f32 operands of one shape (read in place where contiguous); `None` for
+/// anything else.
+fn gated_cpu(g: &Tensor, u: &Tensor, f: fn(&[f32], &[f32], &mut [f32])) -> Result<Option<Tensor>> {
     let cpu_f32 = matches!(g.device(), Device::Cpu)
         && matches!(u.device(), Device::Cpu)
         && g.dtype() == DType::F32
@@ -37,43 +40,47 @@ pub fn silu_mul_cpu(g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
     if !cpu_f32 || g.shape() != u.shape() {
         return Ok(None);
     }
-    with_values(g, |gv| with_values(u, |uv| gated(g, gv, uv, silu_mul_slice))).map(Some)
+    with_values(g, |gv| with_values(u, |uv| gated(g, gv, uv, f))).map(Some)
 }
 
 /// `o[i] = silu(g[i]) * u[i]` on the fastest path this CPU has (the same formula on each).
 pub fn silu_mul_slice(g: &[f32], u: &[f32], o: &mut [f32]) {
+    pairwise(g, u, o, silu_times)
+}
+
+fn silu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
+    pairwise_plain(g, u, o, silu_times)
+}
+
+#[inline(always)]
+fn silu_times(g: f32, u: f32) -> f32 {
+    g / (1.0 + exp(-g)) * u
+}
+
+/// `o[i] = f(g[i], u[i])`, compiled for AVX2 + FMA where the CPU has them (the same formula,
+/// vectorised: the same bits as [`pairwise_plain`]); generic, so `f` is inlined, not called.
+#[inline(always)]
+fn pairwise<F: Fn(f32, f32) -> f32>(g: &[f32], u: &[f32], o: &mut [f32], f: F) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { silu_mul_avx2(g, u, o) };
+        unsafe { pairwise_avx2(g, u, o, f) };
         return;
     }
-    silu_mul_plain(g, u, o);
+    pairwise_plain(g, u, o, f);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
-    silu_mul_plain(g, u, o);
+unsafe fn pairwise_avx2<F: Fn(f32, f32) -> f32>(g: &[f32], u: &[f32], o: &mut [f32], f: F) {
+    pairwise_plain(g, u, o, f);
 }
 
 #[inline(always)]
-fn silu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
+fn pairwise_plain<F: Fn(f32, f32) -> f32>(g: &[f32], u: &[f32], o: &mut [f32], f: F) {
     for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-        *o = g / (1.0 + exp(-g)) * u;
+        *o = f(g, u);
     }
-}
-
-/// `f` on a CPU f32 tensor's values in row-major order: its storage itself when contiguous
-/// (the matmul outputs the activations take), else a copy.
-fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
-    {
-        let (storage, layout) = t.storage_and_layout();
-        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
-            return f(&cpu.as_slice::<f32>()?[start..end]);
-        }
-    }
-    f(&t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// `f` over chunks of the operands on rayon's threads, as a tensor of `like`'s shape.
@@ -94,26 +101,16 @@ fn gated(like: &Tensor, gv: &[f32], uv: &[f32], f: fn(&[f32], &[f32], &mut [f32]
 
 /// `o[i] = gelu_tanh(g[i]) * u[i]` on the fastest path this CPU has (the same formula on each).
 pub fn gelu_mul_slice(g: &[f32], u: &[f32], o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { gelu_mul_avx2(g, u, o) };
-        return;
-    }
-    gelu_mul_plain(g, u, o);
+    pairwise(g, u, o, gelu_times)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_mul_avx2(g: &[f32], u: &[f32], o: &mut [f32]) {
-    gelu_mul_plain(g, u, o);
+fn gelu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
+    pairwise_plain(g, u, o, gelu_times)
 }
 
 #[inline(always)]
-fn gelu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
-    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-        *o = gelu(g) * u;
-    }
+fn gelu_times(g: f32, u: f32) -> f32 {
+    gelu(g) * u
 }
 
 /// `gelu_tanh(x)` as `x / (1 + exp(-2y))`.

@@ -7,6 +7,7 @@
 use candle_core::{DType, Tensor};
 
 use super::attention_blocks::{causal_attention_blocked, Dims};
+use super::host::with_values;
 use crate::error::Result;
 
 /// `q: [n_heads, t, hd]` for the last `t` positions, `k`, `v: [n_kv, len, hd]` with
@@ -17,10 +18,12 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: 
     let (n_heads, t, hd) = q.dims3()?;
     let (n_kv, len, _) = k.dims3()?;
     if q.device().is_cpu() && [q.dtype(), k.dtype(), v.dtype()] == [DType::F32; 3] {
-        // The CPU: by query blocks over only the keys each block sees, no score tensor.
-        let flat = |x: &Tensor| x.flatten_all().and_then(|x| x.to_vec1::<f32>());
+        // The CPU: by query blocks over only the keys each block sees, no score tensor; the
+        // operands read in place.
         let d = Dims { n_heads, n_kv, t, len, hd, window };
-        let out = causal_attention_blocked(&flat(q)?, &flat(k)?, &flat(v)?, d, scale as f32);
+        let out = with_values(q, |qv| {
+            with_values(k, |kv| with_values(v, |vv| Ok(causal_attention_blocked(qv, kv, vv, d, scale as f32))))
+        })?;
         return Ok(Tensor::from_vec(out, (n_heads, t, hd), q.device())?);
     }
     let group = n_heads / n_kv;

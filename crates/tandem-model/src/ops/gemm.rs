@@ -59,4 +59,3 @@ pub(crate) fn gemm_into(
         )
     }
 }
-

@@ -10,6 +10,7 @@ pub mod cuda_graph;
 pub(crate) mod cuda_util;
 pub mod gdn;
 pub(crate) mod gemm;
+pub(crate) mod host;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;

@@ -164,7 +164,15 @@ pub(super) unsafe fn matmul_cols<B: WeightBlock>(
 }
 
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn tiles_dot<B: WeightBlock>(w: &[B], nb: usize, a: &[Q8Block], m: usize, cols: Range<usize>, y: *mut f32, n: usize) {
+unsafe fn tiles_dot<B: WeightBlock>(
+    w: &[B],
+    nb: usize,
+    a: &[Q8Block],
+    m: usize,
+    cols: Range<usize>,
+    y: *mut f32,
+    n: usize,
+) {
     // SAFETY: forwarded.
     unsafe { tiles::<B, true>(w, nb, a, m, cols, y, n) }
 }
