@@ -48,6 +48,8 @@ pub fn silu_mul_slice(g: &[f32], u: &[f32], o: &mut [f32]) {
     pairwise(g, u, o, silu_times)
 }
 
+/// The scalar build of the pass (the tests' comparison).
+#[cfg(test)]
 fn silu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
     pairwise_plain(g, u, o, silu_times)
 }
@@ -104,6 +106,8 @@ pub fn gelu_mul_slice(g: &[f32], u: &[f32], o: &mut [f32]) {
     pairwise(g, u, o, gelu_times)
 }
 
+/// The scalar build of the pass (the tests' comparison).
+#[cfg(test)]
 fn gelu_mul_plain(g: &[f32], u: &[f32], o: &mut [f32]) {
     pairwise_plain(g, u, o, gelu_times)
 }
