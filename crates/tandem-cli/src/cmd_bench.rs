@@ -60,12 +60,12 @@ pub struct BenchArgs {
     /// `tgN xB` reports the total tokens per second.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub batch: Vec<usize>,
-    /// Also time speculative verify steps of this many positions (0: off): each step is a
-    /// forward of K tokens in verify mode (every position's logits, recurrent states kept per
-    /// position) that keeps one, as a fully rejected draft of K - 1 tokens does. Prints the
-    /// steps per second (`tvK`) and the step's cost in decode steps (`tvK / tg`).
-    #[arg(long, default_value_t = 0)]
-    pub verify: usize,
+    /// Also time speculative verify steps of these many positions (comma-separated; 0: off):
+    /// each step is a forward of K tokens in verify mode (every position's logits, recurrent
+    /// states kept per position) that keeps one, as a fully rejected draft of K - 1 tokens
+    /// does. Prints the steps per second (`tvK`) and the step's cost in decode steps (`tvK / tg`).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub verify: Vec<usize>,
 }
 
 /// KV block size of the bench's paged store (the engine's default).
@@ -177,9 +177,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         model.forward(&mut [SeqChunk { tokens: &warm, cache: &mut cache, logits: LogitsWanted::Last }])?;
         model.forward(&mut [SeqChunk { tokens: &[1], cache: &mut cache, logits: LogitsWanted::Last }])?;
         // The verify and batched tests call matmuls of other row counts (other kernels).
-        if a.verify > 0 {
-            let mut cache = cache_at_depth(&[], a.verify)?;
-            let chunk = tokens(a.verify, 3);
+        for &k in a.verify.iter().filter(|&&k| k > 0) {
+            let mut cache = cache_at_depth(&[], k)?;
+            let chunk = tokens(k, 3);
             model.forward(&mut [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }])?;
         }
         for &b in a.batch.iter().filter(|&&b| b > 1) {
@@ -200,7 +200,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         let mut host = Vec::new();
-        let mut tv = Vec::new();
+        let verify: Vec<usize> = a.verify.iter().copied().filter(|&k| k > 0).collect();
+        let mut tv = vec![Vec::new(); verify.len()];
         for _ in 0..a.reps.max(1) {
             if a.prompt_tokens > 0 {
                 let mut cache = cache_at_depth(&context, a.prompt_tokens)?;
@@ -259,12 +260,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             crate::host_profile::finish(host_profile);
             tg.push(a.gen_tokens as f64 / wall);
             host.push(100.0 * enqueue / wall);
-            if a.verify > 0 {
-                // Verify steps per second: forwards of `a.verify` tokens in verify mode, each
-                // reading every position's argmax (the whole rows on the CPU) and keeping one position (the context grows
-                // as in the decode test).
-                let mut cache = cache_at_depth(&context, a.gen_tokens + a.verify)?;
-                let chunk: Vec<u32> = (0..a.verify as u32).map(|i| 1 + i % 7).collect();
+            for (vi, &k) in verify.iter().enumerate() {
+                // Verify steps per second: forwards of `k` tokens in verify mode, each reading
+                // every position's argmax (the whole rows on the CPU) and keeping one position
+                // (the context grows as in the decode test).
+                let mut cache = cache_at_depth(&context, a.gen_tokens + k)?;
+                let chunk: Vec<u32> = (0..k as u32).map(|i| 1 + i % 7).collect();
                 device.synchronize()?;
                 let t = Instant::now();
                 for _ in 0..a.gen_tokens {
@@ -285,18 +286,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     }
                     cache.commit_speculative(chunk.len(), 1)?;
                 }
-                tv.push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
+                tv[vi].push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
             }
         }
         let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
         if a.prompt_tokens > 0 {
             rows.push((format!("pp{}{at}", a.prompt_tokens), pp));
         }
-        let cost: Vec<f64> = tg.iter().zip(&tv).map(|(g, v)| g / v).collect();
+        let tg_rates = tg.clone();
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
-        if a.verify > 0 {
-            rows.push((format!("tv{}{at}", a.verify), tv));
-            rows.push((format!("tv{} / tg{at}", a.verify), cost));
+        for (&k, tv) in verify.iter().zip(tv) {
+            let cost: Vec<f64> = tg_rates.iter().zip(&tv).map(|(g, v)| g / v).collect();
+            rows.push((format!("tv{k}{at}"), tv));
+            rows.push((format!("tv{k} / tg{at}"), cost));
         }
         for &b in a.batch.iter().filter(|&&b| b > 1) {
             let mut totals = Vec::new();

@@ -12,7 +12,11 @@
 // = 32, fixed by hd and the group size, never by t). Each key and value row is read once per
 // block for all its units. In a block each warp walks the segment's keys j = start + warp,
 // start + warp + W, ... keeping per unit an online softmax (max, normaliser, weighted sum of
-// values, lanes owning dims lane + 32 r), then the W warps' states are merged in warp order.
+// values, lane l owning the NR dims l NR .. l NR + NR - 1, read with one vector load where the
+// row allows), then the W warps' states are merged in warp order. A warp reads the rows of P
+// keys of its walk at once (their block-table entries first, then every key and value row, all
+// loads in flight together) and folds them in in walk order: a segment's time is a few memory
+// latencies, not one per key.
 // With one segment in the call the block writes the normalised rows; otherwise it writes each
 // unit's (max, normaliser, sums) and paged_attention_merge combines a row's segments in order.
 // A unit's arithmetic depends only on its own query, its keys and hd (its length fixes its
@@ -26,21 +30,54 @@
 #define SPLIT 256
 
 // Element d of one head row of a pool, as f32.
+// run<NR>(row, d0, hd, out): elements d0 .. d0 + NR - 1 of a row as f32 (0 past hd).
 template <typename T>
 struct Plain {
     typedef T elem;
+    static constexpr int KEYS = 8;  // most keys a warp reads at once
     static __device__ __forceinline__ size_t row_elems(int hd) { return hd; }
-    static __device__ __forceinline__ float at(const T* row, int d) { return to_f32(row[d]); }
+    template <int NR>
+    static __device__ __forceinline__ void run(const T* row, int d0, int hd, float* out) {
+        constexpr int B = NR * (int)sizeof(T);
+        constexpr int A = B >= 16 ? 16 : B;
+        const T* p = row + d0;
+        if ((B == 4 || B == 8 || B % 16 == 0) && d0 + NR <= hd && reinterpret_cast<uintptr_t>(p) % A == 0) {
+            alignas(16) T v[NR];
+            if constexpr (B % 16 == 0) {
+#pragma unroll
+                for (int i = 0; i < B / 16; i++) reinterpret_cast<uint4*>(v)[i] = reinterpret_cast<const uint4*>(p)[i];
+            } else if constexpr (B == 8) {
+                *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(p);
+            } else if constexpr (B == 4) {
+                *reinterpret_cast<uint32_t*>(v) = *reinterpret_cast<const uint32_t*>(p);
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) out[r] = to_f32(v[r]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < NR; r++) out[r] = d0 + r < hd ? to_f32(p[r]) : 0.f;
+        }
+    }
 };
 struct Q8 {
     typedef uint8_t elem;
+    static constexpr int KEYS = 2;
     static __device__ __forceinline__ size_t row_elems(int hd) { return (size_t)(hd / 32) * Q8_BYTES; }
-    static __device__ __forceinline__ float at(const uint8_t* row, int d) { return q8_0_at(row, d); }
+    template <int NR>
+    static __device__ __forceinline__ void run(const uint8_t* row, int d0, int hd, float* out) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) out[r] = d0 + r < hd ? q8_0_at(row, d0 + r) : 0.f;
+    }
 };
 struct Q4 {
     typedef uint8_t elem;
+    static constexpr int KEYS = 2;
     static __device__ __forceinline__ size_t row_elems(int hd) { return (size_t)(hd / 32) * Q4_BYTES; }
-    static __device__ __forceinline__ float at(const uint8_t* row, int d) { return q4_0_at(row, d); }
+    template <int NR>
+    static __device__ __forceinline__ void run(const uint8_t* row, int d0, int hd, float* out) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) out[r] = d0 + r < hd ? q4_0_at(row, d0 + r) : 0.f;
+    }
 };
 
 // part (when non-null): [t, nh, nsplit, hd + 2] = (sums[hd], max, normaliser) per segment.
@@ -80,7 +117,7 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         const float* qrow = q + ((size_t)(kvh * G + hg0 + u % Gb) * qrows + r0 + u / Gb) * hd;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            const int d = lane + 32 * r;
+            const int d = lane * NR + r;
             qr[u][r] = act && d < hd ? qrow[d] : 0.f;
             acc[u][r] = 0.f;
         }
@@ -88,35 +125,40 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
         l[u] = 0.f;
     }
     // Keys before every unit's window are skipped; the warps keep their j mod WARPS lanes.
+    constexpr int P = 32 / NR < L::KEYS ? 32 / NR : L::KEYS;
     const int j0 = start + ((start_min - start) / WARPS) * WARPS;
-    for (int j = j0 + warp; j < end_max; j += WARPS) {
-        const size_t prow_ = (size_t)blocks[j / bs] * bs + j % bs;
-        const T* krow = kp + (prow_ * nkv + kvh) * re;
-        const T* vrow = vp + (prow_ * nkv + kvh) * re;
-        float kr[NR], vr[NR];
+    for (int jb = j0 + warp; jb < end_max; jb += WARPS * P) {
+        // Keys past the segment's end read the last one's rows (in bounds) and count for nothing.
+        size_t prow[P];
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const int d = lane + 32 * r;
-            kr[r] = d < hd ? L::at(krow, d) : 0.f;
-            vr[r] = d < hd ? L::at(vrow, d) : 0.f;
+        for (int p = 0; p < P; p++) {
+            const int jc = min(jb + p * WARPS, end_max - 1);
+            prow[p] = (size_t)blocks[jc / bs] * bs + jc % bs;
+        }
+        float kr[P][NR], vr[P][NR];
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            L::template run<NR>(kp + (prow[p] * nkv + kvh) * re, lane * NR, hd, kr[p]);
+            L::template run<NR>(vp + (prow[p] * nkv + kvh) * re, lane * NR, hd, vr[p]);
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (j < len[u] && j >= first[u]) {
-                float s = 0.f;
+        for (int p = 0; p < P; p++) {
+            const int j = jb + p * WARPS;
 #pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    if (lane + 32 * r < hd) s += qr[u][r] * kr[r];
-                }
-                s = warp_sum(s) * scale;
-                const float mn = fmaxf(m[u], s);
-                const float c = expf(m[u] - mn), p = expf(s - mn);
-                l[u] = l[u] * c + p;
+            for (int u = 0; u < U; u++) {
+                if (j < end_max && j < len[u] && j >= first[u]) {
+                    // Dims past hd hold 0 in both q and k (and v): they add nothing.
+                    float s = 0.f;
 #pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    if (lane + 32 * r < hd) acc[u][r] = acc[u][r] * c + p * vr[r];
+                    for (int r = 0; r < NR; r++) s += qr[u][r] * kr[p][r];
+                    s = warp_sum(s) * scale;
+                    const float mn = fmaxf(m[u], s);
+                    const float c = expf(m[u] - mn), pe = expf(s - mn);
+                    l[u] = l[u] * c + pe;
+#pragma unroll
+                    for (int r = 0; r < NR; r++) acc[u][r] = acc[u][r] * c + pe * vr[p][r];
+                    m[u] = mn;
                 }
-                m[u] = mn;
             }
         }
     }
@@ -129,7 +171,7 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
             sl[u][warp] = l[u];
         }
 #pragma unroll
-        for (int r = 0; r < NR; r++) sacc[warp][u][lane + 32 * r] = acc[u][r];
+        for (int r = 0; r < NR; r++) sacc[warp][u][lane * NR + r] = acc[u][r];
     }
     __syncthreads();
     for (int u = 0; u < U; u++) {

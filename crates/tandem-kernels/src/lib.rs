@@ -58,3 +58,29 @@ pub const NORM: &str = include_str!(concat!(env!("OUT_DIR"), "/norm.ptx"));
 /// halves), row-invariant for every call size.
 #[cfg(feature = "cuda")]
 pub const TMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/tmma.ptx"));
+
+/// The PTX of module `stem`: `embedded` (this build's), or with `TANDEM_PTX_DIR` set (a kernel
+/// lab's variants, compiled elsewhere with the same nvcc flags as `build.rs`) the file
+/// `$TANDEM_PTX_DIR/<stem>.ptx` where it exists, read once and kept for the process. The
+/// conformance tests (`tandem check-device`) then check the variant like the built kernel.
+#[cfg(feature = "cuda")]
+pub fn ptx(stem: &str, embedded: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static LOADED: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
+    let Some(dir) = std::env::var_os("TANDEM_PTX_DIR") else { return embedded };
+    let mut loaded = LOADED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&p) = loaded.get(stem) {
+        return p;
+    }
+    let path = std::path::Path::new(&dir).join(format!("{stem}.ptx"));
+    let text: &'static str = match std::fs::read_to_string(&path) {
+        Ok(t) => {
+            eprintln!("tandem-kernels: {stem} from {}", path.display());
+            Box::leak(t.into_boxed_str())
+        }
+        Err(_) => embedded,
+    };
+    loaded.insert(stem.to_string(), text);
+    text
+}

@@ -45,7 +45,7 @@ pub fn conv_silu(x: &Tensor, state: &Tensor, w: &Tensor, lanes: bool) -> Result<
     let (xv, sv, wv) = (inputs.view::<f32>(0)?, inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, chi, ki) = (i32_of(t)?, i32_of(ch)?, i32_of(kernel)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func("gdn_conv_silu", MODULE, tandem_kernels::GDN)?;
+    let f = dev.get_or_load_custom_func("gdn_conv_silu", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&y);
     b.arg(&next);
@@ -88,7 +88,7 @@ pub fn delta_rule(
     let views = (0..6).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&o);
     b.arg(&next);
@@ -153,7 +153,7 @@ pub fn delta_fused(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o);
     bld.arg(&next);
@@ -224,7 +224,7 @@ fn delta_cols(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o_raw).arg(&next);
     match &lane_buf {
@@ -247,7 +247,11 @@ fn delta_cols(
     drop(bld);
     let rows = t * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
-    let f = dev.get_or_load_custom_func("gdn_gated_norm", "tandem_gdn_chunked", tandem_kernels::GDN_CHUNKED)?;
+    let f = dev.get_or_load_custom_func(
+        "gdn_gated_norm",
+        "tandem_gdn_chunked",
+        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
+    )?;
     let mut bl = f.builder();
     bl.arg(&o).arg(&o_raw).arg(&views[6]).arg(&views[7]).arg(&rowsi).arg(&dv).arg(&eps);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -274,7 +278,10 @@ mod tests {
         for family in ["gdn_delta", "gdn_delta_fused", "gdn_delta_cols"] {
             for dk in [1, 32, 33, 64, 100, 128, 200, 256] {
                 let name = by_key_dim(family, dk, "test").unwrap();
-                assert!(tandem_kernels::GDN.contains(&format!(".entry {name}(")), "{name} is not in gdn.ptx");
+                assert!(
+                    tandem_kernels::ptx("gdn", tandem_kernels::GDN).contains(&format!(".entry {name}(")),
+                    "{name} is not in gdn.ptx"
+                );
             }
         }
         assert!(by_key_dim("gdn_delta", 257, "test").is_err());

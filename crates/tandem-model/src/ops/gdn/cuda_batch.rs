@@ -166,7 +166,8 @@ fn launch(
     let u = alloc_f32(&dev, total * ch)?;
     let conv_next = if fresh { Some(alloc_f32(&dev, bsz * hist * ch)?) } else { None };
     let conv_lanes = if lanes { Some(alloc_f32(&dev, total * hist * ch)?) } else { None };
-    let f = dev.get_or_load_custom_func("gdn_conv_silu_batch", MODULE, tandem_kernels::GDN)?;
+    let f =
+        dev.get_or_load_custom_func("gdn_conv_silu_batch", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&u);
     match &conv_next {
@@ -188,7 +189,7 @@ fn launch(
     let ssm_next = if fresh { Some(alloc_f32(&dev, bsz * d.state_len())?) } else { None };
     let ssm_lanes = if lanes { Some(alloc_f32(&dev, total * d.state_len())?) } else { None };
     let (nk, nv, dk, dv) = (i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::GDN)?;
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&o_raw);
     match &ssm_next {
@@ -215,7 +216,11 @@ fn launch(
     let rows = total * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
     let o = alloc_f32(&dev, rows * d.dv)?;
-    let f = dev.get_or_load_custom_func("gdn_gated_norm", "tandem_gdn_chunked", tandem_kernels::GDN_CHUNKED)?;
+    let f = dev.get_or_load_custom_func(
+        "gdn_gated_norm",
+        "tandem_gdn_chunked",
+        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
+    )?;
     let mut bl = f.builder();
     bl.arg(&o).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dv).arg(&eps);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

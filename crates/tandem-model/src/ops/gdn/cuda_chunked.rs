@@ -58,7 +58,11 @@ pub fn step_chunked(
     let (ti, nki, nvi, dki, dvi) = (i32_of(t)?, i32_of(d.nk)?, i32_of(nv)?, i32_of(dk)?, i32_of(dv)?);
     let chunks_u32 = u32::try_from(chunks).map_err(|_| ModelError::Input(format!("gdn chunked step: {t} tokens")))?;
 
-    let f = dev.get_or_load_custom_func("gdn_wy_prep", MODULE, tandem_kernels::GDN_CHUNKED)?;
+    let f = dev.get_or_load_custom_func(
+        "gdn_wy_prep",
+        MODULE,
+        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
+    )?;
     let mut bl = f.builder();
     bl.arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm);
     bl.arg(&uv).arg(&bv).arg(&av).arg(&dtb).arg(&nga);
@@ -69,7 +73,11 @@ pub fn step_chunked(
     unsafe { run(&mut bl, cfg, "gdn_wy_prep")? };
     drop(bl);
 
-    let f = dev.get_or_load_custom_func("gdn_wy_state", MODULE, tandem_kernels::GDN_CHUNKED)?;
+    let f = dev.get_or_load_custom_func(
+        "gdn_wy_state",
+        MODULE,
+        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
+    )?;
     let mut bl = f.builder();
     bl.arg(&o_raw).arg(&next).arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm).arg(&sv);
     bl.arg(&ti).arg(&nvi).arg(&dki).arg(&dvi);
@@ -85,7 +93,11 @@ pub fn step_chunked(
 
     let rows = t * nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
-    let f = dev.get_or_load_custom_func("gdn_gated_norm", MODULE, tandem_kernels::GDN_CHUNKED)?;
+    let f = dev.get_or_load_custom_func(
+        "gdn_gated_norm",
+        MODULE,
+        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
+    )?;
     let mut bl = f.builder();
     bl.arg(&y).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dvi).arg(&eps);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

@@ -139,7 +139,11 @@ pub fn scatter_rows(pool: &Tensor, rows: &Tensor, bt: &BatchTables) -> Result<()
     let inputs = Inputs::new(&[&bt.buf])?;
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let n = i32_of(bt.total)?;
-    let f = dev.get_or_load_custom_func("kv_scatter_rows", MODULE, tandem_kernels::PAGED_ATTENTION)?;
+    let f = dev.get_or_load_custom_func(
+        "kv_scatter_rows",
+        MODULE,
+        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
+    )?;
     let mut b = f.builder();
     b.arg(&dst).arg(&src).arg(&slots).arg(&n).arg(&row_bytes);
     let cfg =
@@ -193,7 +197,11 @@ pub fn attention(
     let window = i32_of(window)?;
     let grid_z = u32::try_from(pstride * bt.nseq).ok().filter(|&z| z <= 65_535);
     let grid_z = grid_z.ok_or_else(|| ModelError::Input("batched paged attention: too many segments".into()))?;
-    let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::PAGED_ATTENTION)?;
+    let f = dev.get_or_load_custom_func(
+        &name,
+        MODULE,
+        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
+    )?;
     let cfg =
         LaunchConfig { grid_dim: (tiles as u32, nkv as u32, grid_z), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     macro_rules! go {
@@ -224,7 +232,11 @@ pub fn attention(
     }
     if let Some(p) = &part {
         let merge = "paged_attention_merge_batch";
-        let f = dev.get_or_load_custom_func(merge, MODULE, tandem_kernels::PAGED_ATTENTION)?;
+        let f = dev.get_or_load_custom_func(
+            merge,
+            MODULE,
+            tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
+        )?;
         let mut b = f.builder();
         b.arg(&out).arg(p).arg(&meta).arg(&args[0]).arg(&args[2]).arg(&args[4]).arg(&args[5]);
         let cfg = LaunchConfig {

@@ -49,7 +49,8 @@ pub fn forward(w: &Tensor, x: &Tensor) -> Result<Tensor> {
         DType::F16 => "rowinv_matmul_f16",
         _ => "rowinv_matmul_bf16",
     };
-    let f = dev.get_or_load_custom_func(name, "tandem_matmul", tandem_kernels::MATMUL)?;
+    let f =
+        dev.get_or_load_custom_func(name, "tandem_matmul", tandem_kernels::ptx("matmul", tandem_kernels::MATMUL))?;
     let mut pieces = Vec::with_capacity(m.div_ceil(MAX_ROWS));
     let mut r0 = 0;
     while r0 < m {

@@ -70,7 +70,8 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     let dx = alloc_f32(&dev, m * nb)?;
     let inputs = Inputs::new(&[&x])?;
     let xv = inputs.view::<f32>(0)?;
-    let f = dev.get_or_load_custom_func("q8_quantize_rows", MODULE, tandem_kernels::QMMA)?;
+    let f =
+        dev.get_or_load_custom_func("q8_quantize_rows", MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
     let mut b = f.builder();
     b.arg(&xq).arg(&dx).arg(&xv).arg(&mi).arg(&ki);
     let blocks = (m * nb).div_ceil(8);
@@ -86,7 +87,7 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     if m <= gemv_max_rows() && gemv_enabled() && gemv_fits(w, k, rb) {
         let r = m.next_power_of_two();
         let name = format!("qmv_q8_0_{r}");
-        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::QMMA)?;
+        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
         let mut b = f.builder();
         b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
@@ -106,7 +107,7 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
         _ => 64,
     };
     let name = format!("qmma_q8_0_{nt}");
-    let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::QMMA)?;
+    let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
     let mut b = f.builder();
     b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
     let cfg =

@@ -104,7 +104,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
         let nt = if m <= 8 { 8 } else { 16 };
         let stages = gemv_stages();
         let name = format!("tmv_bf16_{nt}_{stages}");
-        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::TMMA)?;
+        let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
         let smem = (TV_WARPS * stages * TV_STAGE_BYTES) as u32;
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
         let grid_x =
@@ -128,7 +128,8 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     // SAFETY: bf16_split_rows writes every element of xh and xl (m*k each).
     let xh = unsafe { dev.alloc::<u16>(total) }?;
     let xl = unsafe { dev.alloc::<u16>(total) }?;
-    let f = dev.get_or_load_custom_func("bf16_split_rows", MODULE, tandem_kernels::TMMA)?;
+    let f =
+        dev.get_or_load_custom_func("bf16_split_rows", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let mut b = f.builder();
     let tl = total as i64;
     b.arg(&xh).arg(&xl).arg(&xv).arg(&tl);
@@ -140,7 +141,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     drop(b);
     drop(xv);
     drop(inputs);
-    let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::TMMA)?;
+    let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
