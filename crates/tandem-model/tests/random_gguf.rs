@@ -80,6 +80,15 @@ fn dense_preset_round_trips_through_gguf() {
     round_trip(&dense_tiny(), GgmlDType::BF16, 1e-5);
 }
 
+/// Q4_K matrices (k a multiple of 256) load from the file as our packed Q4K kernel's matrices
+/// on AVX-512 VNNI CPUs, in memory as candle's QMatMul: the same weights, so the same logits
+/// but for activation rounding order.
+#[test]
+fn q4k_preset_round_trips_through_gguf() {
+    let cfg = HybridConfig { hidden_size: 256, intermediate_size: 256, ..dense_tiny() };
+    round_trip(&cfg, GgmlDType::Q4K, 1e-3);
+}
+
 #[test]
 fn moe_preset_round_trips_through_gguf() {
     round_trip(&preset("tiny").unwrap(), GgmlDType::F32, 1e-5);

@@ -10,7 +10,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 use tandem_model::loader::{Linear, LinearWeight};
-use tandem_model::ops::quant::GgmlMatrix;
+use tandem_model::ops::quant::{GgmlMatrix, Q4kMatrix};
 
 /// Deterministic values roughly like hidden states: mostly small, a few large.
 fn values(seed: u64, len: usize) -> Vec<f32> {
@@ -96,6 +96,23 @@ fn k_quant_rows_equal_decode_rows() {
     check_all(&[GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K]);
 }
 
+/// Q4_K through our own kernel ([`Q4kMatrix`], what the GGUF loader builds on AVX-512 VNNI CPUs).
+#[test]
+fn our_q4k_rows_equal_decode_rows() {
+    if !tandem_model::ops::quant::q4k::available() {
+        eprintln!("no AVX-512 VNNI here: our Q4K kernel does not run (candle's is checked above)");
+    }
+    let mut failures = Vec::new();
+    for (n, k) in [(144, 512), (147, 512), (64, 1024)] {
+        let w = Tensor::from_vec(values(n as u64 * 31 + k as u64, n * k), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
+        let m = Q4kMatrix::from_bytes(n, k, &q.data().unwrap()).unwrap();
+        let lin = Linear { weight: LinearWeight::Q4K(std::sync::Arc::new(m)), bias: None };
+        failures.extend(check_linear(&format!("our Q4K [{n}, {k}]"), &lin, n, k));
+    }
+    assert!(failures.is_empty(), "{} row-variant results:\n{}", failures.len(), failures.join("\n"));
+}
+
 #[test]
 fn legacy_quant_rows_equal_decode_rows() {
     check_all(&[GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q8_0]);
@@ -126,10 +143,15 @@ fn first_rows_are_the_layer_of_the_first_rows() {
     let x = Tensor::from_vec(values(99, 3 * k), (3, k), &Device::Cpu).unwrap();
     let w = Tensor::from_vec(values(5, n_all * k), (n_all, k), &Device::Cpu).unwrap();
     let bias = Tensor::from_vec(values(7, n_all), n_all, &Device::Cpu).unwrap();
-    let build = |dtype: Option<GgmlDType>, n: usize| -> Linear {
+    // `ours`: Q4_K through our kernel's packed matrix instead of candle's QMatMul.
+    let build = |(dtype, ours): (Option<GgmlDType>, bool), n: usize| -> Linear {
         let w = w.narrow(0, 0, n).unwrap().contiguous().unwrap();
         let weight = match dtype {
             None => LinearWeight::Candle(QMatMul::Tensor(w)),
+            Some(d) if ours => {
+                let q = QTensor::quantize(&w, d).unwrap();
+                LinearWeight::Q4K(std::sync::Arc::new(Q4kMatrix::from_bytes(n, k, &q.data().unwrap()).unwrap()))
+            }
             Some(d) => {
                 let q = QTensor::quantize(&w, d).unwrap();
                 match GgmlMatrix::from_qtensor(&q).unwrap() {
@@ -141,7 +163,7 @@ fn first_rows_are_the_layer_of_the_first_rows() {
         Linear { weight, bias: Some(bias.narrow(0, 0, n).unwrap()) }
     };
     let types = [None, Some(GgmlDType::Q4K), Some(GgmlDType::Q6K), Some(GgmlDType::Q5_0), Some(GgmlDType::Q8_0)];
-    for dtype in types {
+    for dtype in types.into_iter().map(|d| (d, false)).chain([(Some(GgmlDType::Q4K), true)]) {
         let whole = build(dtype, n_all);
         let whole_out = whole.forward(&x).unwrap().to_vec2::<f32>().unwrap();
         for n in [1, 16, 100, 146, 147] {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{self, Content};
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
@@ -15,7 +15,7 @@ use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
 use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::ops::quant::{GgmlMatrix, QuantType};
+use crate::ops::quant::{GgmlMatrix, Q4kMatrix, QuantType};
 use crate::tokenizer::Tokenizer;
 
 /// An open GGUF file.
@@ -66,6 +66,24 @@ impl GgufSource {
         Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, &self.mmap[start..start + len])?))
     }
 
+    /// A 2-D Q4_K tensor as a [`Q4kMatrix`] (packed straight from the mapped file) when the
+    /// model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul` then).
+    fn q4k_matrix(&self, name: &str) -> Result<Option<Q4kMatrix>> {
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let ([n, k], true) = (info.shape.dims(), info.ggml_dtype == GgmlDType::Q4K && self.device.is_cpu()) else {
+            return Ok(None);
+        };
+        if !crate::ops::quant::q4k::available() || !k.is_multiple_of(256) {
+            return Ok(None);
+        }
+        let start = (self.content.tensor_data_offset + info.offset) as usize;
+        let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let bytes = self.mmap.get(start..start + len).ok_or_else(|| {
+            ModelError::Config(format!("{name}: its {len} bytes at {start} run past the end of the file"))
+        })?;
+        Ok(Some(Q4kMatrix::from_bytes(*n, *k, bytes)?))
+    }
+
     pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
         &self.content.metadata
     }
@@ -88,6 +106,9 @@ impl WeightSource for GgufSource {
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(LinearWeight::Ggml(Arc::new(w)));
+        }
+        if let Some(w) = self.q4k_matrix(name)? {
+            return Ok(LinearWeight::Q4K(Arc::new(w)));
         }
         let q = self.qtensor(name)?;
         // 16-bit matrices stay 16-bit (the dense kernels read them and widen exactly); candle

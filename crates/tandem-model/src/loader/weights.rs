@@ -9,17 +9,19 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::ops::quant::GgmlMatrix;
+use crate::ops::quant::{GgmlMatrix, Q4kMatrix};
 
 /// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
-/// fast kernels for), our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks, or an
-/// affine weight with group biases (MLX 6/8-bit) on those.
+/// fast kernels for), our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks and for
+/// Q4_K (packed at load, [`Q4kMatrix`]), or an affine weight with group biases (MLX 6/8-bit).
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Candle(QMatMul),
     Ggml(Arc<GgmlMatrix>),
     /// Affine 6/8-bit weights (mlx's) as Q8_0 plus group biases (`ops::quant::affine`).
     Affine(Arc<crate::ops::quant::affine::AffineQ8>),
+    /// Q4_K on the CPU where our kernel runs (AVX-512 VNNI).
+    Q4K(Arc<Q4kMatrix>),
 }
 
 impl LinearWeight {
@@ -30,6 +32,7 @@ impl LinearWeight {
             LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward(w, x)?,
             LinearWeight::Ggml(w) => w.forward(x)?,
             LinearWeight::Affine(w) => w.forward(x)?,
+            LinearWeight::Q4K(w) => w.forward(x)?,
         })
     }
 }
@@ -42,6 +45,7 @@ impl LinearWeight {
             LinearWeight::Candle(QMatMul::Tensor(t)) | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dims2()?,
             LinearWeight::Ggml(w) => (w.n(), w.k()),
             LinearWeight::Affine(w) => w.dims(),
+            LinearWeight::Q4K(w) => (w.n(), w.k()),
         })
     }
 
@@ -89,6 +93,12 @@ impl LinearWeight {
                     return Err(too_many(w.dims().0));
                 }
                 LinearWeight::Affine(Arc::new(w.first_rows(n)?))
+            }
+            LinearWeight::Q4K(w) => {
+                if n > w.n() {
+                    return Err(too_many(w.n()));
+                }
+                LinearWeight::Q4K(Arc::new(w.first_rows(n)))
             }
         })
     }

@@ -13,6 +13,7 @@
 //! * `neon`: the aarch64 kernels (NEON, with `sdot` where the CPU has `dotprod`), in the
 //!   reference's order: the reference's bits (tested under emulation, `make test-neon`);
 //! * [`matrix`]: [`GgmlMatrix`] and its rayon-parallel matmul;
+//! * [`q4k`]: [`Q4kMatrix`], Q4K packed at load and its AVX-512 VNNI kernel (every call size);
 //! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`);
 //! * [`row_stable`]: candle's `QMatMul` routed so every row's result is independent of the
 //!   number of rows in the call (decode step = row of a speculative verify chunk), with
@@ -46,6 +47,7 @@ pub mod matrix;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod op;
+pub mod q4k;
 #[cfg(target_arch = "x86_64")]
 pub mod q6k;
 pub mod reference;
@@ -58,6 +60,16 @@ mod tests_candle;
 pub use activation::Q8Block;
 pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBlock};
 pub use matrix::GgmlMatrix;
+pub use q4k::Q4kMatrix;
+
+/// candle's `BlockQ8K::from_float` of `row` into `out` (the AVX-512 copy in [`q6k`] where the
+/// CPU has it: the same bytes).
+pub(crate) fn q6k_quantize_q8k(row: &[f32], out: &mut [candle_core::quantized::k_quants::BlockQ8K]) {
+    #[cfg(target_arch = "x86_64")]
+    q6k::quantize_q8k(row, out);
+    #[cfg(not(target_arch = "x86_64"))]
+    <candle_core::quantized::k_quants::BlockQ8K as candle_core::quantized::k_quants::GgmlType>::from_float(row, out);
+}
 
 /// Which implementation runs the dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -197,7 +197,7 @@ mod q8k;
 
 /// candle's `BlockQ8K::from_float` of one row: [`q8k`]'s AVX-512 copy of it where the CPU has
 /// AVX-512 (the same blocks), else candle's own.
-fn quantize_q8k(row: &[f32], out: &mut [BlockQ8K]) {
+pub(super) fn quantize_q8k(row: &[f32], out: &mut [BlockQ8K]) {
     if q8k::available() {
         // SAFETY: `Q8` is `BlockQ8K`'s layout (size and alignment asserted above), plain data;
         // the CPU has AVX-512 F/BW (checked).

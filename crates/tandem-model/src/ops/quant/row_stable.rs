@@ -8,7 +8,9 @@
 //!   `m > 1` the repacked VNNI tiles (`repack_x86::matmul_tiles`, per-sub-block f32 scales):
 //!   a few ulps apart, enough to flip a near-tie of two logits;
 //! * **Q4K**: `m >= 32` runs AMX tiles where the CPU has AMX, smaller calls the repacked VNNI
-//!   tiles (which are row-invariant among themselves).
+//!   tiles (which are row-invariant among themselves). On AVX-512 VNNI CPUs a GGUF's (or
+//!   `--quantize`'s) Q4K matrices do not come here at all: they load as [`super::q4k`]'s packed
+//!   matrices, row-invariant by construction.
 //!
 //! [`forward`] keeps candle's decode path untouched and routes the other calls so that every
 //! row gets the decode path's arithmetic: Q6K calls of several rows go to [`super::q6k`] (a

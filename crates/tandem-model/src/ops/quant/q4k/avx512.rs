@@ -1,0 +1,86 @@
+//! The Q4K × Q8K kernel on AVX-512 VNNI: 16 columns in the 16 lanes of a register, `R` (1..=8)
+//! activation rows per pass over a column tile, each tile's weights decoded once for the `R`
+//! rows. Per lane it runs [`super::tile::dot`]'s arithmetic: the sub-block integer sums by
+//! `dpbusd` (exact), the mins by `dpwssd` (exact), then the same `fma`s in the same order.
+
+use std::arch::x86_64::*;
+
+use super::tile::{Tile, COLS};
+
+/// Whether this CPU runs [`rows`].
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+/// One activation row's superblocks as the kernel reads them: `nb` blocks of candle's
+/// `BlockQ8K` layout (`d` f32, 256 i8, 16 i16 sums) and `nb` words-of-four of sub-block sums.
+#[derive(Clone, Copy)]
+pub struct RowPtr {
+    pub q8: *const u8,
+    pub bsum: *const [u32; 4],
+}
+
+/// Byte offsets inside candle's `BlockQ8K`.
+const Q8_BYTES: usize = 292;
+const Q8_QS: usize = 4;
+
+/// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (16 columns along k)
+/// with rows `rows[0..R]`; `out` rows `ldo` floats apart, `cols` (1..=16) columns written.
+///
+/// # Safety
+/// [`available`]; `tiles` holds `nb` tiles, each row pointer `nb` superblocks, `out` room for
+/// `R` rows of `ldo` with `cols` at the front.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn rows<const R: usize>(
+    tiles: *const Tile,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..nb {
+        let t = &*tiles.add(b);
+        let d = _mm512_loadu_ps(t.d.as_ptr());
+        let mut tt = [_mm512_setzero_ps(); R];
+        let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
+        for s in 0..8 {
+            let mut isum = [_mm512_setzero_si512(); R];
+            for g in 4 * s..4 * s + 4 {
+                let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                for r in 0..R {
+                    let a = q8[r].add(8 * g) as *const i32;
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(a.read_unaligned()));
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(a.add(1).read_unaligned()));
+                }
+            }
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(t.sc[s].as_ptr() as *const __m128i)));
+            let dsc = _mm512_mul_ps(d, sc);
+            for r in 0..R {
+                tt[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dsc, tt[r]);
+            }
+        }
+        let dmin = _mm512_loadu_ps(t.dmin.as_ptr());
+        let mn: [__m512i; 4] = std::array::from_fn(|p| _mm512_load_si512(t.mn[p].as_ptr() as *const __m512i));
+        for r in 0..R {
+            let bs = &*rows[r].bsum.add(b);
+            let mut ms = _mm512_setzero_si512();
+            for p in 0..4 {
+                ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(bs[p] as i32));
+            }
+            let da = _mm512_set1_ps((rows[r].q8.add(b * Q8_BYTES) as *const f32).read_unaligned());
+            acc[r] = _mm512_fmadd_ps(tt[r], da, acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin), da, acc[r]);
+        }
+    }
+    let mask: __mmask16 = if cols >= COLS { 0xFFFF } else { (1u16 << cols) - 1 };
+    for r in 0..R {
+        _mm512_mask_storeu_ps(out.add(r * ldo), mask, acc[r]);
+    }
+}

@@ -1,0 +1,245 @@
+//! Q4K weights on the CPU with a kernel of our own ([`Q4kMatrix`]), in place of candle's.
+//!
+//! candle runs Q4K on repacked VNNI tiles that it builds lazily beside the file's blocks (the
+//! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
+//! a tile, and quantises the activations with a scalar loop on every call: 43% of
+//! qwen2.5-coder-1.5b's prefill was its tiles. Here the matrix is packed once at load
+//! ([`tile`]: 5 bits a value, the file's blocks dropped), a pass over a tile serves up to 8
+//! rows, the activations are quantised by the AVX-512 quantiser of [`super::q6k`], and every
+//! (row, column) result has one fixed order of operations ([`tile::dot`]), so a row gets the
+//! same bits in a decode step, a verify chunk or a prefill chunk.
+//!
+//! x86_64 with AVX-512 VNNI only ([`available`]); elsewhere the loader keeps candle's `QMatMul`.
+
+pub mod tile;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+use candle_core::{Device, Storage, Tensor};
+
+use tile::{Tile, COLS, QK_K};
+
+/// A Q4K weight matrix of `n` output rows by `k` inputs, packed for [`Q4kMatrix::forward`].
+pub struct Q4kMatrix {
+    n: usize,
+    k: usize,
+    tiles: Vec<Tile>,
+}
+
+impl std::fmt::Debug for Q4kMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Q4kMatrix(n={}, k={})", self.n, self.k)
+    }
+}
+
+/// Whether this CPU runs our Q4K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle` (all
+/// quantised types) or `TANDEM_Q4K_KERNEL=candle` (Q4K only) keeps candle's, for comparisons.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let candle =
+            *CANDLE.get_or_init(|| std::env::var("TANDEM_Q4K_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")));
+        avx512::available() && !super::Kernel::candle_only() && !candle
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Activation bytes per block of rows: they stay in L2 while a task's columns pass over them.
+const ROW_BLOCK_BYTES: usize = 256 * 1024;
+
+impl Q4kMatrix {
+    /// From a GGUF tensor's bytes: `n` rows of `k / 256` `block_q4_K`s.
+    pub fn from_bytes(n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
+        if k == 0 || !k.is_multiple_of(QK_K) || n == 0 {
+            candle_core::bail!("Q4K matrix [{n}, {k}]: k must be a positive multiple of {QK_K}");
+        }
+        let want = n * (k / QK_K) * tile::BLOCK_BYTES;
+        if bytes.len() != want {
+            candle_core::bail!("Q4K matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
+        }
+        Ok(Self { n, k, tiles: tile::pack(bytes, n, k) })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The first `n` rows (at most [`Self::n`]).
+    pub fn first_rows(&self, n: usize) -> Self {
+        let n = n.clamp(1, self.n);
+        let nb = self.k / QK_K;
+        Self { n, k: self.k, tiles: self.tiles[..n.div_ceil(COLS) * nb].to_vec() }
+    }
+
+    /// The weights as f32, `[n, k]` row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let nb = self.k / QK_K;
+        let mut out = vec![0f32; self.n * self.k];
+        for (row, o) in out.chunks_exact_mut(self.k).enumerate() {
+            let (ct, c) = (row / COLS, row % COLS);
+            for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                for i in 0..QK_K {
+                    o[b * QK_K + i] = tile::weight(t, c, i);
+                }
+            }
+        }
+        out
+    }
+
+    /// `y = x · Wᵀ` for `x` `[..., k]` f32 on the CPU.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = x.dims().to_vec();
+        if dims.last() != Some(&self.k) {
+            candle_core::bail!("Q4K matmul: input {dims:?} does not end in k = {}", self.k);
+        }
+        let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
+        let m = x.elem_count() / self.k;
+        let mut y = vec![0f32; m * self.n];
+        {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("Q4K matmul: input is not on the CPU") };
+            let start = layout.start_offset();
+            self.matmul(&cpu.as_slice::<f32>()?[start..start + m * self.k], m, &mut y);
+        }
+        let mut out = dims;
+        *out.last_mut().unwrap_or_else(|| unreachable!()) = self.n;
+        Tensor::from_vec(y, out, &Device::Cpu)
+    }
+
+    /// `y[m, n] = x[m, k] · Wᵀ` with the kernel where it runs, else the reference.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), m * self.k, "Q4K matmul: x has {} values, want {m} × {}", x.len(), self.k);
+        assert_eq!(y.len(), m * self.n, "Q4K matmul: y has {} values, want {m} × {}", y.len(), self.n);
+        if m == 0 {
+            return;
+        }
+        let nb = self.k / QK_K;
+        let (q8, bsum) = quantize(x, m, nb);
+        #[cfg(target_arch = "x86_64")]
+        if available() {
+            // SAFETY: the CPU check is `available`; sizes are asserted above and in `quantize`.
+            unsafe { self.matmul_avx512(&q8, &bsum, m, y) };
+            return;
+        }
+        self.matmul_reference(&q8, &bsum, m, y);
+    }
+
+    /// The plain per-element products ([`tile::dot`]).
+    fn matmul_reference(
+        &self,
+        q8: &[candle_core::quantized::k_quants::BlockQ8K],
+        bsum: &[[u32; 4]],
+        m: usize,
+        y: &mut [f32],
+    ) {
+        let nb = self.k / QK_K;
+        for r in 0..m {
+            let acts: Vec<tile::Act<'_>> = (0..nb).map(|b| act(&q8[r * nb + b], bsum[r * nb + b])).collect();
+            for col in 0..self.n {
+                let tiles = &self.tiles[(col / COLS) * nb..(col / COLS + 1) * nb];
+                y[r * self.n + col] = tile::dot(tiles, col % COLS, &acts);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn matmul_avx512(
+        &self,
+        q8: &[candle_core::quantized::k_quants::BlockQ8K],
+        bsum: &[[u32; 4]],
+        m: usize,
+        y: &mut [f32],
+    ) {
+        use super::matrix::{for_column_chunks, OutPtr};
+        let (n, nb) = (self.n, self.k / QK_K);
+        let out = OutPtr(y.as_mut_ptr());
+        let row_ptr =
+            |r: usize| avx512::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
+        let block = (ROW_BLOCK_BYTES / (nb * 292)).max(8) / 8 * 8;
+        let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+        for_column_chunks(n.div_ceil(COLS), threads, m * n * self.k, 1, 1, |cts| {
+            for r0 in (0..m).step_by(block) {
+                let r1 = (r0 + block).min(m);
+                for ct in cts.clone() {
+                    let tiles = self.tiles[ct * nb..].as_ptr();
+                    let cols = COLS.min(n - ct * COLS);
+                    let mut r = r0;
+                    while r < r1 {
+                        let o = out.get().add(r * n + ct * COLS);
+                        macro_rules! go {
+                            ($R:literal) => {{
+                                let rows: [avx512::RowPtr; $R] = std::array::from_fn(|i| row_ptr(r + i));
+                                avx512::rows::<$R>(tiles, nb, &rows, o, n, cols);
+                                r += $R;
+                            }};
+                        }
+                        match r1 - r {
+                            1 => go!(1),
+                            2 => go!(2),
+                            3 => go!(3),
+                            4 => go!(4),
+                            5 => go!(5),
+                            6 => go!(6),
+                            7 => go!(7),
+                            _ => go!(8),
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One activation superblock for [`tile::dot`].
+fn act(q: &candle_core::quantized::k_quants::BlockQ8K, bsum: [u32; 4]) -> tile::Act<'_> {
+    // SAFETY: `BlockQ8K` is `repr(C)` { d: f32, qs: [i8; 256], bsums: [i16; 16] } (asserted in
+    // `q6k`); read through its bytes since the fields are crate-private.
+    let p = q as *const _ as *const u8;
+    unsafe {
+        tile::Act {
+            d: (p as *const f32).read_unaligned(),
+            qs: std::slice::from_raw_parts(p.add(4) as *const i8, QK_K),
+            bsum,
+        }
+    }
+}
+
+/// The rows of `x` as candle's `BlockQ8K`s (the same bytes as its `from_float`, in parallel for
+/// prefill) and the sub-block sums of each.
+fn quantize(x: &[f32], m: usize, nb: usize) -> (Vec<candle_core::quantized::k_quants::BlockQ8K>, Vec<[u32; 4]>) {
+    use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+    let k = nb * QK_K;
+    let mut q8 = vec![BlockQ8K::zeros(); m * nb];
+    let mut bsum = vec![[0u32; 4]; m * nb];
+    let one = |row: &[f32], q: &mut [BlockQ8K], s: &mut [[u32; 4]]| {
+        super::q6k_quantize_q8k(row, q);
+        for (qb, w) in q.iter().zip(s.iter_mut()) {
+            // SAFETY: as in `act`: the 16 i16 sums sit at byte 260 of the block.
+            let sums = unsafe { ((qb as *const BlockQ8K as *const u8).add(260) as *const [i16; 16]).read_unaligned() };
+            *w = tile::bsum_words(&sums);
+        }
+    };
+    if m >= 4 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        q8.par_chunks_exact_mut(nb)
+            .zip(bsum.par_chunks_exact_mut(nb))
+            .zip(x.par_chunks_exact(k))
+            .for_each(|((q, s), row)| one(row, q, s));
+    } else {
+        for ((q, s), row) in q8.chunks_exact_mut(nb).zip(bsum.chunks_exact_mut(nb)).zip(x.chunks_exact(k)) {
+            one(row, q, s);
+        }
+    }
+    (q8, bsum)
+}

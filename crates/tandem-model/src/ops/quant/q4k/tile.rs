@@ -1,0 +1,175 @@
+//! The Q4K weight layout our kernel reads, packed once at load from GGUF's `block_q4_K`s, and
+//! the plain reference of the kernel's arithmetic.
+//!
+//! A [`Tile`] holds one 256-value superblock of 16 consecutive output columns (weight rows).
+//! Its 4-bit values are interleaved so that one 64-byte load gives, for each of the 16 columns
+//! (one 32-bit lane each), 8 consecutive values: the low nibbles values `8g .. 8g + 3`, the high
+//! nibbles `8g + 4 .. 8g + 7` of group `g`; a VNNI `dpbusd` then multiplies them with 4
+//! broadcast activation bytes. The 6-bit scales and mins stay integers (scales as bytes, mins
+//! as the i16 pairs a `dpwssd` takes), `d` and `dmin` as f32: 2,560 bytes for 16 × 256 values
+//! (5 bits a value, against 4.5 in the file and candle's repacked copy's 6 beside the file's).
+//!
+//! Per (activation row, column) the result is, with `isum_s` the exact integer dot product of
+//! sub-block `s` (32 values) and `bsum_s` the sum of its 32 activation bytes:
+//!
+//! ```text
+//! acc = 0
+//! for each superblock:  t = 0
+//!     for s in 0..8:    t = fma(f32(isum_s), d · sc_s, t)          (d · sc_s is exact)
+//!     ms = Σ_s mn_s · bsum_s                                         (exact integer)
+//!     acc = fma(t, d_a, acc);  acc = fma(-(f32(ms) · dmin), d_a, acc)
+//! ```
+//!
+//! which [`dot`] does in scalar code and the SIMD kernel lane by lane: the same bits for every
+//! row whatever else the call holds.
+
+use half::f16;
+
+/// Values per superblock.
+pub const QK_K: usize = 256;
+/// Output columns per tile.
+pub const COLS: usize = 16;
+/// Bytes of one GGUF `block_q4_K`: d, dmin (f16), 12 bytes of packed scales and mins, 128 of
+/// 4-bit values.
+pub const BLOCK_BYTES: usize = 144;
+
+/// 16 columns × one superblock (see the module docs).
+#[derive(Clone)]
+#[repr(C, align(64))]
+pub struct Tile {
+    /// Group `g` (0..32), column `c`: bytes `64 g + 4 c ..+ 4`; byte `j`: value `8g + j` in the
+    /// low nibble, `8g + 4 + j` in the high one.
+    pub qs: [u8; QK_K / 8 * COLS * 4],
+    pub d: [f32; COLS],
+    pub dmin: [f32; COLS],
+    /// `sc[s][c]`: the 6-bit scale of sub-block `s` of column `c`.
+    pub sc: [[u8; COLS]; 8],
+    /// `mn[p][2c]`, `mn[p][2c + 1]`: the 6-bit mins of sub-blocks `2p` and `2p + 1`.
+    pub mn: [[i16; 2 * COLS]; 4],
+}
+
+const _: () = assert!(std::mem::size_of::<Tile>() == 2560);
+
+impl Tile {
+    fn zeroed() -> Self {
+        Tile {
+            qs: [0; QK_K / 8 * COLS * 4],
+            d: [0.0; COLS],
+            dmin: [0.0; COLS],
+            sc: [[0; COLS]; 8],
+            mn: [[0; 2 * COLS]; 4],
+        }
+    }
+
+    /// Value `i` (0..256, 0..15) of column `c`.
+    pub fn value(&self, c: usize, i: usize) -> u8 {
+        let (g, j) = (i / 8, i % 8);
+        let byte = self.qs[64 * g + 4 * c + j % 4];
+        if j < 4 {
+            byte & 0xF
+        } else {
+            byte >> 4
+        }
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` from the 12 packed bytes.
+fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Packs an `[n, k]` Q4K matrix (`n` rows of `k / 256` blocks of [`BLOCK_BYTES`], GGUF order)
+/// into `ceil(n / 16) · k / 256` tiles, column tile by column tile, each along k (column tiles
+/// in parallel). Columns past `n` in the last tile are zero.
+pub fn pack(bytes: &[u8], n: usize, k: usize) -> Vec<Tile> {
+    use rayon::prelude::*;
+    let nb = k / QK_K;
+    // Each tile written once, straight into the result (no zeroed copy first).
+    (0..n.div_ceil(COLS) * nb)
+        .into_par_iter()
+        .map(|i| {
+            let (ct, b) = (i / nb, i % nb);
+            let mut t = Tile::zeroed();
+            for c in 0..COLS.min(n - ct * COLS) {
+                fill(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * BLOCK_BYTES..][..BLOCK_BYTES]);
+            }
+            t
+        })
+        .collect()
+}
+
+/// Column `c` of a tile from one `block_q4_K`.
+fn fill(t: &mut Tile, c: usize, blk: &[u8]) {
+    t.d[c] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+    t.dmin[c] = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+    let (scales, qs) = (&blk[4..16], &blk[16..]);
+    for s in 0..8 {
+        let (sc, mn) = scale_min(s, scales);
+        t.sc[s][c] = sc;
+        t.mn[s / 2][2 * c + s % 2] = mn as i16;
+    }
+    // The file: 32-byte chunk `h` holds values 64h .. 64h + 31 in its low nibbles and
+    // 64h + 32 .. 64h + 63 in its high ones.
+    let mut v = [0u8; QK_K];
+    for h in 0..4 {
+        for j in 0..32 {
+            let byte = qs[32 * h + j];
+            v[64 * h + j] = byte & 0xF;
+            v[64 * h + 32 + j] = byte >> 4;
+        }
+    }
+    for g in 0..QK_K / 8 {
+        for j in 0..4 {
+            t.qs[64 * g + 4 * c + j] = v[8 * g + j] | (v[8 * g + 4 + j] << 4);
+        }
+    }
+}
+
+/// The weight value `i` of column `c` of a tile as f32 (for dequantising and tests).
+pub fn weight(t: &Tile, c: usize, i: usize) -> f32 {
+    let s = i / 32;
+    t.d[c] * t.sc[s][c] as f32 * t.value(c, i) as f32 - t.dmin[c] * t.mn[s / 2][2 * c + s % 2] as f32
+}
+
+/// One activation superblock as the kernel reads it: candle's `BlockQ8K` bytes (`d`, 256
+/// values) and the sums of each 32 values as the i16 pairs `dpwssd` broadcasts.
+#[derive(Clone, Copy)]
+pub struct Act<'a> {
+    pub d: f32,
+    pub qs: &'a [i8],
+    /// Word `p`: the sum of sub-block `2p` in the low 16 bits, of `2p + 1` in the high.
+    pub bsum: [u32; 4],
+}
+
+/// The product of column `c` of `tiles` (one column tile along k) and one activation row, in
+/// the kernel's order (module docs): the reference the SIMD kernel is tested against.
+pub fn dot(tiles: &[Tile], c: usize, acts: &[Act<'_>]) -> f32 {
+    let mut acc = 0f32;
+    for (t, a) in tiles.iter().zip(acts) {
+        let mut tt = 0f32;
+        let mut ms = 0i32;
+        for s in 0..8 {
+            let isum: i32 = (32 * s..32 * s + 32).map(|i| t.value(c, i) as i32 * a.qs[i] as i32).sum();
+            tt = (isum as f32).mul_add(t.d[c] * t.sc[s][c] as f32, tt);
+            let word = a.bsum[s / 2];
+            let bsum = if s % 2 == 0 { word as u16 as i16 } else { (word >> 16) as u16 as i16 };
+            ms += t.mn[s / 2][2 * c + s % 2] as i32 * bsum as i32;
+        }
+        acc = tt.mul_add(a.d, acc);
+        acc = (-(ms as f32 * t.dmin[c])).mul_add(a.d, acc);
+    }
+    acc
+}
+
+/// The `bsum` words of one activation superblock from its 16-value sums (candle's `bsums`).
+pub fn bsum_words(bsums: &[i16; 16]) -> [u32; 4] {
+    std::array::from_fn(|p| {
+        let lo = bsums[4 * p] as i32 + bsums[4 * p + 1] as i32;
+        let hi = bsums[4 * p + 2] as i32 + bsums[4 * p + 3] as i32;
+        (lo as i16 as u16 as u32) | ((hi as i16 as u16 as u32) << 16)
+    })
+}
