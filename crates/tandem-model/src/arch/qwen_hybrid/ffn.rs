@@ -76,6 +76,10 @@ impl ExpertW {
     }
 }
 
+/// Rows up to which a MoE block of packed Q4K experts takes [`Moe::grouped`] (decode steps,
+/// verify chunks); longer prefill chunks batch each expert's rows in one call instead.
+const GROUPED_ROWS: usize = 16;
+
 struct Expert {
     gate: ExpertW,
     up: ExpertW,
@@ -175,6 +179,11 @@ impl Moe {
                 per_expert[e].1.push(w);
             }
         }
+        if n <= GROUPED_ROWS {
+            if let Some(out) = self.grouped(x, &per_expert)? {
+                return self.add_shared(x, out);
+            }
+        }
         let mut out = x.zeros_like()?;
         for (e, (rows, ws)) in per_expert.into_iter().enumerate() {
             if rows.is_empty() {
@@ -190,6 +199,52 @@ impl Moe {
         }
         debug_assert_eq!(out.dim(0).ok(), Some(n));
         self.add_shared(x, out)
+    }
+
+    /// The routed experts of a few rows as two grouped calls when every expert is a packed
+    /// Q4K matrix ([`crate::ops::quant::q4k::matmul_grouped`]: gate and up of every (row,
+    /// expert) pair at once, then every down), `None` otherwise. Each row gets the bits of the
+    /// per-expert loop: the same products, SiLU and product on the same values, the weighted
+    /// outputs added to zero in expert order as `index_add` adds them.
+    fn grouped(&self, x: &Tensor, per_expert: &[(Vec<u32>, Vec<f32>)]) -> Result<Option<Tensor>> {
+        use crate::ops::quant::q4k::{matmul_grouped, Job};
+        let q4k = |w: &ExpertW| match w {
+            ExpertW::Linear(Linear { weight: LinearWeight::Q4K(m), bias: None }) => Some(m.clone()),
+            _ => None,
+        };
+        let mut pairs = Vec::new(); // (row, weight, gate, up, down)
+        for (e, (rows, ws)) in per_expert.iter().enumerate() {
+            let ex = &self.experts[e];
+            for (&r, &w) in rows.iter().zip(ws) {
+                let (Some(g), Some(u), Some(d)) = (q4k(&ex.gate), q4k(&ex.up), q4k(&ex.down)) else { return Ok(None) };
+                pairs.push((r as usize, w, g, u, d));
+            }
+        }
+        let (n, h) = x.dims2()?;
+        let xs = x.to_dtype(DType::F32)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let jobs: Vec<Job<'_>> =
+            pairs.iter().flat_map(|(r, _, g, u, _)| [Job { w: g, row: *r }, Job { w: u, row: *r }]).collect();
+        let gu = matmul_grouped(&jobs, &xs, n);
+        let i = gu.first().map_or(0, |v| v.len());
+        let p = pairs.len();
+        let (gate, up): (Vec<f32>, Vec<f32>) = (
+            gu.iter().step_by(2).flatten().copied().collect(),
+            gu.iter().skip(1).step_by(2).flatten().copied().collect(),
+        );
+        let dev = x.device();
+        let hidden = (candle_nn::ops::silu(&Tensor::from_vec(gate, (p, i), dev)?)?
+            * Tensor::from_vec(up, (p, i), dev)?)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+        let jobs: Vec<Job<'_>> = pairs.iter().enumerate().map(|(q, (_, _, _, _, d))| Job { w: d, row: q }).collect();
+        let down = matmul_grouped(&jobs, &hidden, p);
+        let mut out = vec![0f32; n * h];
+        for ((r, w, ..), y) in pairs.iter().zip(&down) {
+            for (o, v) in out[r * h..(r + 1) * h].iter_mut().zip(y) {
+                *o += v * w;
+            }
+        }
+        Ok(Some(Tensor::from_vec(out, (n, h), dev)?.to_dtype(x.dtype())?))
     }
 
     /// `out` plus the sigmoid-gated shared expert, if the block has one.
@@ -314,5 +369,52 @@ mod tests {
         let r = reference::route(&[1.0, 3.0, 3.0, 0.5], 2, true);
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
         assert!((r[0].1 - 0.5).abs() < 1e-12 && (r[1].1 - 0.5).abs() < 1e-12);
+    }
+
+    /// Packed Q4K experts: a few rows take the grouped path, a long chunk the per-expert loop;
+    /// each row has the same bits both ways (decode = verify = prefill), near the f32 maths.
+    #[test]
+    fn grouped_q4k_experts_equal_the_per_expert_loop() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        use std::sync::Arc;
+        let (e, top_k, h, i, m) = (6, 2, 256, 256, GROUPED_ROWS + 4);
+        let mut rng = Rng(5);
+        let mut mat = |rows: usize, cols: usize| -> (Vec<f32>, ExpertW) {
+            let w = rng.vec(rows * cols);
+            let q =
+                QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap(), GgmlDType::Q4K).unwrap();
+            let m = crate::ops::quant::Q4kMatrix::from_bytes(rows, cols, &q.data().unwrap()).unwrap();
+            let deq = m.dequantize();
+            (deq, ExpertW::Linear(Linear { weight: LinearWeight::Q4K(Arc::new(m)), bias: None }))
+        };
+        let (mut gate, mut up, mut down, mut experts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..e {
+            let (g, gw) = mat(i, h);
+            let (u, uw) = mat(i, h);
+            let (d, dw) = mat(h, i);
+            gate.push(g);
+            up.push(u);
+            down.push(d);
+            experts.push(Expert { gate: gw, up: uw, down: dw });
+        }
+        let router_t = Tensor::from_vec(rng.vec(e * h), (e, h), &Device::Cpu).unwrap();
+        let router = Linear { weight: LinearWeight::Candle(QMatMul::Tensor(router_t.clone())), bias: None };
+        let moe = Moe { router, experts, routed: None, shared: None, top_k, norm_topk: true };
+        let x: Vec<f32> = rng.vec(m * h);
+        let xt = Tensor::from_vec(x.clone(), (m, h), &Device::Cpu).unwrap();
+        let bits = |t: Tensor| {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let all = bits(moe.forward(&xt).unwrap());
+        for (start, len) in [(0, 1), (7, 1), (3, 5), (0, GROUPED_ROWS)] {
+            let part = bits(moe.forward(&xt.narrow(0, start, len).unwrap()).unwrap());
+            assert_eq!(part, all[start * h..(start + len) * h].to_vec(), "rows {start}..{}", start + len);
+        }
+        let got: Vec<f32> = all.iter().map(|&b| f32::from_bits(b)).collect();
+        let logits = xt.matmul(&router_t.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let ex = reference::Experts { gate: &gate, up: &up, down: &down, hidden: h, inter: i };
+        let want = reference::forward(&ex, &x, &logits, m, top_k, true);
+        let err = crate::conformance::rel_err_slices(&got, &want);
+        assert!(err < 2e-2, "Q4K experts vs the f32 reference on their weights: relative error {err}");
     }
 }

@@ -11,7 +11,10 @@
 //!
 //! x86_64 with AVX-512 VNNI only ([`available`]); elsewhere the loader keeps candle's `QMatMul`.
 
+mod grouped;
 pub mod tile;
+
+pub use grouped::{matmul_grouped, Job};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
