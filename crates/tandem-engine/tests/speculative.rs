@@ -144,7 +144,7 @@ fn greedy_speculation_is_lossless_in_every_weight_format() {
     }
 }
 
-/// Q4_K weights on our own packed CPU kernel (`ops::quant::q4k`, what a Q4_K GGUF gets on an
+/// Q4_K weights on our own packed CPU kernel (`ops::quant::kquant`, what a Q4_K GGUF gets on an
 /// AVX-512 VNNI CPU): a hybrid with 256-wide matrices written as a Q4_K GGUF and loaded back.
 /// Greedy output with MTP and n-gram speculation (verify chunks of several rows) equals plain
 /// decoding (one row per step), alone and in a batch.

@@ -10,7 +10,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 use tandem_model::loader::{Linear, LinearWeight};
-use tandem_model::ops::quant::{GgmlMatrix, Q4kMatrix};
+use tandem_model::ops::quant::{GgmlMatrix, KQuantMatrix};
 
 /// Deterministic values roughly like hidden states: mostly small, a few large.
 fn values(seed: u64, len: usize) -> Vec<f32> {
@@ -96,19 +96,22 @@ fn k_quant_rows_equal_decode_rows() {
     check_all(&[GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K]);
 }
 
-/// Q4_K through our own kernel ([`Q4kMatrix`], what the GGUF loader builds on AVX-512 VNNI CPUs).
+/// Q4_K and Q5_K through our own kernel ([`KQuantMatrix`], what the GGUF loader builds on
+/// AVX-512 VNNI CPUs).
 #[test]
-fn our_q4k_rows_equal_decode_rows() {
-    if !tandem_model::ops::quant::q4k::available() {
+fn our_kquant_rows_equal_decode_rows() {
+    if !tandem_model::ops::quant::kquant::available() {
         eprintln!("no AVX-512 VNNI here: our Q4K kernel does not run (candle's is checked above)");
     }
     let mut failures = Vec::new();
-    for (n, k) in [(144, 512), (147, 512), (64, 1024)] {
-        let w = Tensor::from_vec(values(n as u64 * 31 + k as u64, n * k), (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
-        let m = Q4kMatrix::from_bytes(n, k, &q.data().unwrap()).unwrap();
-        let lin = Linear { weight: LinearWeight::Q4K(std::sync::Arc::new(m)), bias: None };
-        failures.extend(check_linear(&format!("our Q4K [{n}, {k}]"), &lin, n, k));
+    for dt in [GgmlDType::Q4K, GgmlDType::Q5K] {
+        for (n, k) in [(144, 512), (147, 512), (64, 1024)] {
+            let w = Tensor::from_vec(values(n as u64 * 31 + k as u64, n * k), (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&w, dt).unwrap();
+            let m = KQuantMatrix::from_bytes(dt, n, k, &q.data().unwrap()).unwrap();
+            let lin = Linear { weight: LinearWeight::KQuant(std::sync::Arc::new(m)), bias: None };
+            failures.extend(check_linear(&format!("our {dt:?} [{n}, {k}]"), &lin, n, k));
+        }
     }
     assert!(failures.is_empty(), "{} row-variant results:\n{}", failures.len(), failures.join("\n"));
 }
@@ -150,7 +153,9 @@ fn first_rows_are_the_layer_of_the_first_rows() {
             None => LinearWeight::Candle(QMatMul::Tensor(w)),
             Some(d) if ours => {
                 let q = QTensor::quantize(&w, d).unwrap();
-                LinearWeight::Q4K(std::sync::Arc::new(Q4kMatrix::from_bytes(n, k, &q.data().unwrap()).unwrap()))
+                LinearWeight::KQuant(std::sync::Arc::new(
+                    KQuantMatrix::from_bytes(d, n, k, &q.data().unwrap()).unwrap(),
+                ))
             }
             Some(d) => {
                 let q = QTensor::quantize(&w, d).unwrap();

@@ -15,7 +15,7 @@ use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
 use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::ops::quant::{GgmlMatrix, Q4kMatrix, QuantType};
+use crate::ops::quant::{GgmlMatrix, KQuantMatrix, QuantType};
 use crate::tokenizer::Tokenizer;
 
 /// An open GGUF file.
@@ -66,14 +66,15 @@ impl GgufSource {
         Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, &self.mmap[start..start + len])?))
     }
 
-    /// A 2-D Q4_K tensor as a [`Q4kMatrix`] (packed straight from the mapped file) when the
-    /// model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul` then).
-    fn q4k_matrix(&self, name: &str) -> Result<Option<Q4kMatrix>> {
+    /// A 2-D Q4_K / Q5_K tensor as a [`KQuantMatrix`] (packed straight from the mapped file)
+    /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
+    fn kquant_matrix(&self, name: &str) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let ([n, k], true) = (info.shape.dims(), info.ggml_dtype == GgmlDType::Q4K && self.device.is_cpu()) else {
+        let supported = crate::ops::quant::kquant::supports(info.ggml_dtype) && self.device.is_cpu();
+        let ([n, k], true) = (info.shape.dims(), supported) else {
             return Ok(None);
         };
-        if !crate::ops::quant::q4k::available() || !k.is_multiple_of(256) {
+        if !crate::ops::quant::kquant::available() || !k.is_multiple_of(256) {
             return Ok(None);
         }
         let start = (self.content.tensor_data_offset + info.offset) as usize;
@@ -81,7 +82,7 @@ impl GgufSource {
         let bytes = self.mmap.get(start..start + len).ok_or_else(|| {
             ModelError::Config(format!("{name}: its {len} bytes at {start} run past the end of the file"))
         })?;
-        Ok(Some(Q4kMatrix::from_bytes(*n, *k, bytes)?))
+        Ok(Some(KQuantMatrix::from_bytes(info.ggml_dtype, *n, *k, bytes)?))
     }
 
     pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {
@@ -107,8 +108,8 @@ impl WeightSource for GgufSource {
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(LinearWeight::Ggml(Arc::new(w)));
         }
-        if let Some(w) = self.q4k_matrix(name)? {
-            return Ok(LinearWeight::Q4K(Arc::new(w)));
+        if let Some(w) = self.kquant_matrix(name)? {
+            return Ok(LinearWeight::KQuant(Arc::new(w)));
         }
         let q = self.qtensor(name)?;
         // 16-bit matrices stay 16-bit (the dense kernels read them and widen exactly); candle

@@ -22,7 +22,7 @@ use super::gguf::prefers_own_kernel;
 use super::{Embedding, LinearWeight, StackedExperts, WeightSource};
 use crate::arch::qwen_hybrid::to_gguf::quantise_onto;
 use crate::error::{ModelError, Result};
-use crate::ops::quant::{GgmlMatrix, Kernel, Q4kMatrix, QuantType};
+use crate::ops::quant::{GgmlMatrix, KQuantMatrix, Kernel, QuantType};
 
 /// Rows quantised per parallel piece (values).
 const PIECE: usize = 1 << 22;
@@ -154,9 +154,9 @@ impl WeightSource for Quantizing<'_> {
                         return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?)));
                     }
                 }
-                if let (true, GgmlDType::Q4K, [n, k]) = (dev.is_cpu(), ty, t.dims()) {
-                    if crate::ops::quant::q4k::available() {
-                        return Ok(LinearWeight::Q4K(Arc::new(Q4kMatrix::from_bytes(*n, *k, &q.data()?)?)));
+                if let (true, true, [n, k]) = (dev.is_cpu(), crate::ops::quant::kquant::supports(ty), t.dims()) {
+                    if crate::ops::quant::kquant::available() {
+                        return Ok(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?)));
                     }
                 }
                 QMatMul::from_arc(Arc::new(q))?
@@ -276,8 +276,10 @@ mod tests {
                 (Some(_), Ok(m)) if prefers_own_kernel(QuantType::from_ggml(want).unwrap(), n, k) => {
                     LinearWeight::Ggml(Arc::new(m))
                 }
-                _ if want == GgmlDType::Q4K && crate::ops::quant::q4k::available() => {
-                    LinearWeight::Q4K(Arc::new(Q4kMatrix::from_bytes(n, k, &by_hand.data().unwrap()).unwrap()))
+                _ if crate::ops::quant::kquant::supports(want) && crate::ops::quant::kquant::available() => {
+                    LinearWeight::KQuant(Arc::new(
+                        KQuantMatrix::from_bytes(want, n, k, &by_hand.data().unwrap()).unwrap(),
+                    ))
                 }
                 _ => LinearWeight::Candle(QMatMul::from_arc(Arc::new(by_hand)).unwrap()),
             };

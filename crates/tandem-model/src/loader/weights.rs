@@ -9,19 +9,19 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::ops::quant::{GgmlMatrix, Q4kMatrix};
+use crate::ops::quant::{GgmlMatrix, KQuantMatrix};
 
 /// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
 /// fast kernels for), our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks and for
-/// Q4_K (packed at load, [`Q4kMatrix`]), or an affine weight with group biases (MLX 6/8-bit).
+/// Q4_K (packed at load, [`KQuantMatrix`]), or an affine weight with group biases (MLX 6/8-bit).
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Candle(QMatMul),
     Ggml(Arc<GgmlMatrix>),
     /// Affine 6/8-bit weights (mlx's) as Q8_0 plus group biases (`ops::quant::affine`).
     Affine(Arc<crate::ops::quant::affine::AffineQ8>),
-    /// Q4_K on the CPU where our kernel runs (AVX-512 VNNI).
-    Q4K(Arc<Q4kMatrix>),
+    /// Q4_K / Q5_K on the CPU where our kernel runs (AVX-512 VNNI).
+    KQuant(Arc<KQuantMatrix>),
 }
 
 impl LinearWeight {
@@ -32,7 +32,7 @@ impl LinearWeight {
             LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward(w, x)?,
             LinearWeight::Ggml(w) => w.forward(x)?,
             LinearWeight::Affine(w) => w.forward(x)?,
-            LinearWeight::Q4K(w) => w.forward(x)?,
+            LinearWeight::KQuant(w) => w.forward(x)?,
         })
     }
 }
@@ -45,7 +45,7 @@ impl LinearWeight {
             LinearWeight::Candle(QMatMul::Tensor(t)) | LinearWeight::Candle(QMatMul::TensorF16(t)) => t.dims2()?,
             LinearWeight::Ggml(w) => (w.n(), w.k()),
             LinearWeight::Affine(w) => w.dims(),
-            LinearWeight::Q4K(w) => (w.n(), w.k()),
+            LinearWeight::KQuant(w) => (w.n(), w.k()),
         })
     }
 
@@ -94,11 +94,11 @@ impl LinearWeight {
                 }
                 LinearWeight::Affine(Arc::new(w.first_rows(n)?))
             }
-            LinearWeight::Q4K(w) => {
+            LinearWeight::KQuant(w) => {
                 if n > w.n() {
                     return Err(too_many(w.n()));
                 }
-                LinearWeight::Q4K(Arc::new(w.first_rows(n)))
+                LinearWeight::KQuant(Arc::new(w.first_rows(n)))
             }
         })
     }

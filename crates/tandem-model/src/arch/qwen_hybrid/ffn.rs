@@ -202,14 +202,14 @@ impl Moe {
     }
 
     /// The routed experts of a few rows as two grouped calls when every expert is a packed
-    /// Q4K matrix ([`crate::ops::quant::q4k::matmul_grouped`]: gate and up of every (row,
+    /// Q4K matrix ([`crate::ops::quant::kquant::matmul_grouped`]: gate and up of every (row,
     /// expert) pair at once, then every down), `None` otherwise. Each row gets the bits of the
     /// per-expert loop: the same products, SiLU and product on the same values, the weighted
     /// outputs added to zero in expert order as `index_add` adds them.
     fn grouped(&self, x: &Tensor, per_expert: &[(Vec<u32>, Vec<f32>)]) -> Result<Option<Tensor>> {
-        use crate::ops::quant::q4k::{matmul_grouped, Job};
+        use crate::ops::quant::kquant::{matmul_grouped, Job};
         let q4k = |w: &ExpertW| match w {
-            ExpertW::Linear(Linear { weight: LinearWeight::Q4K(m), bias: None }) => Some(m.clone()),
+            ExpertW::Linear(Linear { weight: LinearWeight::KQuant(m), bias: None }) => Some(m.clone()),
             _ => None,
         };
         let mut pairs = Vec::new(); // (row, weight, gate, up, down)
@@ -379,19 +379,19 @@ mod tests {
         use std::sync::Arc;
         let (e, top_k, h, i, m) = (6, 2, 256, 256, GROUPED_ROWS + 4);
         let mut rng = Rng(5);
-        let mut mat = |rows: usize, cols: usize| -> (Vec<f32>, ExpertW) {
+        // Q4K gate / up and Q5K down, as in a Q4_K_M / Q5_K_M mix.
+        let mut mat = |rows: usize, cols: usize, dt: GgmlDType| -> (Vec<f32>, ExpertW) {
             let w = rng.vec(rows * cols);
-            let q =
-                QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap(), GgmlDType::Q4K).unwrap();
-            let m = crate::ops::quant::Q4kMatrix::from_bytes(rows, cols, &q.data().unwrap()).unwrap();
+            let q = QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap(), dt).unwrap();
+            let m = crate::ops::quant::KQuantMatrix::from_bytes(dt, rows, cols, &q.data().unwrap()).unwrap();
             let deq = m.dequantize();
-            (deq, ExpertW::Linear(Linear { weight: LinearWeight::Q4K(Arc::new(m)), bias: None }))
+            (deq, ExpertW::Linear(Linear { weight: LinearWeight::KQuant(Arc::new(m)), bias: None }))
         };
         let (mut gate, mut up, mut down, mut experts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..e {
-            let (g, gw) = mat(i, h);
-            let (u, uw) = mat(i, h);
-            let (d, dw) = mat(h, i);
+            let (g, gw) = mat(i, h, GgmlDType::Q4K);
+            let (u, uw) = mat(i, h, GgmlDType::Q4K);
+            let (d, dw) = mat(h, i, GgmlDType::Q5K);
             gate.push(g);
             up.push(u);
             down.push(d);

@@ -132,7 +132,7 @@ impl AffineQ8 {
                     t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?
                 }
                 LinearWeight::Affine(a) => a.dequantize()?,
-                LinearWeight::Q4K(m) => Tensor::from_vec(m.dequantize(), (m.n(), m.k()), &Device::Cpu)?,
+                LinearWeight::KQuant(m) => Tensor::from_vec(m.dequantize(), (m.n(), m.k()), &Device::Cpu)?,
             })
         };
         let groups = self.k / self.group;

@@ -13,7 +13,7 @@
 //! * `neon`: the aarch64 kernels (NEON, with `sdot` where the CPU has `dotprod`), in the
 //!   reference's order: the reference's bits (tested under emulation, `make test-neon`);
 //! * [`matrix`]: [`GgmlMatrix`] and its rayon-parallel matmul;
-//! * [`q4k`]: [`Q4kMatrix`], Q4K packed at load and its AVX-512 VNNI kernel (every call size);
+//! * [`kquant`]: [`KQuantMatrix`], Q4K packed at load and its AVX-512 VNNI kernel (every call size);
 //! * `op`: [`GgmlMatrix::forward`] on candle tensors (a CPU `CustomOp1`);
 //! * [`row_stable`]: candle's `QMatMul` routed so every row's result is independent of the
 //!   number of rows in the call (decode step = row of a speculative verify chunk), with
@@ -43,11 +43,11 @@ pub mod cuda_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_tmma;
 pub mod dense;
+pub mod kquant;
 pub mod matrix;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod op;
-pub mod q4k;
 #[cfg(target_arch = "x86_64")]
 pub mod q6k;
 pub mod reference;
@@ -59,8 +59,8 @@ mod tests_candle;
 
 pub use activation::Q8Block;
 pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBlock};
+pub use kquant::KQuantMatrix;
 pub use matrix::GgmlMatrix;
-pub use q4k::Q4kMatrix;
 
 /// candle's `BlockQ8K::from_float` of `row` into `out` (the AVX-512 copy in [`q6k`] where the
 /// CPU has it: the same bytes).

@@ -9,7 +9,7 @@
 //!   a few ulps apart, enough to flip a near-tie of two logits;
 //! * **Q4K**: `m >= 32` runs AMX tiles where the CPU has AMX, smaller calls the repacked VNNI
 //!   tiles (which are row-invariant among themselves). On AVX-512 VNNI CPUs a GGUF's (or
-//!   `--quantize`'s) Q4K matrices do not come here at all: they load as [`super::q4k`]'s packed
+//!   `--quantize`'s) Q4K matrices do not come here at all: they load as [`super::kquant`]'s packed
 //!   matrices, row-invariant by construction.
 //!
 //! [`forward`] keeps candle's decode path untouched and routes the other calls so that every

@@ -1,10 +1,11 @@
-//! Q4K weights on the CPU with a kernel of our own ([`Q4kMatrix`]), in place of candle's.
+//! Q4K and Q5K weights on the CPU with a kernel of our own ([`KQuantMatrix`]), in place of
+//! candle's.
 //!
 //! candle runs Q4K on repacked VNNI tiles that it builds lazily beside the file's blocks (the
 //! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
 //! a tile, and quantises the activations with a scalar loop on every call: 43% of
 //! qwen2.5-coder-1.5b's prefill was its tiles. Here the matrix is packed once at load
-//! ([`tile`]: 5 bits a value, the file's blocks dropped), a pass over a tile serves up to 8
+//! ([`tile`]: 5 bits a value for Q4K, 6 for Q5K, the file's blocks dropped), a pass over a tile serves up to 8
 //! rows, the activations are quantised by the AVX-512 quantiser of [`super::q6k`], and every
 //! (row, column) result has one fixed order of operations ([`tile::dot`]), so a row gets the
 //! same bits in a decode step, a verify chunk or a prefill chunk.
@@ -21,31 +22,41 @@ mod avx512;
 #[cfg(test)]
 mod tests;
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
-use tile::{Tile, COLS, QK_K};
+use tile::{HighBits, Tile, COLS, QK_K};
 
-/// A Q4K weight matrix of `n` output rows by `k` inputs, packed for [`Q4kMatrix::forward`].
-pub struct Q4kMatrix {
+/// A Q4K or Q5K weight matrix of `n` output rows by `k` inputs, packed for
+/// [`KQuantMatrix::forward`].
+pub struct KQuantMatrix {
     n: usize,
     k: usize,
     tiles: Vec<Tile>,
+    /// Q5K: each tile's fifth bits; empty for Q4K.
+    high: Vec<HighBits>,
 }
 
-impl std::fmt::Debug for Q4kMatrix {
+impl std::fmt::Debug for KQuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q4kMatrix(n={}, k={})", self.n, self.k)
+        write!(f, "KQuantMatrix({:?}, n={}, k={})", self.dtype(), self.n, self.k)
     }
 }
 
-/// Whether this CPU runs our Q4K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle` (all
-/// quantised types) or `TANDEM_Q4K_KERNEL=candle` (Q4K only) keeps candle's, for comparisons.
+/// Whether [`KQuantMatrix`] takes weights of this type.
+pub fn supports(dtype: GgmlDType) -> bool {
+    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K)
+}
+
+/// Whether this CPU runs our Q4K / Q5K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle`
+/// (all quantised types) or `TANDEM_KQUANT_KERNEL=candle` (Q4K and Q5K only) keeps candle's, for
+/// comparisons.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let candle =
-            *CANDLE.get_or_init(|| std::env::var("TANDEM_Q4K_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")));
+        let candle = *CANDLE
+            .get_or_init(|| std::env::var("TANDEM_KQUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")));
         avx512::available() && !super::Kernel::candle_only() && !candle
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -57,17 +68,44 @@ pub fn available() -> bool {
 /// Activation bytes per block of rows: they stay in L2 while a task's columns pass over them.
 const ROW_BLOCK_BYTES: usize = 256 * 1024;
 
-impl Q4kMatrix {
-    /// From a GGUF tensor's bytes: `n` rows of `k / 256` `block_q4_K`s.
-    pub fn from_bytes(n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
+impl KQuantMatrix {
+    /// From a GGUF tensor's bytes: `n` rows of `k / 256` `block_q4_K`s or `block_q5_K`s.
+    pub fn from_bytes(dtype: GgmlDType, n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
         if k == 0 || !k.is_multiple_of(QK_K) || n == 0 {
-            candle_core::bail!("Q4K matrix [{n}, {k}]: k must be a positive multiple of {QK_K}");
+            candle_core::bail!("{dtype:?} matrix [{n}, {k}]: k must be a positive multiple of {QK_K}");
         }
-        let want = n * (k / QK_K) * tile::BLOCK_BYTES;
+        let block = match dtype {
+            GgmlDType::Q4K => tile::BLOCK_BYTES,
+            GgmlDType::Q5K => tile::BLOCK5_BYTES,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q4K, Q5K)"),
+        };
+        let want = n * (k / QK_K) * block;
         if bytes.len() != want {
-            candle_core::bail!("Q4K matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
+            candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
-        Ok(Self { n, k, tiles: tile::pack(bytes, n, k) })
+        let (tiles, high) = match dtype {
+            GgmlDType::Q4K => (tile::pack(bytes, n, k), Vec::new()),
+            _ => tile::pack5(bytes, n, k),
+        };
+        Ok(Self { n, k, tiles, high })
+    }
+
+    /// Q4K or Q5K.
+    pub fn dtype(&self) -> GgmlDType {
+        if self.high.is_empty() {
+            GgmlDType::Q4K
+        } else {
+            GgmlDType::Q5K
+        }
+    }
+
+    /// The high bits of tiles `from ..` (null for Q4K), for the kernel.
+    fn high_ptr(&self, from: usize) -> *const HighBits {
+        if self.high.is_empty() {
+            std::ptr::null()
+        } else {
+            self.high[from..].as_ptr()
+        }
     }
 
     pub fn n(&self) -> usize {
@@ -82,7 +120,8 @@ impl Q4kMatrix {
     pub fn first_rows(&self, n: usize) -> Self {
         let n = n.clamp(1, self.n);
         let nb = self.k / QK_K;
-        Self { n, k: self.k, tiles: self.tiles[..n.div_ceil(COLS) * nb].to_vec() }
+        let t = n.div_ceil(COLS) * nb;
+        Self { n, k: self.k, tiles: self.tiles[..t].to_vec(), high: self.high[..t.min(self.high.len())].to_vec() }
     }
 
     /// The weights as f32, `[n, k]` row-major.
@@ -92,8 +131,9 @@ impl Q4kMatrix {
         for (row, o) in out.chunks_exact_mut(self.k).enumerate() {
             let (ct, c) = (row / COLS, row % COLS);
             for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                let h = self.high.get(ct * nb + b);
                 for i in 0..QK_K {
-                    o[b * QK_K + i] = tile::weight(t, c, i);
+                    o[b * QK_K + i] = tile::weight(t, h, c, i);
                 }
             }
         }
@@ -150,8 +190,9 @@ impl Q4kMatrix {
         for r in 0..m {
             let acts: Vec<tile::Act<'_>> = (0..nb).map(|b| act(&q8[r * nb + b], bsum[r * nb + b])).collect();
             for col in 0..self.n {
-                let tiles = &self.tiles[(col / COLS) * nb..(col / COLS + 1) * nb];
-                y[r * self.n + col] = tile::dot(tiles, col % COLS, &acts);
+                let range = (col / COLS) * nb..(col / COLS + 1) * nb;
+                let high = if self.high.is_empty() { &[][..] } else { &self.high[range.clone()] };
+                y[r * self.n + col] = tile::dot(&self.tiles[range], high, col % COLS, &acts);
             }
         }
     }
@@ -175,7 +216,7 @@ impl Q4kMatrix {
             for r0 in (0..m).step_by(block) {
                 let r1 = (r0 + block).min(m);
                 for ct in cts.clone() {
-                    let tiles = self.tiles[ct * nb..].as_ptr();
+                    let (tiles, high) = (self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb));
                     let cols = COLS.min(n - ct * COLS);
                     let mut r = r0;
                     while r < r1 {
@@ -183,7 +224,7 @@ impl Q4kMatrix {
                         macro_rules! go {
                             ($R:literal) => {{
                                 let rows: [avx512::RowPtr; $R] = std::array::from_fn(|i| row_ptr(r + i));
-                                avx512::rows::<$R>(tiles, nb, &rows, o, n, cols);
+                                avx512::rows::<$R>(tiles, high, nb, &rows, o, n, cols);
                                 r += $R;
                             }};
                         }

@@ -1,15 +1,15 @@
-//! Several Q4K products of one row each in one parallel call: the few rows of a MoE decode or
+//! Several Q4K / Q5K products of one row each in one parallel call: the few rows of a MoE decode or
 //! verify step meet 8 experts x 3 matrices, and as separate calls each one quantises its input
 //! again and wakes the thread pool for a few microseconds of work. Here the rows are quantised
 //! once and the column tiles of every product are split over the threads together. Every
-//! result has the bits of the same product done alone ([`Q4kMatrix::matmul`]): the same
+//! result has the bits of the same product done alone ([`KQuantMatrix::matmul`]): the same
 //! quantised row, the same per-lane arithmetic.
 
-use super::{quantize, Q4kMatrix, COLS, QK_K};
+use super::{quantize, KQuantMatrix, COLS, QK_K};
 
 /// One product: `w · x[row]ᵀ`.
 pub struct Job<'a> {
-    pub w: &'a Q4kMatrix,
+    pub w: &'a KQuantMatrix,
     pub row: usize,
 }
 
@@ -62,7 +62,8 @@ unsafe fn run(
             let row =
                 [avx512::RowPtr { q8: q8[job.row * nb..].as_ptr() as *const u8, bsum: bsum[job.row * nb..].as_ptr() }];
             let cols = COLS.min(job.w.n - ct * COLS);
-            avx512::rows::<1>(job.w.tiles[ct * nb..].as_ptr(), nb, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
+            let (tiles, high) = (job.w.tiles[ct * nb..].as_ptr(), job.w.high_ptr(ct * nb));
+            avx512::rows::<1>(tiles, high, nb, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
         }
     });
 }

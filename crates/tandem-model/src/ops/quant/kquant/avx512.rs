@@ -1,11 +1,11 @@
-//! The Q4K × Q8K kernel on AVX-512 VNNI: 16 columns in the 16 lanes of a register, `R` (1..=8)
-//! activation rows per pass over a column tile, each tile's weights decoded once for the `R`
-//! rows. Per lane it runs [`super::tile::dot`]'s arithmetic: the sub-block integer sums by
+//! The Q4K / Q5K × Q8K kernel on AVX-512 VNNI: 16 columns in the 16 lanes of a register, `R`
+//! (1..=8) activation rows per pass over a column tile, each tile's weights decoded once for the
+//! `R` rows (Q5K: the fifth bits added as 16 by a byte-masked add). Per lane it runs [`super::tile::dot`]'s arithmetic: the sub-block integer sums by
 //! `dpbusd` (exact), the mins by `dpwssd` (exact), then the same `fma`s in the same order.
 
 use std::arch::x86_64::*;
 
-use super::tile::{Tile, COLS};
+use super::tile::{HighBits, Tile, COLS};
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -26,15 +26,17 @@ pub struct RowPtr {
 const Q8_BYTES: usize = 292;
 const Q8_QS: usize = 4;
 
-/// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (16 columns along k)
-/// with rows `rows[0..R]`; `out` rows `ldo` floats apart, `cols` (1..=16) columns written.
+/// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (16 columns along k;
+/// with `high[0..nb]`, its Q5K fifth bits, where `high` is not null) with rows `rows[0..R]`;
+/// `out` rows `ldo` floats apart, `cols` (1..=16) columns written.
 ///
 /// # Safety
-/// [`available`]; `tiles` holds `nb` tiles, each row pointer `nb` superblocks, `out` room for
-/// `R` rows of `ldo` with `cols` at the front.
+/// [`available`]; `tiles` (and `high` if not null) hold `nb` entries, each row pointer `nb`
+/// superblocks, `out` room for `R` rows of `ldo` with `cols` at the front.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn rows<const R: usize>(
     tiles: *const Tile,
+    high: *const HighBits,
     nb: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
@@ -42,9 +44,11 @@ pub unsafe fn rows<const R: usize>(
     cols: usize,
 ) {
     let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let t = &*tiles.add(b);
+        let hb = if high.is_null() { None } else { Some(&*high.add(b)) };
         let d = _mm512_loadu_ps(t.d.as_ptr());
         let mut tt = [_mm512_setzero_ps(); R];
         let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
@@ -52,8 +56,12 @@ pub unsafe fn rows<const R: usize>(
             let mut isum = [_mm512_setzero_si512(); R];
             for g in 4 * s..4 * s + 4 {
                 let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                let mut lo = _mm512_and_si512(w, m4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                if let Some(h) = hb {
+                    lo = _mm512_mask_add_epi8(lo, h.0[2 * g], lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, h.0[2 * g + 1], hi, sixteen);
+                }
                 for r in 0..R {
                     let a = q8[r].add(8 * g) as *const i32;
                     isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(a.read_unaligned()));

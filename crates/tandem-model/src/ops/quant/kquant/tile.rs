@@ -1,5 +1,5 @@
-//! The Q4K weight layout our kernel reads, packed once at load from GGUF's `block_q4_K`s, and
-//! the plain reference of the kernel's arithmetic.
+//! The Q4K / Q5K weight layout our kernel reads, packed once at load from GGUF's `block_q4_K`s
+//! or `block_q5_K`s, and the plain reference of the kernel's arithmetic.
 //!
 //! A [`Tile`] holds one 256-value superblock of 16 consecutive output columns (weight rows).
 //! Its 4-bit values are interleaved so that one 64-byte load gives, for each of the 16 columns
@@ -8,6 +8,9 @@
 //! broadcast activation bytes. The 6-bit scales and mins stay integers (scales as bytes, mins
 //! as the i16 pairs a `dpwssd` takes), `d` and `dmin` as f32: 2,560 bytes for 16 × 256 values
 //! (5 bits a value, against 4.5 in the file and candle's repacked copy's 6 beside the file's).
+//! Q5K's fifth bit of each value goes to a [`HighBits`] plane beside each tile (512 bytes: per
+//! group of 8 values, the two 64-bit byte masks under which the kernel adds 16 to the 4-bit
+//! values).
 //!
 //! Per (activation row, column) the result is, with `isum_s` the exact integer dot product of
 //! sub-block `s` (32 values) and `bsum_s` the sum of its 32 activation bytes:
@@ -32,6 +35,28 @@ pub const COLS: usize = 16;
 /// Bytes of one GGUF `block_q4_K`: d, dmin (f16), 12 bytes of packed scales and mins, 128 of
 /// 4-bit values.
 pub const BLOCK_BYTES: usize = 144;
+/// Bytes of one GGUF `block_q5_K`: as `block_q4_K` with 32 bytes of high bits before the 128.
+pub const BLOCK5_BYTES: usize = 176;
+
+/// The fifth bits of a Q5K tile, as the byte masks the kernel adds 16 under: for group `g`,
+/// word `2g` has bit `4c + j` set when value `8g + j` of column `c` has its fifth bit (the low
+/// nibbles' register), word `2g + 1` the same for value `8g + 4 + j` (the high nibbles').
+#[derive(Clone)]
+#[repr(C, align(16))]
+pub struct HighBits(pub [u64; 2 * QK_K / 8]);
+
+impl HighBits {
+    /// 16 if value `i` of column `c` has its fifth bit, else 0.
+    pub fn of(&self, c: usize, i: usize) -> u8 {
+        let (g, j) = (i / 8, i % 8);
+        (((self.0[2 * g + j / 4] >> (4 * c + j % 4)) & 1) as u8) << 4
+    }
+
+    fn set(&mut self, c: usize, i: usize) {
+        let (g, j) = (i / 8, i % 8);
+        self.0[2 * g + j / 4] |= 1 << (4 * c + j % 4);
+    }
+}
 
 /// 16 columns × one superblock (see the module docs).
 #[derive(Clone)]
@@ -87,26 +112,51 @@ fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
 /// in parallel). Columns past `n` in the last tile are zero.
 pub fn pack(bytes: &[u8], n: usize, k: usize) -> Vec<Tile> {
     use rayon::prelude::*;
-    let nb = k / QK_K;
-    // Each tile written once, straight into the result (no zeroed copy first).
-    (0..n.div_ceil(COLS) * nb)
-        .into_par_iter()
-        .map(|i| {
-            let (ct, b) = (i / nb, i % nb);
-            let mut t = Tile::zeroed();
-            for c in 0..COLS.min(n - ct * COLS) {
-                fill(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * BLOCK_BYTES..][..BLOCK_BYTES]);
-            }
-            t
-        })
-        .collect()
+    let fill4 = |t: &mut Tile, _: &mut HighBits, c, blk: &[u8]| fill(t, c, &blk[..4], &blk[4..16], &blk[16..]);
+    (0..n.div_ceil(COLS) * (k / QK_K)).into_par_iter().map(|i| build(bytes, n, k, BLOCK_BYTES, i, &fill4).0).collect()
 }
 
-/// Column `c` of a tile from one `block_q4_K`.
-fn fill(t: &mut Tile, c: usize, blk: &[u8]) {
-    t.d[c] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-    t.dmin[c] = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-    let (scales, qs) = (&blk[4..16], &blk[16..]);
+/// [`pack`] for Q5K (`n` rows of `k / 256` blocks of [`BLOCK5_BYTES`]): the tiles of the low 4
+/// bits and, beside each, its [`HighBits`].
+pub fn pack5(bytes: &[u8], n: usize, k: usize) -> (Vec<Tile>, Vec<HighBits>) {
+    use rayon::prelude::*;
+    let fill5 = |t: &mut Tile, h: &mut HighBits, c, blk: &[u8]| {
+        fill(t, c, &blk[..4], &blk[4..16], &blk[48..]);
+        // The file: value 64h + l (l < 32) has bit 2h of qh[l], value 64h + 32 + l bit 2h + 1.
+        let qh = &blk[16..48];
+        for i in 0..QK_K {
+            if (qh[i % 32] >> (2 * (i / 64) + (i % 64) / 32)) & 1 == 1 {
+                h.set(c, i);
+            }
+        }
+    };
+    (0..n.div_ceil(COLS) * (k / QK_K)).into_par_iter().map(|i| build(bytes, n, k, BLOCK5_BYTES, i, &fill5)).unzip()
+}
+
+/// Tile `i` (column tile `i / nb`, superblock `i % nb`), each column filled by `fill_col` from
+/// its block of `block` bytes; columns past `n` stay zero.
+fn build(
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    block: usize,
+    i: usize,
+    fill_col: &(impl Fn(&mut Tile, &mut HighBits, usize, &[u8]) + Sync),
+) -> (Tile, HighBits) {
+    let nb = k / QK_K;
+    let (ct, b) = (i / nb, i % nb);
+    let (mut t, mut h) = (Tile::zeroed(), HighBits([0; 2 * QK_K / 8]));
+    for c in 0..COLS.min(n - ct * COLS) {
+        fill_col(&mut t, &mut h, c, &bytes[((ct * COLS + c) * nb + b) * block..][..block]);
+    }
+    (t, h)
+}
+
+/// Column `c` of a tile from one block's `d, dmin` (4 bytes), 12 bytes of scales and 128 of
+/// 4-bit values.
+fn fill(t: &mut Tile, c: usize, dd: &[u8], scales: &[u8], qs: &[u8]) {
+    t.d[c] = f16::from_le_bytes([dd[0], dd[1]]).to_f32();
+    t.dmin[c] = f16::from_le_bytes([dd[2], dd[3]]).to_f32();
     for s in 0..8 {
         let (sc, mn) = scale_min(s, scales);
         t.sc[s][c] = sc;
@@ -129,10 +179,16 @@ fn fill(t: &mut Tile, c: usize, blk: &[u8]) {
     }
 }
 
-/// The weight value `i` of column `c` of a tile as f32 (for dequantising and tests).
-pub fn weight(t: &Tile, c: usize, i: usize) -> f32 {
+/// Value `i` of column `c`: the 4-bit part, plus 16 for a Q5K tile's set fifth bit.
+fn value(t: &Tile, h: Option<&HighBits>, c: usize, i: usize) -> u8 {
+    t.value(c, i) + h.map_or(0, |h| h.of(c, i))
+}
+
+/// The weight value `i` of column `c` of a tile (with its high bits for Q5K) as f32 (for
+/// dequantising and tests).
+pub fn weight(t: &Tile, h: Option<&HighBits>, c: usize, i: usize) -> f32 {
     let s = i / 32;
-    t.d[c] * t.sc[s][c] as f32 * t.value(c, i) as f32 - t.dmin[c] * t.mn[s / 2][2 * c + s % 2] as f32
+    t.d[c] * t.sc[s][c] as f32 * value(t, h, c, i) as f32 - t.dmin[c] * t.mn[s / 2][2 * c + s % 2] as f32
 }
 
 /// One activation superblock as the kernel reads it: candle's `BlockQ8K` bytes (`d`, 256
@@ -147,13 +203,15 @@ pub struct Act<'a> {
 
 /// The product of column `c` of `tiles` (one column tile along k) and one activation row, in
 /// the kernel's order (module docs): the reference the SIMD kernel is tested against.
-pub fn dot(tiles: &[Tile], c: usize, acts: &[Act<'_>]) -> f32 {
+/// `high`: the tiles' [`HighBits`] for Q5K, empty for Q4K.
+pub fn dot(tiles: &[Tile], high: &[HighBits], c: usize, acts: &[Act<'_>]) -> f32 {
     let mut acc = 0f32;
-    for (t, a) in tiles.iter().zip(acts) {
+    for (b, (t, a)) in tiles.iter().zip(acts).enumerate() {
+        let h = high.get(b);
         let mut tt = 0f32;
         let mut ms = 0i32;
         for s in 0..8 {
-            let isum: i32 = (32 * s..32 * s + 32).map(|i| t.value(c, i) as i32 * a.qs[i] as i32).sum();
+            let isum: i32 = (32 * s..32 * s + 32).map(|i| value(t, h, c, i) as i32 * a.qs[i] as i32).sum();
             tt = (isum as f32).mul_add(t.d[c] * t.sc[s][c] as f32, tt);
             let word = a.bsum[s / 2];
             let bsum = if s % 2 == 0 { word as u16 as i16 } else { (word >> 16) as u16 as i16 };

@@ -1,0 +1,129 @@
+//! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
+//! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
+//! against candle's own matmul of the same type (within quantisation noise); every test for
+//! both types.
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use super::*;
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+const TYPES: [GgmlDType; 2] = [GgmlDType::Q4K, GgmlDType::Q5K];
+
+/// A random `[n, k]` matrix of `dt` as candle quantises it: its GGUF bytes and the candle tensor.
+fn matrix(dt: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, QTensor) {
+    let w = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, dt).unwrap();
+    (q.data().unwrap().to_vec(), q)
+}
+
+#[test]
+fn packing_keeps_every_weight() {
+    for dt in TYPES {
+        for (n, k) in [(16, 256), (37, 512), (5, 768)] {
+            let (bytes, q) = matrix(dt, n, k, 7 + n as u64);
+            let ours = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap().dequantize();
+            let candle = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(ours, candle, "{dt:?} [{n}, {k}]");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn kernel_equals_reference_bit_for_bit() {
+    if !available() {
+        eprintln!("no AVX-512 VNNI here: skipped");
+        return;
+    }
+    let shapes =
+        [(16, 256, 1), (48, 512, 3), (37, 768, 8), (21, 256, 13), (64, 1024, 20), (4, 256, 12), (1040, 256, 24)];
+    for ((n, k, m), dt) in shapes.into_iter().flat_map(|s| TYPES.map(|t| (s, t))) {
+        let (bytes, _) = matrix(dt, n, k, 11 * n as u64 + k as u64);
+        let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
+        let x = random(m * k, 3 + m as u64);
+        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let mut fast = vec![f32::NAN; m * n];
+        let mut plain = vec![f32::NAN; m * n];
+        unsafe { w.matmul_avx512(&q8, &bsum, m, &mut fast) };
+        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
+        let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(fb, pb, "{dt:?} [{n}, {k}] x {m} rows");
+    }
+}
+
+/// A row's result does not depend on the other rows of the call (decode = verify = prefill).
+#[test]
+fn rows_are_independent_of_the_call() {
+    for dt in TYPES {
+        let (n, k) = (40, 512);
+        let (bytes, _) = matrix(dt, n, k, 99);
+        let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
+        let x = random(17 * k, 5);
+        let mut all = vec![0f32; 17 * n];
+        w.matmul(&x, 17, &mut all);
+        for m in [1, 2, 5, 8, 9, 16] {
+            for r0 in [0, 17 - m] {
+                let mut part = vec![0f32; m * n];
+                w.matmul(&x[r0 * k..(r0 + m) * k], m, &mut part);
+                let want: Vec<u32> = all[r0 * n..(r0 + m) * n].iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = part.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{dt:?}: rows {r0}..{} in a call of {m}", r0 + m);
+            }
+        }
+    }
+}
+
+#[test]
+fn product_matches_candles_matmul() {
+    for dt in TYPES {
+        let (n, k, m) = (48, 1024, 6);
+        let (bytes, q) = matrix(dt, n, k, 1234);
+        let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
+        let x = Tensor::from_vec(random(m * k, 77), (m, k), &Device::Cpu).unwrap();
+        let ours = w.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let candle =
+            QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
+            assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{dt:?} element {i}: {a} against candle's {b}");
+        }
+        // And both near the f32 product of the dequantised weights (activation rounding only).
+        let wd = Tensor::from_vec(w.dequantize(), (n, k), &Device::Cpu).unwrap();
+        let exact = x.matmul(&wd.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // 8-bit activations: errors of about 1% of the largest output, wherever it lands.
+        let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in ours.iter().zip(&exact).enumerate() {
+            assert!((a - b).abs() <= 0.02 * scale, "{dt:?} element {i}: {a} against f32 {b} (largest {scale})");
+        }
+    }
+}
+
+#[test]
+fn first_rows_and_bad_sizes() {
+    for dt in TYPES {
+        let (bytes, _) = matrix(dt, 40, 256, 3);
+        let w = KQuantMatrix::from_bytes(dt, 40, 256, &bytes).unwrap();
+        let head = w.first_rows(20);
+        assert_eq!((head.n(), head.k()), (20, 256));
+        assert_eq!(head.dequantize(), w.dequantize()[..20 * 256].to_vec());
+        assert!(KQuantMatrix::from_bytes(dt, 40, 256, &bytes[1..]).is_err());
+        assert!(KQuantMatrix::from_bytes(dt, 40, 100, &bytes).is_err());
+        let x = Tensor::zeros((2, 128), candle_core::DType::F32, &Device::Cpu).unwrap();
+        assert!(w.forward(&x).is_err());
+        assert_eq!(w.dtype(), dt);
+    }
+    assert!(KQuantMatrix::from_bytes(GgmlDType::Q6K, 40, 256, &[0; 40 * 210]).is_err());
+}
