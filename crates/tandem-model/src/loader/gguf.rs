@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{self, Content};
-use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
@@ -70,7 +70,11 @@ impl GgufSource {
     /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
     fn kquant_matrix(&self, name: &str) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let supported = crate::ops::quant::kquant::supports(info.ggml_dtype) && self.device.is_cpu();
+        // Q6K stays on the Q6K pair kernel (`row_stable`) unless `TANDEM_KQUANT_Q6K=1`: ours
+        // prefills faster but decodes slower (docs/PERFORMANCE.md), and an LM head, which only
+        // ever multiplies one row per sequence, always stays there.
+        let takes = crate::ops::quant::kquant::takes(info.ggml_dtype, name == "output.weight");
+        let supported = takes && self.device.is_cpu();
         let ([n, k], true) = (info.shape.dims(), supported) else {
             return Ok(None);
         };

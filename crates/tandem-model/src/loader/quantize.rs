@@ -154,7 +154,8 @@ impl WeightSource for Quantizing<'_> {
                         return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?)));
                     }
                 }
-                if let (true, true, [n, k]) = (dev.is_cpu(), crate::ops::quant::kquant::supports(ty), t.dims()) {
+                let takes = crate::ops::quant::kquant::takes(ty, self.is_head(name));
+                if let (true, true, [n, k]) = (dev.is_cpu(), takes, t.dims()) {
                     if crate::ops::quant::kquant::available() {
                         return Ok(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?)));
                     }
@@ -276,7 +277,9 @@ mod tests {
                 (Some(_), Ok(m)) if prefers_own_kernel(QuantType::from_ggml(want).unwrap(), n, k) => {
                     LinearWeight::Ggml(Arc::new(m))
                 }
-                _ if crate::ops::quant::kquant::supports(want) && crate::ops::quant::kquant::available() => {
+                _ if crate::ops::quant::kquant::takes(want, name == "output.weight")
+                    && crate::ops::quant::kquant::available() =>
+                {
                     LinearWeight::KQuant(Arc::new(
                         KQuantMatrix::from_bytes(want, n, k, &by_hand.data().unwrap()).unwrap(),
                     ))

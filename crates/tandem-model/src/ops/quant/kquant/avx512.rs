@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
+use super::tile6::Tile6;
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -25,6 +26,7 @@ pub struct RowPtr {
 /// Byte offsets inside candle's `BlockQ8K`.
 const Q8_BYTES: usize = 292;
 const Q8_QS: usize = 4;
+const Q8_BSUMS: usize = 260;
 
 /// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (16 columns along k;
 /// with `high[0..nb]`, its Q5K fifth bits, where `high` is not null) with rows `rows[0..R]`;
@@ -85,6 +87,76 @@ pub unsafe fn rows<const R: usize>(
             let da = _mm512_set1_ps((rows[r].q8.add(b * Q8_BYTES) as *const f32).read_unaligned());
             acc[r] = _mm512_fmadd_ps(tt[r], da, acc[r]);
             acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin), da, acc[r]);
+        }
+    }
+    let mask: __mmask16 = if cols >= COLS { 0xFFFF } else { (1u16 << cols) - 1 };
+    for r in 0..R {
+        _mm512_mask_storeu_ps(out.add(r * ldo), mask, acc[r]);
+    }
+}
+
+/// [`rows`] for Q6K tiles ([`super::tile6`]): 16 sub-blocks of 16 values with signed scales, the
+/// top two bits added as 16 and 32 under byte masks, the values' -32 as a bsum term.
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn rows6<const R: usize>(
+    tiles: *const Tile6,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let (c16, c32) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..nb {
+        let t = &*tiles.add(b);
+        let d = _mm512_loadu_ps(t.d.as_ptr());
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
+        let mut tt = [_mm512_setzero_ps(); R];
+        for p in 0..8 {
+            let v = _mm512_load_si512(t.sc[p].as_ptr() as *const __m512i);
+            let scales = [
+                _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v))),
+                _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(v)),
+            ];
+            for (q, sc) in scales.into_iter().enumerate() {
+                let mut isum = [_mm512_setzero_si512(); R];
+                for g in 4 * p + 2 * q..4 * p + 2 * q + 2 {
+                    let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
+                    let mut lo = _mm512_and_si512(w, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                    lo = _mm512_mask_add_epi8(lo, t.hm[4 * g], lo, c16);
+                    lo = _mm512_mask_add_epi8(lo, t.hm[4 * g + 1], lo, c32);
+                    hi = _mm512_mask_add_epi8(hi, t.hm[4 * g + 2], hi, c16);
+                    hi = _mm512_mask_add_epi8(hi, t.hm[4 * g + 3], hi, c32);
+                    for r in 0..R {
+                        let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(a.read_unaligned()));
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(a.add(1).read_unaligned()));
+                    }
+                }
+                let dsc = _mm512_mul_ps(d, sc);
+                for r in 0..R {
+                    tt[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dsc, tt[r]);
+                }
+            }
+        }
+        let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
+        for r in 0..R {
+            // The activation's 16-value sums, two to a 32-bit word: the pairs `dpwssd` takes.
+            let words = blk[r].add(Q8_BSUMS) as *const i32;
+            let mut ms = _mm512_setzero_si512();
+            for p in 0..8 {
+                let v = _mm512_load_si512(t.sc[p].as_ptr() as *const __m512i);
+                ms = _mm512_dpwssd_epi32(ms, v, _mm512_set1_epi32(words.add(p).read_unaligned()));
+            }
+            let da = _mm512_set1_ps((blk[r] as *const f32).read_unaligned());
+            acc[r] = _mm512_fmadd_ps(tt[r], da, acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), d32), da, acc[r]);
         }
     }
     let mask: __mmask16 = if cols >= COLS { 0xFFFF } else { (1u16 << cols) - 1 };

@@ -5,7 +5,9 @@
 //! result has the bits of the same product done alone ([`KQuantMatrix::matmul`]): the same
 //! quantised row, the same per-lane arithmetic.
 
-use super::{quantize, KQuantMatrix, COLS, QK_K};
+use super::KQuantMatrix;
+#[cfg(target_arch = "x86_64")]
+use super::{quantize, COLS, QK_K};
 
 /// One product: `w · x[row]ᵀ`.
 pub struct Job<'a> {
@@ -62,8 +64,7 @@ unsafe fn run(
             let row =
                 [avx512::RowPtr { q8: q8[job.row * nb..].as_ptr() as *const u8, bsum: bsum[job.row * nb..].as_ptr() }];
             let cols = COLS.min(job.w.n - ct * COLS);
-            let (tiles, high) = (job.w.tiles[ct * nb..].as_ptr(), job.w.high_ptr(ct * nb));
-            avx512::rows::<1>(tiles, high, nb, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
+            job.w.tile_rows::<1>(ct, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
         }
     });
 }

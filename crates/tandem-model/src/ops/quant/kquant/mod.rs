@@ -14,6 +14,7 @@
 
 mod grouped;
 pub mod tile;
+pub mod tile6;
 
 pub use grouped::{matmul_grouped, Job};
 
@@ -26,15 +27,19 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
 use tile::{HighBits, Tile, COLS, QK_K};
+use tile6::Tile6;
 
-/// A Q4K or Q5K weight matrix of `n` output rows by `k` inputs, packed for
+/// A Q4K, Q5K or Q6K weight matrix of `n` output rows by `k` inputs, packed for
 /// [`KQuantMatrix::forward`].
 pub struct KQuantMatrix {
     n: usize,
     k: usize,
+    /// Q4K / Q5K tiles (empty for Q6K).
     tiles: Vec<Tile>,
-    /// Q5K: each tile's fifth bits; empty for Q4K.
+    /// Q5K: each tile's fifth bits; empty otherwise.
     high: Vec<HighBits>,
+    /// Q6K tiles (empty otherwise).
+    six: Vec<Tile6>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
@@ -45,7 +50,7 @@ impl std::fmt::Debug for KQuantMatrix {
 
 /// Whether [`KQuantMatrix`] takes weights of this type.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K)
+    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
 }
 
 /// Whether this CPU runs our Q4K / Q5K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle`
@@ -65,7 +70,22 @@ pub fn available() -> bool {
     }
 }
 
+/// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q4K and
+/// Q5K always, Q6K only for layers (not `head`, the LM head) and with [`q6k_layers`].
+pub fn takes(dtype: GgmlDType, head: bool) -> bool {
+    supports(dtype) && (dtype != GgmlDType::Q6K || (!head && q6k_layers()))
+}
+
+/// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
+/// default: one row at a time, its Q6K tiles run slower than the Q6K pair kernel that reads the
+/// file's blocks, while several rows run faster: a prefill-heavy workload's choice).
+pub fn q6k_layers() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_KQUANT_Q6K").as_deref() == Ok("1"))
+}
+
 /// Activation bytes per block of rows: they stay in L2 while a task's columns pass over them.
+#[cfg(target_arch = "x86_64")]
 const ROW_BLOCK_BYTES: usize = 256 * 1024;
 
 impl KQuantMatrix {
@@ -77,22 +97,28 @@ impl KQuantMatrix {
         let block = match dtype {
             GgmlDType::Q4K => tile::BLOCK_BYTES,
             GgmlDType::Q5K => tile::BLOCK5_BYTES,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q4K, Q5K)"),
+            GgmlDType::Q6K => tile6::BLOCK6_BYTES,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q4K, Q5K, Q6K)"),
         };
         let want = n * (k / QK_K) * block;
         if bytes.len() != want {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
-        let (tiles, high) = match dtype {
-            GgmlDType::Q4K => (tile::pack(bytes, n, k), Vec::new()),
-            _ => tile::pack5(bytes, n, k),
-        };
-        Ok(Self { n, k, tiles, high })
+        Ok(match dtype {
+            GgmlDType::Q4K => Self { n, k, tiles: tile::pack(bytes, n, k), high: Vec::new(), six: Vec::new() },
+            GgmlDType::Q5K => {
+                let (tiles, high) = tile::pack5(bytes, n, k);
+                Self { n, k, tiles, high, six: Vec::new() }
+            }
+            _ => Self { n, k, tiles: Vec::new(), high: Vec::new(), six: tile6::pack6(bytes, n, k) },
+        })
     }
 
     /// Q4K or Q5K.
     pub fn dtype(&self) -> GgmlDType {
-        if self.high.is_empty() {
+        if !self.six.is_empty() {
+            GgmlDType::Q6K
+        } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
             GgmlDType::Q5K
@@ -100,6 +126,7 @@ impl KQuantMatrix {
     }
 
     /// The high bits of tiles `from ..` (null for Q4K), for the kernel.
+    #[cfg(target_arch = "x86_64")]
     fn high_ptr(&self, from: usize) -> *const HighBits {
         if self.high.is_empty() {
             std::ptr::null()
@@ -121,7 +148,14 @@ impl KQuantMatrix {
         let n = n.clamp(1, self.n);
         let nb = self.k / QK_K;
         let t = n.div_ceil(COLS) * nb;
-        Self { n, k: self.k, tiles: self.tiles[..t].to_vec(), high: self.high[..t.min(self.high.len())].to_vec() }
+        let cut = |len: usize| t.min(len);
+        Self {
+            n,
+            k: self.k,
+            tiles: self.tiles[..cut(self.tiles.len())].to_vec(),
+            high: self.high[..cut(self.high.len())].to_vec(),
+            six: self.six[..cut(self.six.len())].to_vec(),
+        }
     }
 
     /// The weights as f32, `[n, k]` row-major.
@@ -130,6 +164,14 @@ impl KQuantMatrix {
         let mut out = vec![0f32; self.n * self.k];
         for (row, o) in out.chunks_exact_mut(self.k).enumerate() {
             let (ct, c) = (row / COLS, row % COLS);
+            if !self.six.is_empty() {
+                for (b, t) in self.six[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                    for i in 0..QK_K {
+                        o[b * QK_K + i] = tile6::weight(t, c, i);
+                    }
+                }
+                continue;
+            }
             for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
                 let h = self.high.get(ct * nb + b);
                 for i in 0..QK_K {
@@ -188,12 +230,38 @@ impl KQuantMatrix {
     ) {
         let nb = self.k / QK_K;
         for r in 0..m {
+            if !self.six.is_empty() {
+                let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
+                for col in 0..self.n {
+                    let range = (col / COLS) * nb..(col / COLS + 1) * nb;
+                    y[r * self.n + col] = tile6::dot(&self.six[range], col % COLS, &acts6);
+                }
+                continue;
+            }
             let acts: Vec<tile::Act<'_>> = (0..nb).map(|b| act(&q8[r * nb + b], bsum[r * nb + b])).collect();
             for col in 0..self.n {
                 let range = (col / COLS) * nb..(col / COLS + 1) * nb;
                 let high = if self.high.is_empty() { &[][..] } else { &self.high[range.clone()] };
                 y[r * self.n + col] = tile::dot(&self.tiles[range], high, col % COLS, &acts);
             }
+        }
+    }
+
+    /// The kernel on column tile `ct` for the rows `rows` (see [`avx512::rows`]).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_rows<const R: usize>(
+        &self,
+        ct: usize,
+        rows: &[avx512::RowPtr; R],
+        out: *mut f32,
+        ldo: usize,
+        cols: usize,
+    ) {
+        let nb = self.k / QK_K;
+        if self.six.is_empty() {
+            avx512::rows::<R>(self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb), nb, rows, out, ldo, cols);
+        } else {
+            avx512::rows6::<R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
         }
     }
 
@@ -216,7 +284,6 @@ impl KQuantMatrix {
             for r0 in (0..m).step_by(block) {
                 let r1 = (r0 + block).min(m);
                 for ct in cts.clone() {
-                    let (tiles, high) = (self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb));
                     let cols = COLS.min(n - ct * COLS);
                     let mut r = r0;
                     while r < r1 {
@@ -224,7 +291,7 @@ impl KQuantMatrix {
                         macro_rules! go {
                             ($R:literal) => {{
                                 let rows: [avx512::RowPtr; $R] = std::array::from_fn(|i| row_ptr(r + i));
-                                avx512::rows::<$R>(tiles, high, nb, &rows, o, n, cols);
+                                self.tile_rows::<$R>(ct, &rows, o, n, cols);
                                 r += $R;
                             }};
                         }
@@ -257,6 +324,14 @@ fn act(q: &candle_core::quantized::k_quants::BlockQ8K, bsum: [u32; 4]) -> tile::
             bsum,
         }
     }
+}
+
+/// One activation superblock for [`tile6::dot`]: `d`, the values and the 16-value sums.
+fn act6(q: &candle_core::quantized::k_quants::BlockQ8K) -> tile6::Act6<'_> {
+    let a = act(q, [0; 4]);
+    // SAFETY: as in `act`: the 16 i16 sums sit at byte 260 of the block.
+    let bsums = unsafe { ((q as *const _ as *const u8).add(260) as *const [i16; 16]).read_unaligned() };
+    tile6::Act6 { d: a.d, qs: a.qs, bsums }
 }
 
 /// The rows of `x` as candle's `BlockQ8K`s (the same bytes as its `from_float`, in parallel for

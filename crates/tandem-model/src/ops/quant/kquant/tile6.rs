@@ -1,0 +1,134 @@
+//! The Q6K layout of the K-quant kernel and its plain reference. A [`Tile6`] holds one
+//! 256-value superblock of 16 columns: the low 4 bits of each 6-bit value interleaved as in a
+//! Q4K [`super::tile::Tile`], the top two bits as byte masks (per group of 8 values: add 16 /
+//! add 32, for the low and the high nibbles' registers), the 16 signed scales of 16 values each
+//! as the i16 pairs a `dpwssd` takes, and `d`: 3,648 bytes for 16 × 256 values (7.1 bits a value,
+//! against 6.56 in the file).
+//!
+//! Per (activation row, column), with `isum_s` the exact dot product of the unsigned values
+//! (0..63) of sub-block `s` (16 values) and `bsum_s` the sum of its activation bytes:
+//!
+//! ```text
+//! for each superblock:  t = 0
+//!     for s in 0..16:   t = fma(f32(isum_s), d · sc_s, t)              (d · sc_s is exact)
+//!     ms = Σ_s sc_s · bsum_s                                           (exact integer)
+//!     acc = fma(t, d_a, acc);  acc = fma(-(f32(ms) · 32 d), d_a, acc)    (the values' -32)
+//! ```
+
+use half::f16;
+
+use super::tile::{COLS, QK_K};
+
+/// Bytes of one GGUF `block_q6_K`: 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d.
+pub const BLOCK6_BYTES: usize = 210;
+
+#[derive(Clone)]
+#[repr(C, align(64))]
+pub struct Tile6 {
+    /// As [`super::tile::Tile::qs`]: the low 4 bits.
+    pub qs: [u8; QK_K / 8 * COLS * 4],
+    /// Group `g`: words `4g .. 4g + 4` are the masks of bytes (bit `4c + j`) to add 16 and 32
+    /// to in the low nibbles' register (values `8g + j`), then the same for the high nibbles'
+    /// (values `8g + 4 + j`).
+    pub hm: [u64; 4 * QK_K / 8],
+    pub d: [f32; COLS],
+    /// `sc[p][2c]`, `sc[p][2c + 1]`: the scales of sub-blocks `2p` and `2p + 1` of column `c`.
+    pub sc: [[i16; 2 * COLS]; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<Tile6>() == 3648);
+
+impl Tile6 {
+    fn zeroed() -> Self {
+        Tile6 { qs: [0; QK_K / 8 * COLS * 4], hm: [0; 4 * QK_K / 8], d: [0.0; COLS], sc: [[0; 2 * COLS]; 8] }
+    }
+
+    /// Value `i` (0..256, 0..63: the signed weight + 32) of column `c`.
+    pub fn value(&self, c: usize, i: usize) -> u8 {
+        let (g, j) = (i / 8, i % 8);
+        let byte = self.qs[64 * g + 4 * c + j % 4];
+        let low = if j < 4 { byte & 0xF } else { byte >> 4 };
+        let bit = |w: usize| ((self.hm[4 * g + w] >> (4 * c + j % 4)) & 1) as u8;
+        let (w16, w32) = if j < 4 { (0, 1) } else { (2, 3) };
+        low + 16 * bit(w16) + 32 * bit(w32)
+    }
+
+    /// The scale of sub-block `s` (16 values) of column `c`.
+    pub fn scale(&self, c: usize, s: usize) -> i16 {
+        self.sc[s / 2][2 * c + s % 2]
+    }
+}
+
+/// Packs an `[n, k]` Q6K matrix (`n` rows of `k / 256` blocks of [`BLOCK6_BYTES`]) as
+/// [`super::tile::pack`] does Q4K.
+pub fn pack6(bytes: &[u8], n: usize, k: usize) -> Vec<Tile6> {
+    use rayon::prelude::*;
+    let nb = k / QK_K;
+    (0..n.div_ceil(COLS) * nb)
+        .into_par_iter()
+        .map(|i| {
+            let (ct, b) = (i / nb, i % nb);
+            let mut t = Tile6::zeroed();
+            for c in 0..COLS.min(n - ct * COLS) {
+                fill(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * BLOCK6_BYTES..][..BLOCK6_BYTES]);
+            }
+            t
+        })
+        .collect()
+}
+
+/// Column `c` of a tile from one `block_q6_K` (ql 128, qh 64, scales 16, d).
+fn fill(t: &mut Tile6, c: usize, blk: &[u8]) {
+    let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+    t.d[c] = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+    for s in 0..16 {
+        t.sc[s / 2][2 * c + s % 2] = sc[s] as i8 as i16;
+    }
+    // The file: in half h (128 values), quarter q (32 values), position l: the low 4 bits are
+    // ql[64h + l (+ 32 for odd q)] (high nibble for q >= 2), the top two bits qh[32h + l] >> 2q.
+    for i in 0..QK_K {
+        let (h, q, l) = (i / 128, (i % 128) / 32, i % 32);
+        let byte = ql[64 * h + l + 32 * (q % 2)];
+        let low = if q >= 2 { byte >> 4 } else { byte & 0xF };
+        let top = (qh[32 * h + l] >> (2 * q)) & 3;
+        let (g, j) = (i / 8, i % 8);
+        t.qs[64 * g + 4 * c + j % 4] |= if j < 4 { low } else { low << 4 };
+        let w = if j < 4 { 0 } else { 2 };
+        if top & 1 == 1 {
+            t.hm[4 * g + w] |= 1 << (4 * c + j % 4);
+        }
+        if top & 2 == 2 {
+            t.hm[4 * g + w + 1] |= 1 << (4 * c + j % 4);
+        }
+    }
+}
+
+/// The weight value `i` of column `c` as f32.
+pub fn weight(t: &Tile6, c: usize, i: usize) -> f32 {
+    t.d[c] * t.scale(c, i / 16) as f32 * (t.value(c, i) as i32 - 32) as f32
+}
+
+/// One activation superblock: `d`, its 256 bytes, and the sums of each 16 (candle's `bsums`).
+#[derive(Clone, Copy)]
+pub struct Act6<'a> {
+    pub d: f32,
+    pub qs: &'a [i8],
+    pub bsums: [i16; 16],
+}
+
+/// The product of column `c` of `tiles` with one activation row, in the kernel's order.
+pub fn dot(tiles: &[Tile6], c: usize, acts: &[Act6<'_>]) -> f32 {
+    let mut acc = 0f32;
+    for (t, a) in tiles.iter().zip(acts) {
+        let mut tt = 0f32;
+        let mut ms = 0i32;
+        for s in 0..16 {
+            let isum: i32 = (16 * s..16 * s + 16).map(|i| t.value(c, i) as i32 * a.qs[i] as i32).sum();
+            tt = (isum as f32).mul_add(t.d[c] * t.scale(c, s) as f32, tt);
+            ms += t.scale(c, s) as i32 * a.bsums[s] as i32;
+        }
+        acc = tt.mul_add(a.d, acc);
+        acc = (-(ms as f32 * (32.0 * t.d[c]))).mul_add(a.d, acc);
+    }
+    acc
+}
