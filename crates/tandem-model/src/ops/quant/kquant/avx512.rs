@@ -51,7 +51,7 @@ pub unsafe fn rows<const R: usize>(
     for b in 0..nb {
         let t = &*tiles.add(b);
         let hb = if high.is_null() { None } else { Some(&*high.add(b)) };
-        let d = _mm512_loadu_ps(t.d.as_ptr());
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
         let mut tt = [_mm512_setzero_ps(); R];
         let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
         for s in 0..8 {
@@ -76,8 +76,9 @@ pub unsafe fn rows<const R: usize>(
                 tt[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dsc, tt[r]);
             }
         }
-        let dmin = _mm512_loadu_ps(t.dmin.as_ptr());
-        let mn: [__m512i; 4] = std::array::from_fn(|p| _mm512_load_si512(t.mn[p].as_ptr() as *const __m512i));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(t.dmin.as_ptr() as *const __m256i));
+        let mn: [__m512i; 4] =
+            std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_loadu_si256(t.mn[p].as_ptr() as *const __m256i)));
         for r in 0..R {
             let bs = &*rows[r].bsum.add(b);
             let mut ms = _mm512_setzero_si512();

@@ -5,7 +5,7 @@
 //! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
 //! a tile, and quantises the activations with a scalar loop on every call: 43% of
 //! qwen2.5-coder-1.5b's prefill was its tiles. Here the matrix is packed once at load
-//! ([`tile`]: 5 bits a value for Q4K, 6 for Q5K, the file's blocks dropped), a pass over a tile serves up to 8
+//! ([`tile`]: 4.625 bits a value for Q4K, 5.6 for Q5K, the file's blocks dropped), a pass over a tile serves up to 8
 //! rows, the activations are quantised by the AVX-512 quantiser of [`super::q6k`], and every
 //! (row, column) result has one fixed order of operations ([`tile::dot`]), so a row gets the
 //! same bits in a decode step, a verify chunk or a prefill chunk.

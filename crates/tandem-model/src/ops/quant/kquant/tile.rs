@@ -5,9 +5,9 @@
 //! Its 4-bit values are interleaved so that one 64-byte load gives, for each of the 16 columns
 //! (one 32-bit lane each), 8 consecutive values: the low nibbles values `8g .. 8g + 3`, the high
 //! nibbles `8g + 4 .. 8g + 7` of group `g`; a VNNI `dpbusd` then multiplies them with 4
-//! broadcast activation bytes. The 6-bit scales and mins stay integers (scales as bytes, mins
-//! as the i16 pairs a `dpwssd` takes), `d` and `dmin` as f32: 2,560 bytes for 16 × 256 values
-//! (5 bits a value, against 4.5 in the file and candle's repacked copy's 6 beside the file's).
+//! broadcast activation bytes. The 6-bit scales and mins stay bytes, `d` and `dmin` f16 as in
+//! the file: 2,368 bytes for 16 × 256 values (4.625 bits a value, against 4.5 in the file and
+//! candle's repacked copy's 6 beside the file's; one-thread decode streams them at memory speed).
 //! Q5K's fifth bit of each value goes to a [`HighBits`] plane beside each tile (512 bytes: per
 //! group of 8 values, the two 64-bit byte masks under which the kernel adds 16 to the 4-bit
 //! values).
@@ -65,25 +65,31 @@ pub struct Tile {
     /// Group `g` (0..32), column `c`: bytes `64 g + 4 c ..+ 4`; byte `j`: value `8g + j` in the
     /// low nibble, `8g + 4 + j` in the high one.
     pub qs: [u8; QK_K / 8 * COLS * 4],
-    pub d: [f32; COLS],
-    pub dmin: [f32; COLS],
+    /// `d` and `dmin` of each column as the file stores them (f16 bits).
+    pub d: [u16; COLS],
+    pub dmin: [u16; COLS],
     /// `sc[s][c]`: the 6-bit scale of sub-block `s` of column `c`.
     pub sc: [[u8; COLS]; 8],
-    /// `mn[p][2c]`, `mn[p][2c + 1]`: the 6-bit mins of sub-blocks `2p` and `2p + 1`.
-    pub mn: [[i16; 2 * COLS]; 4],
+    /// `mn[p][2c]`, `mn[p][2c + 1]`: the 6-bit mins of sub-blocks `2p` and `2p + 1` (widened to
+    /// the i16 pairs of a `dpwssd` by the kernel).
+    pub mn: [[u8; 2 * COLS]; 4],
 }
 
-const _: () = assert!(std::mem::size_of::<Tile>() == 2560);
+const _: () = assert!(std::mem::size_of::<Tile>() == 2368);
 
 impl Tile {
     fn zeroed() -> Self {
-        Tile {
-            qs: [0; QK_K / 8 * COLS * 4],
-            d: [0.0; COLS],
-            dmin: [0.0; COLS],
-            sc: [[0; COLS]; 8],
-            mn: [[0; 2 * COLS]; 4],
-        }
+        Tile { qs: [0; QK_K / 8 * COLS * 4], d: [0; COLS], dmin: [0; COLS], sc: [[0; COLS]; 8], mn: [[0; 2 * COLS]; 4] }
+    }
+
+    /// `d` of column `c` as f32.
+    pub fn d(&self, c: usize) -> f32 {
+        f16::from_bits(self.d[c]).to_f32()
+    }
+
+    /// `dmin` of column `c` as f32.
+    pub fn dmin(&self, c: usize) -> f32 {
+        f16::from_bits(self.dmin[c]).to_f32()
     }
 
     /// Value `i` (0..256, 0..15) of column `c`.
@@ -155,12 +161,12 @@ fn build(
 /// Column `c` of a tile from one block's `d, dmin` (4 bytes), 12 bytes of scales and 128 of
 /// 4-bit values.
 fn fill(t: &mut Tile, c: usize, dd: &[u8], scales: &[u8], qs: &[u8]) {
-    t.d[c] = f16::from_le_bytes([dd[0], dd[1]]).to_f32();
-    t.dmin[c] = f16::from_le_bytes([dd[2], dd[3]]).to_f32();
+    t.d[c] = u16::from_le_bytes([dd[0], dd[1]]);
+    t.dmin[c] = u16::from_le_bytes([dd[2], dd[3]]);
     for s in 0..8 {
         let (sc, mn) = scale_min(s, scales);
         t.sc[s][c] = sc;
-        t.mn[s / 2][2 * c + s % 2] = mn as i16;
+        t.mn[s / 2][2 * c + s % 2] = mn;
     }
     // The file: 32-byte chunk `h` holds values 64h .. 64h + 31 in its low nibbles and
     // 64h + 32 .. 64h + 63 in its high ones.
@@ -188,7 +194,7 @@ fn value(t: &Tile, h: Option<&HighBits>, c: usize, i: usize) -> u8 {
 /// dequantising and tests).
 pub fn weight(t: &Tile, h: Option<&HighBits>, c: usize, i: usize) -> f32 {
     let s = i / 32;
-    t.d[c] * t.sc[s][c] as f32 * value(t, h, c, i) as f32 - t.dmin[c] * t.mn[s / 2][2 * c + s % 2] as f32
+    t.d(c) * t.sc[s][c] as f32 * value(t, h, c, i) as f32 - t.dmin(c) * t.mn[s / 2][2 * c + s % 2] as f32
 }
 
 /// One activation superblock as the kernel reads it: candle's `BlockQ8K` bytes (`d`, 256
@@ -212,13 +218,13 @@ pub fn dot(tiles: &[Tile], high: &[HighBits], c: usize, acts: &[Act<'_>]) -> f32
         let mut ms = 0i32;
         for s in 0..8 {
             let isum: i32 = (32 * s..32 * s + 32).map(|i| value(t, h, c, i) as i32 * a.qs[i] as i32).sum();
-            tt = (isum as f32).mul_add(t.d[c] * t.sc[s][c] as f32, tt);
+            tt = (isum as f32).mul_add(t.d(c) * t.sc[s][c] as f32, tt);
             let word = a.bsum[s / 2];
             let bsum = if s % 2 == 0 { word as u16 as i16 } else { (word >> 16) as u16 as i16 };
             ms += t.mn[s / 2][2 * c + s % 2] as i32 * bsum as i32;
         }
         acc = tt.mul_add(a.d, acc);
-        acc = (-(ms as f32 * t.dmin[c])).mul_add(a.d, acc);
+        acc = (-(ms as f32 * t.dmin(c))).mul_add(a.d, acc);
     }
     acc
 }
