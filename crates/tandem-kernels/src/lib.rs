@@ -67,8 +67,10 @@ pub const TMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/tmma.ptx"));
 pub fn ptx(stem: &str, embedded: &'static str) -> &'static str {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
+    static DIR: OnceLock<Option<std::ffi::OsString>> = OnceLock::new();
     static LOADED: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
-    let Some(dir) = std::env::var_os("TANDEM_PTX_DIR") else { return embedded };
+    // Called on every launch: without the variable, no lookup and no lock.
+    let Some(dir) = DIR.get_or_init(|| std::env::var_os("TANDEM_PTX_DIR")) else { return embedded };
     let mut loaded = LOADED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&p) = loaded.get(stem) {
         return p;

@@ -61,12 +61,19 @@ impl GgufSource {
             return Ok(None);
         }
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
-        let start = (self.content.tensor_data_offset + info.offset) as usize;
-        let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, &self.mmap[start..start + len])?))
+        Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, self.tensor_bytes(name, info)?)?))
     }
 
-    /// A 2-D Q4_K / Q5_K tensor as a [`KQuantMatrix`] (packed straight from the mapped file)
+    /// The mapped bytes of a tensor (`name` for the error).
+    fn tensor_bytes(&self, name: &str, info: &gguf_file::TensorInfo) -> Result<&[u8]> {
+        let start = (self.content.tensor_data_offset + info.offset) as usize;
+        let len = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        self.mmap.get(start..start + len).ok_or_else(|| {
+            ModelError::Config(format!("{name}: its {len} bytes at {start} run past the end of the file"))
+        })
+    }
+
+    /// A 2-D Q4_K / Q5_K (Q6_K: see [`crate::ops::quant::kquant::takes`]) tensor as a [`KQuantMatrix`] (packed straight from the mapped file)
     /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
     fn kquant_matrix(&self, name: &str) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
@@ -81,12 +88,7 @@ impl GgufSource {
         if !crate::ops::quant::kquant::available() || !k.is_multiple_of(256) {
             return Ok(None);
         }
-        let start = (self.content.tensor_data_offset + info.offset) as usize;
-        let len = n * k / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        let bytes = self.mmap.get(start..start + len).ok_or_else(|| {
-            ModelError::Config(format!("{name}: its {len} bytes at {start} run past the end of the file"))
-        })?;
-        Ok(Some(KQuantMatrix::from_bytes(info.ggml_dtype, *n, *k, bytes)?))
+        Ok(Some(KQuantMatrix::from_bytes(info.ggml_dtype, *n, *k, self.tensor_bytes(name, info)?)?))
     }
 
     pub fn metadata(&self) -> &std::collections::HashMap<String, gguf_file::Value> {

@@ -208,15 +208,19 @@ impl Moe {
     /// outputs added to zero in expert order as `index_add` adds them.
     fn grouped(&self, x: &Tensor, per_expert: &[(Vec<u32>, Vec<f32>)]) -> Result<Option<Tensor>> {
         use crate::ops::quant::kquant::{matmul_grouped, Job};
-        let q4k = |w: &ExpertW| match w {
-            ExpertW::Linear(Linear { weight: LinearWeight::KQuant(m), bias: None }) => Some(m.clone()),
-            _ => None,
-        };
+        fn packed(w: &ExpertW) -> Option<&crate::ops::quant::KQuantMatrix> {
+            match w {
+                ExpertW::Linear(Linear { weight: LinearWeight::KQuant(m), bias: None }) => Some(m.as_ref()),
+                _ => None,
+            }
+        }
         let mut pairs = Vec::new(); // (row, weight, gate, up, down)
         for (e, (rows, ws)) in per_expert.iter().enumerate() {
             let ex = &self.experts[e];
             for (&r, &w) in rows.iter().zip(ws) {
-                let (Some(g), Some(u), Some(d)) = (q4k(&ex.gate), q4k(&ex.up), q4k(&ex.down)) else { return Ok(None) };
+                let (Some(g), Some(u), Some(d)) = (packed(&ex.gate), packed(&ex.up), packed(&ex.down)) else {
+                    return Ok(None);
+                };
                 pairs.push((r as usize, w, g, u, d));
             }
         }

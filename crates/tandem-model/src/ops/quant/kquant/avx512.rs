@@ -90,10 +90,7 @@ pub unsafe fn rows<const R: usize>(
             acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin), da, acc[r]);
         }
     }
-    let mask: __mmask16 = if cols >= COLS { 0xFFFF } else { (1u16 << cols) - 1 };
-    for r in 0..R {
-        _mm512_mask_storeu_ps(out.add(r * ldo), mask, acc[r]);
-    }
+    store(&acc, out, ldo, cols);
 }
 
 /// [`rows`] for Q6K tiles ([`super::tile6`]): 16 sub-blocks of 16 values with signed scales, the
@@ -160,8 +157,15 @@ pub unsafe fn rows6<const R: usize>(
             acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), d32), da, acc[r]);
         }
     }
+    store(&acc, out, ldo, cols);
+}
+
+/// Row `r` of `acc` to `out + r · ldo`, its first `cols` (1..=16) lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store<const R: usize>(acc: &[__m512; R], out: *mut f32, ldo: usize, cols: usize) {
     let mask: __mmask16 = if cols >= COLS { 0xFFFF } else { (1u16 << cols) - 1 };
-    for r in 0..R {
-        _mm512_mask_storeu_ps(out.add(r * ldo), mask, acc[r]);
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add(r * ldo), mask, *a);
     }
 }
