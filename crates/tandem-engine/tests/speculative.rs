@@ -184,7 +184,20 @@ fn greedy_speculation_is_lossless_on_q4k_weights() {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_same(g, w, &format!("{what}: batch member {i}"));
         }
-        assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
+        // MTP drafts at every step; prompt lookup only where the output repeats its context,
+        // which depends on the device's greedy path: where some step of the plain output has
+        // an n-gram match, the first such step is reached one token at a time, so it drafts.
+        let matchable = ps.iter().zip(&want).any(|(p, w)| {
+            (1..w.ids.len()).any(|i| {
+                let ctx: Vec<u32> = p.iter().chain(&w.ids[..i]).copied().collect();
+                !tandem_engine::spec::ngram::propose(&ctx, 1, 3, 4).is_empty()
+            })
+        });
+        if method == SpecMethod::Mtp || matchable {
+            assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
+        } else {
+            eprintln!("{what}: no step of the plain output repeats its context; nothing to draft");
+        }
         assert_no_leaks(&e);
     }
 }

@@ -21,24 +21,11 @@
 // Weights: each warp copies its segment's 16 weight rows (L x 34 bytes each) into shared
 // memory (16-byte loads where rows and segments are 16-byte aligned, else 2-byte loads), then
 // builds the mma fragments from there.
-#include "common.cuh"
+#include "q8act.cuh"
 
 #define QM_WARPS 8
 #define QM_MAXL 8
 #define QM_BLOCK_BYTES 34
-
-// A 32-value block's quantisation, one value per lane (the whole warp calls it): this lane's
-// int8 value, and the block's scale in *d on every lane. The one definition both paths use.
-__device__ __forceinline__ int8_t quant_block(float v, float* d) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    int q = __float2int_rn(v * id);
-    q = max(-127, min(127, q));
-    *d = amax / 127.f;
-    return (int8_t)q;
-}
 
 // One warp per 32-value block.
 extern "C" __global__ void q8_quantize_rows(int8_t* __restrict__ xq, float* __restrict__ dx,

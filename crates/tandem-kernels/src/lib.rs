@@ -36,6 +36,11 @@ pub const QMATMUL: &str = include_str!(concat!(env!("OUT_DIR"), "/qmatmul.ptx"))
 #[cfg(feature = "cuda")]
 pub const QMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/qmma.ptx"));
 
+/// PTX of `cuda/kqmma.cu`: Q4_K / Q5_K / Q6_K matmuls with 8-bit activations (a warp-per-column
+/// GEMV for a few rows, int8 mma for more), row-invariant for every call size.
+#[cfg(feature = "cuda")]
+pub const KQMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/kqmma.ptx"));
+
 /// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
 #[cfg(feature = "cuda")]
 pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));

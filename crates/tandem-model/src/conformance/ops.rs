@@ -449,14 +449,18 @@ fn own_quant_kernel(dev: &Device, q: GgmlDType) -> bool {
     false
 }
 
-/// Whether `q` runs on the tensor-core Q8_0 kernels on `dev` (8-bit activations, so the
-/// tolerance of candle's kernels; still row-invariant).
-fn q8_mma(dev: &Device, q: GgmlDType) -> bool {
+/// Whether `q` rows of `k` values run on kernels with 8-bit activations on `dev` (the
+/// tensor-core Q8_0 kernels, the K-quant GEMV / mma ones): the tolerance of candle's kernels;
+/// still row-invariant.
+fn eight_bit_activations(dev: &Device, q: GgmlDType, k: usize) -> bool {
     #[cfg(feature = "cuda")]
     if dev.is_cuda() {
-        return q == GgmlDType::Q8_0 && crate::ops::quant::cuda_qmma::enabled();
+        use crate::ops::quant::{cuda_kqmma, cuda_qmma, cuda_quant::WeightFormat};
+        // Device buffers are at least 256-byte aligned.
+        let kq = WeightFormat::of_ggml(q).is_some_and(|f| cuda_kqmma::takes(f, 256, k));
+        return (q == GgmlDType::Q8_0 && cuda_qmma::enabled()) || kq;
     }
-    let _ = (dev, q);
+    let _ = (dev, q, k);
     false
 }
 
@@ -479,7 +483,7 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     // candle's kernels (the CPU's, and CUDA's for Q2_K / Q3_K) quantise activations to 8 bits;
     // ours decode the weights exactly and keep activations f32.
     let own = own_quant_kernel(dev, q);
-    let tol = if own && !q8_mma(dev, q) { 1e-4 } else { 2e-2 };
+    let tol = if own && !eight_bit_activations(dev, q, k) { 1e-4 } else { 2e-2 };
     let mut checks =
         vec![Check::new("quant_matmul", shape.into(), fmt, rel_err(&got, &want)?, Judge::Tolerance(tol), ms)];
     let last =

@@ -163,6 +163,10 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
         let x = x.reshape((m, k))?;
         return Ok(super::cuda_qmma::matmul_q8_0(w, n, k, fmt.row_bytes(k), &x)?.reshape(out_shape)?);
     }
+    if super::cuda_kqmma::takes(fmt, w, k) {
+        let x = x.reshape((m, k))?;
+        return Ok(super::cuda_kqmma::matmul(fmt, w, n, k, &x)?.reshape(out_shape)?);
+    }
     if fmt.suffix == "bf16" && super::cuda_tmma::enabled() && super::cuda_tmma::fits(w, n, k) {
         let x = x.reshape((m, k))?;
         return Ok(super::cuda_tmma::matmul_bf16(w, n, k, &x)?.reshape(out_shape)?);

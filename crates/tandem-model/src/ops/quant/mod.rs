@@ -37,6 +37,8 @@ pub mod cuda_dense;
 #[cfg(feature = "cuda")]
 pub mod cuda_fused;
 #[cfg(feature = "cuda")]
+pub mod cuda_kqmma;
+#[cfg(feature = "cuda")]
 pub mod cuda_qmma;
 #[cfg(feature = "cuda")]
 pub mod cuda_quant;

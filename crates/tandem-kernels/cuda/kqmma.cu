@@ -1,0 +1,482 @@
+// K-quant matmuls (Q4_K, Q5_K, Q6_K) with 8-bit activations, row-invariant for every call
+// size: y [m, n] f32 = x [m, k] . W [n, k]^T, W in GGML K-quant rows (superblocks of 256
+// values: q4_k 144 bytes, q5_k 176, q6_k 210; the layouts in qunits.cuh).
+//
+// q8_quantize_rows_sums: qmma.cu's activation blocks (32 values: int8 codes, an f32 scale dx)
+//   and each block's code sum xs (the q4_k / q5_k mins multiply it).
+// The chain of an output (r, c) is fixed by k alone:
+//   - sub-block b (32 values; j = b % 8 of superblock s = b / 8): exact integer dot products
+//     of the weight codes with the activation codes, then one float f_b:
+//       q4_k / q5_k: f = fma(float(sc_j * isum), d * dx, -(float(m_j * xs) * (dmin * dx)))
+//       q6_k:        f = float(sc_lo * isum_lo + sc_hi * isum_hi) * (d * dx)
+//     (q6_k has a scale per 16 values; every integer here is below 2^24, so exact as a float);
+//   - superblock s: T_s = ((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7));
+//   - y = (((0 + T_0) + T_1) + ...) + T_{S-1}, superblock after superblock.
+//   Every step is an explicit _rn intrinsic, so no contraction can differ between kernels.
+// qkmv_<t>_<R> (calls of 1..R rows: decode, verifies, small batches): a warp per output
+//   column; in a round the warp takes eight superblocks, lane group g (lanes 4g..4g+3) the
+//   g-th, lane q of it sub-blocks 2q and 2q + 1 (f_2q + f_2q+1); two xor shuffles add the four
+//   pairs in T's order on all four lanes, and the round's eight T are added to the sum in
+//   order. The weights come into shared memory by cp.async, a round (one contiguous stretch
+//   of the row) at a time, KV_STAGES rounds in flight.
+// qkgemm_<t>_<NT> (more rows: batches, prefill): a block per KG_BN = 64 output columns x NT
+//   rows, eight warps of 16 columns x NT / 2 rows each; superblock by superblock, the block's
+//   64 weight rows and NT activation rows are staged in shared memory by cp.async (the next
+//   superblock's while this one is computed), the integer dot products come from int8
+//   mma.sync (m16n8k32; m16n8k16 for q6_k's 16-value halves), and each warp runs the chain
+//   for its outputs.
+// Both give a row the same bits whatever else shares the call (check-device checks it).
+#include "q8act.cuh"
+#include "qunits.cuh"
+
+#define KT_Q4_K 0
+#define KT_Q5_K 1
+#define KT_Q6_K 2
+
+template <int KT>
+__host__ __device__ constexpr int kq_bytes() {
+    return KT == KT_Q4_K ? 144 : KT == KT_Q5_K ? 176 : 210;
+}
+
+// One warp per 32-value block: codes, scale and code sum (an integer sum has no order).
+extern "C" __global__ void q8_quantize_rows_sums(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                                 int* __restrict__ xs, const float* __restrict__ x, int m, int k) {
+    const int nb = k >> 5;
+    const long long blk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (blk >= (long long)m * nb) return;
+    float d;
+    const int8_t q = quant_block(x[blk * 32 + lane], &d);
+    xq[blk * 32 + lane] = q;
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+        dx[blk] = d;
+        xs[blk] = s;
+    }
+}
+
+// Shared-memory words: at a 4-byte aligned address, and at an even one (two halves).
+__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t lds32_2(const uint8_t* p) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+// N consecutive words from an even shared address: N + 1 aligned reads and funnel shifts
+// (reads the aligned word after the last byte: stages carry 16 bytes of padding).
+template <int N>
+__device__ __forceinline__ void lds_run(const uint8_t* p, uint32_t (&out)[N]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3) * 8;
+    uint32_t cur = q[0];
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const uint32_t nx = q[i + 1];
+        out[i] = __funnelshift_r(cur, nx, sh);
+        cur = nx;
+    }
+}
+__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+// The chain's per-sub-block terms.
+__device__ __forceinline__ float kq_f_min(int isum, int sc, int xsum, int mn, float d, float dmin, float dxv) {
+    return __fmaf_rn(__int2float_rn(sc * isum), __fmul_rn(d, dxv),
+                     -__fmul_rn(__int2float_rn(mn * xsum), __fmul_rn(dmin, dxv)));
+}
+__device__ __forceinline__ float kq_f6(int isum, float d, float dxv) {
+    return __fmul_rn(__int2float_rn(isum), __fmul_rn(d, dxv));
+}
+
+// Word i (values 4i .. 4i + 3) of sub-block j's codes, from a staged superblock: int8 values
+// (q4_k 0..15, q5_k 0..31, q6_k -32..31).
+template <int KT>
+__device__ __forceinline__ uint32_t kword(const uint8_t* sb, int j, int i) {
+    if constexpr (KT == KT_Q4_K) {
+        return (lds32(sb + 16 + (j >> 1) * 32 + 4 * i) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+    } else if constexpr (KT == KT_Q5_K) {
+        const uint32_t lo = (lds32(sb + 48 + (j >> 1) * 32 + 4 * i) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+        const uint32_t hi = ((lds32(sb + 16 + 4 * i) >> j) & 0x01010101u) << 4;
+        return lo | hi;
+    } else {
+        const int half = j >> 2, part = j & 3;
+        const uint32_t lo = (lds32_2(sb + half * 64 + (part & 1) * 32 + 4 * i) >> ((part >> 1) * 4)) & 0x0F0F0F0Fu;
+        const uint32_t hi = ((lds32_2(sb + 128 + half * 32 + 4 * i) >> (part * 2)) & 0x03030303u) << 4;
+        return __vsub4(lo | hi, 0x20202020u);
+    }
+}
+
+// A superblock's scales for sub-block j: q4_k / q5_k the 6-bit scale and min, q6_k the two
+// int8 scales of its 16-value halves.
+template <int KT>
+__device__ __forceinline__ void kscale(const uint8_t* sb, int j, int* a, int* b) {
+    if constexpr (KT == KT_Q6_K) {
+        const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
+        *a = sc[(j >> 2) * 8 + (j & 3) * 2];
+        *b = sc[(j >> 2) * 8 + (j & 3) * 2 + 1];
+    } else {
+        scale_min_k4(j, sb + 4, a, b);
+    }
+}
+// The superblock's d (and dmin for q4_k / q5_k).
+template <int KT>
+__device__ __forceinline__ void kd(const uint8_t* sb, float* d, float* dmin) {
+    if constexpr (KT == KT_Q6_K) {
+        *d = f16_bits(lds32_2(sb + 208) & 0xFFFFu);
+        *dmin = 0.f;
+    } else {
+        const uint32_t v = lds32(sb);
+        *d = f16_bits(v & 0xFFFFu);
+        *dmin = f16_bits(v >> 16);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// qkmv: a warp per output column.
+#define KV_WARPS 4
+#define KV_STAGES 2
+
+// Lane q's codes of sub-blocks 2q and 2q + 1 (eight words each) from its group's staged
+// superblock, read as whole runs rather than word by word.
+template <int KT>
+__device__ __forceinline__ void kq_lane_codes(const uint8_t* sb, int q, uint32_t (&c)[2][8]) {
+    if constexpr (KT == KT_Q4_K || KT == KT_Q5_K) {
+        constexpr int QS = KT == KT_Q4_K ? 16 : 48;
+        const uint4* p = reinterpret_cast<const uint4*>(sb + QS + 32 * q);  // 16-byte aligned
+        const uint4 a = p[0], b = p[1];
+        const uint32_t raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        uint32_t hb[8];
+        if constexpr (KT == KT_Q5_K) {
+            const uint4* h = reinterpret_cast<const uint4*>(sb + 16);
+            const uint4 ha = h[0], hb4 = h[1];
+            hb[0] = ha.x, hb[1] = ha.y, hb[2] = ha.z, hb[3] = ha.w;
+            hb[4] = hb4.x, hb[5] = hb4.y, hb[6] = hb4.z, hb[7] = hb4.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            c[0][i] = raw[i] & 0x0F0F0F0Fu;
+            c[1][i] = (raw[i] >> 4) & 0x0F0F0F0Fu;
+            if constexpr (KT == KT_Q5_K) {
+                c[0][i] |= ((hb[i] >> (2 * q)) & 0x01010101u) << 4;
+                c[1][i] |= ((hb[i] >> (2 * q + 1)) & 0x01010101u) << 4;
+            }
+        }
+    } else {
+        // Sub-blocks 2q, 2q + 1: half q / 2, parts 2 (q & 1) and 2 (q & 1) + 1: the low
+        // nibbles of ql bytes 0..31 and 32..63 of the half (shifted by 4 (q & 1)), the 2-bit
+        // fields 4 (q & 1) and 4 (q & 1) + 2 of its qh bytes.
+        const int half = q >> 1, ls = 4 * (q & 1);
+        uint32_t l0[8], l1[8], h[8];
+        lds_run<8>(sb + half * 64, l0);
+        lds_run<8>(sb + half * 64 + 32, l1);
+        lds_run<8>(sb + 128 + half * 32, h);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            c[0][i] = __vsub4(((l0[i] >> ls) & 0x0F0F0F0Fu) | (((h[i] >> ls) & 0x03030303u) << 4), 0x20202020u);
+            c[1][i] = __vsub4(((l1[i] >> ls) & 0x0F0F0F0Fu) | (((h[i] >> (ls + 2)) & 0x03030303u) << 4), 0x20202020u);
+        }
+    }
+}
+
+// f_2q + f_2q+1 for one row: x0 / x1 the activation codes of the two sub-blocks.
+template <int KT>
+__device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&sa)[2], const int (&sb_)[2],
+                                         float d, float dmin, const uint4 (&xa)[4], float2 dxv, int2 xsv) {
+    const uint32_t x[2][8] = {{xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w},
+                              {xa[2].x, xa[2].y, xa[2].z, xa[2].w, xa[3].x, xa[3].y, xa[3].z, xa[3].w}};
+    float f[2];
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        const float dxt = t == 0 ? dxv.x : dxv.y;
+        if constexpr (KT == KT_Q6_K) {
+            int lo = 0, hi = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) lo = __dp4a((int)c[t][i], (int)x[t][i], lo);
+#pragma unroll
+            for (int i = 4; i < 8; i++) hi = __dp4a((int)c[t][i], (int)x[t][i], hi);
+            f[t] = kq_f6(sa[t] * lo + sb_[t] * hi, d, dxt);
+        } else {
+            int s = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) s = __dp4a((int)c[t][i], (int)x[t][i], s);
+            f[t] = kq_f_min(s, sa[t], t == 0 ? xsv.x : xsv.y, sb_[t], d, dmin, dxt);
+        }
+    }
+    return __fadd_rn(f[0], f[1]);
+}
+
+template <int KT, int R>
+__device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+                     const int* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
+    constexpr int BB = kq_bytes<KT>();
+    constexpr int ROUND = 8 * BB;
+    __shared__ __align__(16) uint8_t stage[KV_WARPS][KV_STAGES][ROUND + 16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.x * KV_WARPS + warp;
+    if (col >= n) return;  // the whole warp
+    const int g = lane >> 2, q = lane & 3;
+    const int S = k >> 8, nb = k >> 5;
+    const int rounds = (S + 7) >> 3;
+    const uint8_t* row = w + (size_t)col * S * BB;
+    const int rows = min(m, R);
+    auto load = [&](int r) {
+        const int segs = min(8, S - r * 8);
+        warp_cp_async(stage[warp][r % KV_STAGES], row + (size_t)r * ROUND, segs * BB, lane);
+    };
+#pragma unroll
+    for (int r = 0; r < KV_STAGES; r++) {
+        if (r < rounds) load(r);
+        cp_async_commit();
+    }
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.f;
+    constexpr bool PRE = R <= 2;  // activations into registers before the wait
+    for (int r = 0; r < rounds; r++) {
+        const int s = r * 8 + g;
+        const bool live = s < S;
+        const int b0 = s * 8 + 2 * q;
+        auto load_x = [&](int i, uint4(&xo)[4], float2& dxo, int2& xso) {
+            if (live && i < rows) {
+                const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)i * k + (size_t)b0 * 32);
+#pragma unroll
+                for (int v = 0; v < 4; v++) xo[v] = __ldg(xp + v);
+                dxo = __ldg(reinterpret_cast<const float2*>(dx + (size_t)i * nb + b0));
+                xso = __ldg(reinterpret_cast<const int2*>(xs + (size_t)i * nb + b0));
+            } else {
+#pragma unroll
+                for (int v = 0; v < 4; v++) xo[v] = make_uint4(0, 0, 0, 0);
+                dxo = make_float2(0.f, 0.f);
+                xso = make_int2(0, 0);
+            }
+        };
+        uint4 xa[PRE ? R : 1][4];
+        float2 dxa[PRE ? R : 1];
+        int2 xsa[PRE ? R : 1];
+        if constexpr (PRE) {
+#pragma unroll
+            for (int i = 0; i < R; i++) load_x(i, xa[i], dxa[i], xsa[i]);
+        }
+        cp_async_wait<KV_STAGES - 1>();
+        __syncwarp();
+        const uint8_t* sb = stage[warp][r % KV_STAGES] + g * BB;
+        uint32_t c[2][8];
+        int sa[2] = {0, 0}, sm[2] = {0, 0};
+        float d = 0.f, dmin = 0.f;
+        if (live) {
+            kq_lane_codes<KT>(sb, q, c);
+            kscale<KT>(sb, 2 * q, &sa[0], &sm[0]);
+            kscale<KT>(sb, 2 * q + 1, &sa[1], &sm[1]);
+            kd<KT>(sb, &d, &dmin);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) c[0][i] = c[1][i] = 0u;
+        }
+        __syncwarp();  // every lane has read this stage: it may be refilled
+        if (r + KV_STAGES < rounds) load(r + KV_STAGES);
+        cp_async_commit();
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float t;
+            if constexpr (PRE) {
+                t = kq_pair<KT>(c, sa, sm, d, dmin, xa[i], dxa[i], xsa[i]);
+            } else {
+                uint4 xl[4];
+                float2 dl;
+                int2 sl;
+                load_x(i, xl, dl, sl);
+                t = kq_pair<KT>(c, sa, sm, d, dmin, xl, dl, sl);
+            }
+            t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
+            t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
+            // The round's superblocks into the sum, in order (every lane keeps the same sum).
+#pragma unroll
+            for (int gg = 0; gg < 8; gg++) {
+                const float tg = __shfl_sync(0xffffffffu, t, 4 * gg);
+                if (r * 8 + gg < S) acc[i] = __fadd_rn(acc[i], tg);
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (i < rows) y[(size_t)i * n + col] = acc[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// qkgemm: a block per KG_BN columns x NT rows.
+#define KG_BN 64
+#define KG_XS 272  // bytes per staged activation row: 256 codes + 16 of padding (no bank conflicts)
+
+// Bytes a staged superblock row takes: q6_k superblocks start on even addresses, so a row's
+// copy is the 16-byte aligned window around it (at most 14 bytes before it).
+template <int KT>
+__host__ __device__ constexpr int kq_stride() {
+    return KT == KT_Q6_K ? 224 : kq_bytes<KT>();
+}
+
+__device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// T's order over the sub-blocks j = 0..7 of a superblock, one value at a time: p holds f_j of
+// an even j, h the pairs (f0 + f1, then + (f2 + f3); f4 + f5, then + (f6 + f7)), u the first
+// half; after j = 7, u is T.
+__device__ __forceinline__ void t_step(int j, float f, float& p, float& h, float& u) {
+    if ((j & 1) == 0) {
+        p = f;
+    } else {
+        const float pair = __fadd_rn(p, f);
+        if ((j & 2) == 0) {
+            h = pair;
+        } else {
+            h = __fadd_rn(h, pair);
+            u = j == 3 ? h : __fadd_rn(u, h);
+        }
+    }
+}
+
+template <int KT, int NT>
+__device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+                       const int* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
+    constexpr int BB = kq_bytes<KT>(), ST = kq_stride<KT>();
+    constexpr int WR = NT / 2;  // rows per warp
+    constexpr int NJ = WR / 8;  // m16n8 tiles per warp
+    __shared__ __align__(16) uint8_t wsm[2][KG_BN * ST + 16];
+    __shared__ __align__(16) uint8_t xsm[2][NT * KG_XS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int wc = warp & 3, wr = warp >> 2;
+    const int row0 = blockIdx.x * NT, col0 = blockIdx.y * KG_BN;
+    const int S = k >> 8, nb = k >> 5;
+    const long long rb = (long long)S * BB;
+    auto load = [&](int s, int buf) {
+        const long long off = (long long)s * BB;
+        const int o = (int)(off & 15);
+        const int pieces = (o + BB + 15) >> 4;
+        for (int i = threadIdx.x; i < KG_BN * pieces; i += blockDim.x) {
+            const int r = i / pieces, c = i - r * pieces;
+            const int col = col0 + r;
+            if (col < n) cp_async16(wsm[buf] + r * ST + c * 16, w + (size_t)col * rb + (size_t)(off - o) + c * 16);
+        }
+        for (int i = threadIdx.x; i < NT * 16; i += blockDim.x) {
+            const int r = i >> 4, c = i & 15;
+            const int row = row0 + r;
+            if (row < m) cp_async16(xsm[buf] + r * KG_XS + c * 16, xq + (size_t)row * k + (size_t)s * 256 + c * 16);
+        }
+    };
+    load(0, 0);
+    cp_async_commit();
+    float acc[NJ][4];
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+    const int wrow0 = row0 + wr * WR;
+    for (int s = 0; s < S; s++) {
+        if (s + 1 < S) load(s + 1, (s + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int o = (int)(((long long)s * BB) & 15);
+        const uint8_t* lo = wsm[s & 1] + (wc * 16 + g) * ST + o;  // column g's superblock
+        const uint8_t* hi = lo + 8 * ST;                           // column g + 8's
+        const uint8_t* xb = xsm[s & 1] + (wr * WR + g) * KG_XS + tig * 4;
+        float d_lo, dm_lo, d_hi, dm_hi;
+        kd<KT>(lo, &d_lo, &dm_lo);
+        kd<KT>(hi, &d_hi, &dm_hi);
+        float p[NJ][4], h[NJ][4], u[NJ][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int b = s * 8 + j;
+            int sa_lo, sb_lo, sa_hi, sb_hi;
+            kscale<KT>(lo, j, &sa_lo, &sb_lo);
+            kscale<KT>(hi, j, &sa_hi, &sb_hi);
+            // The A fragments: values 4 tig .. 4 tig + 3 and 16 + 4 tig .. of columns g, g + 8
+            // (q6_k: the first pair is the k16 mma of values 0..15, the second of 16..31).
+            const uint32_t a[4] = {kword<KT>(lo, j, tig), kword<KT>(hi, j, tig), kword<KT>(lo, j, tig + 4),
+                                   kword<KT>(hi, j, tig + 4)};
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++) {
+                const int rbase = wrow0 + jj * 8;
+                if (rbase < m) {
+                    // This lane's B fragment: row rbase + g, values 4 tig .. and 16 + 4 tig ..
+                    const uint8_t* xr = xb + jj * 8 * KG_XS + j * 32;
+                    const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
+                    const int r0 = rbase + tig * 2, r1 = r0 + 1;
+                    const float dx0 = r0 < m ? __ldg(dx + (size_t)r0 * nb + b) : 0.f;
+                    const float dx1 = r1 < m ? __ldg(dx + (size_t)r1 * nb + b) : 0.f;
+                    float f[4];
+                    if constexpr (KT == KT_Q6_K) {
+                        int d0[4], d1[4];
+                        mma_k16(d0, a[0], a[1], x0);
+                        mma_k16(d1, a[2], a[3], x1);
+                        f[0] = kq_f6(sa_lo * d0[0] + sb_lo * d1[0], d_lo, dx0);
+                        f[1] = kq_f6(sa_lo * d0[1] + sb_lo * d1[1], d_lo, dx1);
+                        f[2] = kq_f6(sa_hi * d0[2] + sb_hi * d1[2], d_hi, dx0);
+                        f[3] = kq_f6(sa_hi * d0[3] + sb_hi * d1[3], d_hi, dx1);
+                    } else {
+                        int d[4];
+                        mma_k32(d, a, x0, x1);
+                        const int xs0 = r0 < m ? __ldg(xs + (size_t)r0 * nb + b) : 0;
+                        const int xs1 = r1 < m ? __ldg(xs + (size_t)r1 * nb + b) : 0;
+                        f[0] = kq_f_min(d[0], sa_lo, xs0, sb_lo, d_lo, dm_lo, dx0);
+                        f[1] = kq_f_min(d[1], sa_lo, xs1, sb_lo, d_lo, dm_lo, dx1);
+                        f[2] = kq_f_min(d[2], sa_hi, xs0, sb_hi, d_hi, dm_hi, dx0);
+                        f[3] = kq_f_min(d[3], sa_hi, xs1, sb_hi, d_hi, dm_hi, dx1);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; e++) t_step(j, f[e], p[jj][e], h[jj][e], u[jj][e]);
+                }
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) {
+            if (wrow0 + jj * 8 < m) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[jj][e] = __fadd_rn(acc[jj][e], u[jj][e]);
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) {
+        const int r0 = wrow0 + jj * 8 + tig * 2;
+        const int c0 = col0 + wc * 16 + g;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = r0 + (e & 1), col = c0 + (e >> 1) * 8;
+            if (row < m && col < n) y[(size_t)row * n + col] = acc[jj][e];
+        }
+    }
+}
+
+#define KQMV(suffix, KT, R)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(KV_WARPS * 32)                                              \
+        qkmv_##suffix##_##R(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w,     \
+                            int m, int n, int k) {                                                            \
+        qkmv<KT, R>(y, xq, dx, xs, w, m, n, k);                                                              \
+    }
+#define KQGEMM(suffix, KT, NT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
+        qkgemm_##suffix##_##NT(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w,   \
+                               int m, int n, int k) {                                                         \
+        qkgemm<KT, NT>(y, xq, dx, xs, w, m, n, k);                                                           \
+    }
+#define KQ_ALL(suffix, KT)                                                                                    \
+    KQMV(suffix, KT, 1) KQMV(suffix, KT, 2) KQMV(suffix, KT, 4) KQMV(suffix, KT, 8)                            \
+    KQGEMM(suffix, KT, 16) KQGEMM(suffix, KT, 32)
+
+KQ_ALL(q4_k, KT_Q4_K)
+KQ_ALL(q5_k, KT_Q5_K)
+KQ_ALL(q6_k, KT_Q6_K)
