@@ -112,11 +112,12 @@ pub unsafe fn rows6<const R: usize>(
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let t = &*tiles.add(b);
-        let d = _mm512_loadu_ps(t.d.as_ptr());
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
         let mut tt = [_mm512_setzero_ps(); R];
-        for p in 0..8 {
-            let v = _mm512_load_si512(t.sc[p].as_ptr() as *const __m512i);
+        let sc16: [__m512i; 8] =
+            std::array::from_fn(|p| _mm512_cvtepi8_epi16(_mm256_load_si256(t.sc[p].as_ptr() as *const __m256i)));
+        for (p, &v) in sc16.iter().enumerate() {
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v))),
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(v)),
@@ -148,8 +149,7 @@ pub unsafe fn rows6<const R: usize>(
             // The activation's 16-value sums, two to a 32-bit word: the pairs `dpwssd` takes.
             let words = blk[r].add(Q8_BSUMS) as *const i32;
             let mut ms = _mm512_setzero_si512();
-            for p in 0..8 {
-                let v = _mm512_load_si512(t.sc[p].as_ptr() as *const __m512i);
+            for (p, &v) in sc16.iter().enumerate() {
                 ms = _mm512_dpwssd_epi32(ms, v, _mm512_set1_epi32(words.add(p).read_unaligned()));
             }
             let da = _mm512_set1_ps((blk[r] as *const f32).read_unaligned());

@@ -51,11 +51,6 @@ impl HighBits {
         let (g, j) = (i / 8, i % 8);
         (((self.0[2 * g + j / 4] >> (4 * c + j % 4)) & 1) as u8) << 4
     }
-
-    fn set(&mut self, c: usize, i: usize) {
-        let (g, j) = (i / 8, i % 8);
-        self.0[2 * g + j / 4] |= 1 << (4 * c + j % 4);
-    }
 }
 
 /// 16 columns × one superblock (see the module docs).
@@ -128,12 +123,14 @@ pub fn pack5(bytes: &[u8], n: usize, k: usize) -> (Vec<Tile>, Vec<HighBits>) {
     use rayon::prelude::*;
     let fill5 = |t: &mut Tile, h: &mut HighBits, c, blk: &[u8]| {
         fill(t, c, &blk[..4], &blk[4..16], &blk[48..]);
-        // The file: value 64h + l (l < 32) has bit 2h of qh[l], value 64h + 32 + l bit 2h + 1.
+        // The file: value 64h + l (l < 32) has bit 2h of qh[l], value 64h + 32 + l bit 2h + 1;
+        // group g's eight values read bit g / 4 of eight neighbouring qh bytes.
         let qh = &blk[16..48];
-        for i in 0..QK_K {
-            if (qh[i % 32] >> (2 * (i / 64) + (i % 64) / 32)) & 1 == 1 {
-                h.set(c, i);
-            }
+        for g in 0..QK_K / 8 {
+            let w = u64::from_le_bytes(qh[8 * (g % 4)..][..8].try_into().expect("eight bytes"));
+            let bits = (w >> (g / 4)) & 0x0101_0101_0101_0101;
+            h.0[2 * g] |= bits4(bits as u32) << (4 * c);
+            h.0[2 * g + 1] |= bits4((bits >> 32) as u32) << (4 * c);
         }
     };
     (0..n.div_ceil(COLS) * (k / QK_K)).into_par_iter().map(|i| build(bytes, n, k, BLOCK5_BYTES, i, &fill5)).unzip()
@@ -169,20 +166,34 @@ fn fill(t: &mut Tile, c: usize, dd: &[u8], scales: &[u8], qs: &[u8]) {
         t.mn[s / 2][2 * c + s % 2] = mn;
     }
     // The file: 32-byte chunk `h` holds values 64h .. 64h + 31 in its low nibbles and
-    // 64h + 32 .. 64h + 63 in its high ones.
-    let mut v = [0u8; QK_K];
-    for h in 0..4 {
-        for j in 0..32 {
-            let byte = qs[32 * h + j];
-            v[64 * h + j] = byte & 0xF;
-            v[64 * h + 32 + j] = byte >> 4;
-        }
-    }
+    // 64h + 32 .. 64h + 63 in its high ones; group g's eight values are eight neighbouring
+    // nibbles of one kind, moved eight at a time.
     for g in 0..QK_K / 8 {
-        for j in 0..4 {
-            t.qs[64 * g + 4 * c + j] = v[8 * g + j] | (v[8 * g + 4 + j] << 4);
-        }
+        let (h, l0) = (g / 8, 8 * (g % 8));
+        let at = 32 * h + l0 % 32;
+        let n = nibbles8(&qs[at..at + 8], if l0 >= 32 { 4 } else { 0 });
+        t.qs[64 * g + 4 * c..][..4].copy_from_slice(&interleave(n).to_le_bytes());
     }
+}
+
+/// Eight bytes' nibbles (the low ones for `shift` 0, the high ones for 4), one to a byte.
+#[inline]
+pub(super) fn nibbles8(b: &[u8], shift: u32) -> u64 {
+    let w = u64::from_le_bytes(b[..8].try_into().expect("eight bytes"));
+    (w >> shift) & 0x0F0F_0F0F_0F0F_0F0F
+}
+
+/// Values 0..7 of a group (one 4-bit value a byte) as a tile's four bytes: value j in the low
+/// nibble of byte j, value 4 + j in its high nibble.
+#[inline]
+pub(super) fn interleave(n: u64) -> u32 {
+    (n as u32) | (((n >> 32) as u32) << 4)
+}
+
+/// Bits 0 of the four bytes of `x` (each 0 or 1) as bits 0..3.
+#[inline]
+pub(super) fn bits4(x: u32) -> u64 {
+    ((x as u64 * 0x0102_0408) >> 24) & 0xF
 }
 
 /// Value `i` of column `c`: the 4-bit part, plus 16 for a Q5K tile's set fifth bit.

@@ -2,8 +2,9 @@
 //! 256-value superblock of 16 columns: the low 4 bits of each 6-bit value interleaved as in a
 //! Q4K [`super::tile::Tile`], the top two bits as byte masks (per group of 8 values: add 16 /
 //! add 32, for the low and the high nibbles' registers), the 16 signed scales of 16 values each
-//! as the i16 pairs a `dpwssd` takes, and `d`: 3,648 bytes for 16 × 256 values (7.1 bits a value,
-//! against 6.56 in the file).
+//! in the pair order a `dpwssd` takes (widened to i16 in the kernel), and `d` as the file's f16:
+//! 3,392 bytes for 16 × 256 values (6.6 bits a value, against 6.56 in the file; one row at a
+//! time the kernel reads about as many bytes as the file holds).
 //!
 //! Per (activation row, column), with `isum_s` the exact dot product of the unsigned values
 //! (0..63) of sub-block `s` (16 values) and `bsum_s` the sum of its activation bytes:
@@ -17,7 +18,7 @@
 
 use half::f16;
 
-use super::tile::{COLS, QK_K};
+use super::tile::{bits4, interleave, nibbles8, COLS, QK_K};
 
 /// Bytes of one GGUF `block_q6_K`: 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d.
 pub const BLOCK6_BYTES: usize = 210;
@@ -31,16 +32,17 @@ pub struct Tile6 {
     /// to in the low nibbles' register (values `8g + j`), then the same for the high nibbles'
     /// (values `8g + 4 + j`).
     pub hm: [u64; 4 * QK_K / 8],
-    pub d: [f32; COLS],
+    /// The columns' `d`, f16 bits as in the file.
+    pub d: [u16; COLS],
     /// `sc[p][2c]`, `sc[p][2c + 1]`: the scales of sub-blocks `2p` and `2p + 1` of column `c`.
-    pub sc: [[i16; 2 * COLS]; 8],
+    pub sc: [[i8; 2 * COLS]; 8],
 }
 
-const _: () = assert!(std::mem::size_of::<Tile6>() == 3648);
+const _: () = assert!(std::mem::size_of::<Tile6>() == 3392);
 
 impl Tile6 {
     fn zeroed() -> Self {
-        Tile6 { qs: [0; QK_K / 8 * COLS * 4], hm: [0; 4 * QK_K / 8], d: [0.0; COLS], sc: [[0; 2 * COLS]; 8] }
+        Tile6 { qs: [0; QK_K / 8 * COLS * 4], hm: [0; 4 * QK_K / 8], d: [0; COLS], sc: [[0; 2 * COLS]; 8] }
     }
 
     /// Value `i` (0..256, 0..63: the signed weight + 32) of column `c`.
@@ -55,7 +57,12 @@ impl Tile6 {
 
     /// The scale of sub-block `s` (16 values) of column `c`.
     pub fn scale(&self, c: usize, s: usize) -> i16 {
-        self.sc[s / 2][2 * c + s % 2]
+        self.sc[s / 2][2 * c + s % 2] as i16
+    }
+
+    /// Column `c`'s `d`.
+    pub fn d(&self, c: usize) -> f32 {
+        f16::from_bits(self.d[c]).to_f32()
     }
 }
 
@@ -80,32 +87,30 @@ pub fn pack6(bytes: &[u8], n: usize, k: usize) -> Vec<Tile6> {
 /// Column `c` of a tile from one `block_q6_K` (ql 128, qh 64, scales 16, d).
 fn fill(t: &mut Tile6, c: usize, blk: &[u8]) {
     let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
-    t.d[c] = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+    t.d[c] = u16::from_le_bytes([blk[208], blk[209]]);
     for s in 0..16 {
-        t.sc[s / 2][2 * c + s % 2] = sc[s] as i8 as i16;
+        t.sc[s / 2][2 * c + s % 2] = sc[s] as i8;
     }
     // The file: in half h (128 values), quarter q (32 values), position l: the low 4 bits are
     // ql[64h + l (+ 32 for odd q)] (high nibble for q >= 2), the top two bits qh[32h + l] >> 2q.
-    for i in 0..QK_K {
-        let (h, q, l) = (i / 128, (i % 128) / 32, i % 32);
-        let byte = ql[64 * h + l + 32 * (q % 2)];
-        let low = if q >= 2 { byte >> 4 } else { byte & 0xF };
-        let top = (qh[32 * h + l] >> (2 * q)) & 3;
-        let (g, j) = (i / 8, i % 8);
-        t.qs[64 * g + 4 * c + j % 4] |= if j < 4 { low } else { low << 4 };
-        let w = if j < 4 { 0 } else { 2 };
-        if top & 1 == 1 {
-            t.hm[4 * g + w] |= 1 << (4 * c + j % 4);
-        }
-        if top & 2 == 2 {
-            t.hm[4 * g + w + 1] |= 1 << (4 * c + j % 4);
-        }
+    // Group g's eight values are eight neighbouring positions of one quarter.
+    for g in 0..QK_K / 8 {
+        let (h, q, l0) = (g / 16, (g % 16) / 4, 8 * (g % 4));
+        let n = nibbles8(&ql[64 * h + 32 * (q % 2) + l0..], if q >= 2 { 4 } else { 0 });
+        t.qs[64 * g + 4 * c..][..4].copy_from_slice(&interleave(n).to_le_bytes());
+        let top = (u64::from_le_bytes(qh[32 * h + l0..][..8].try_into().expect("eight bytes")) >> (2 * q))
+            & 0x0303_0303_0303_0303;
+        let (b16, b32) = (top & 0x0101_0101_0101_0101, (top >> 1) & 0x0101_0101_0101_0101);
+        t.hm[4 * g] |= bits4(b16 as u32) << (4 * c);
+        t.hm[4 * g + 1] |= bits4(b32 as u32) << (4 * c);
+        t.hm[4 * g + 2] |= bits4((b16 >> 32) as u32) << (4 * c);
+        t.hm[4 * g + 3] |= bits4((b32 >> 32) as u32) << (4 * c);
     }
 }
 
 /// The weight value `i` of column `c` as f32.
 pub fn weight(t: &Tile6, c: usize, i: usize) -> f32 {
-    t.d[c] * t.scale(c, i / 16) as f32 * (t.value(c, i) as i32 - 32) as f32
+    t.d(c) * t.scale(c, i / 16) as f32 * (t.value(c, i) as i32 - 32) as f32
 }
 
 /// One activation superblock: `d`, its 256 bytes, and the sums of each 16 (candle's `bsums`).
@@ -124,11 +129,11 @@ pub fn dot(tiles: &[Tile6], c: usize, acts: &[Act6<'_>]) -> f32 {
         let mut ms = 0i32;
         for s in 0..16 {
             let isum: i32 = (16 * s..16 * s + 16).map(|i| t.value(c, i) as i32 * a.qs[i] as i32).sum();
-            tt = (isum as f32).mul_add(t.d[c] * t.scale(c, s) as f32, tt);
+            tt = (isum as f32).mul_add(t.d(c) * t.scale(c, s) as f32, tt);
             ms += t.scale(c, s) as i32 * a.bsums[s] as i32;
         }
         acc = tt.mul_add(a.d, acc);
-        acc = (-(ms as f32 * (32.0 * t.d[c]))).mul_add(a.d, acc);
+        acc = (-(ms as f32 * (32.0 * t.d(c)))).mul_add(a.d, acc);
     }
     acc
 }
