@@ -150,6 +150,16 @@ fn greedy_speculation_is_lossless_in_every_weight_format() {
 /// decoding (one row per step), alone and in a batch.
 #[test]
 fn greedy_speculation_is_lossless_on_q4k_weights() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4K);
+}
+
+/// The same with Q3_K weights (our kernel's Q3K tiles on the CPU).
+#[test]
+fn greedy_speculation_is_lossless_on_q3k_weights() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q3K);
+}
+
+fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType) {
     use tandem_model::arch::qwen_hybrid::random::preset;
     use tandem_model::arch::qwen_hybrid::random_gguf::export_random;
     use tandem_model::arch::qwen_hybrid::HybridConfig;
@@ -162,10 +172,10 @@ fn greedy_speculation_is_lossless_on_q4k_weights() {
         ..preset("tiny").expect("preset")
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("q4k.gguf");
-    export_random(&cfg, candle_core::quantized::GgmlDType::Q4K, &path, |_, _| {}).expect("export");
+    let path = dir.path().join("kquant.gguf");
+    export_random(&cfg, dtype, &path, |_, _| {}).expect("export");
     let dev = tandem_model::device::default_device().expect("device");
-    let load = || tandem_model::loader::load(&path, &dev).expect("load the Q4_K GGUF");
+    let load = || tandem_model::loader::load(&path, &dev).expect("load the K-quant GGUF");
     // Repetitive prompts, so that the n-gram proposer finds matches too.
     let ps: Vec<Vec<u32>> =
         (0..4u32).map(|i| (0..24u32).map(|j| 3 + (i * 11 + (j % (5 + i)) * 7) % 500).collect()).collect();
@@ -173,7 +183,7 @@ fn greedy_speculation_is_lossless_on_q4k_weights() {
     let plain = EngineHandle::start(load(), cache_off()).expect("engine");
     let want: Vec<Outcome> = ps.iter().map(|p| run(&plain, greedy(p.clone(), n))).collect();
     for method in [SpecMethod::Mtp, SpecMethod::Ngram] {
-        let what = format!("Q4_K hybrid {}", method.as_str());
+        let what = format!("{dtype:?} hybrid {}", method.as_str());
         // The prefix cache off in both: with it a hybrid's prompt is prefilled in other chunks
         // (checkpoint boundaries), which the chunked GDN form sums in another order, and 8-bit
         // activations turn such last-bit differences into 1e-3 ones in this random model.

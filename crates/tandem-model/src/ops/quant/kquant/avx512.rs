@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
-use super::tile6::Tile6;
+use super::tile6::Sub16;
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -93,14 +93,15 @@ pub unsafe fn rows<const R: usize>(
     store(&acc, out, ldo, cols);
 }
 
-/// [`rows`] for Q6K tiles ([`super::tile6`]): 16 sub-blocks of 16 values with signed scales, the
-/// top two bits added as 16 and 32 under byte masks, the values' -32 as a bsum term.
+/// [`rows`] for tiles of 16-value sub-blocks with signed scales ([`Sub16`]: Q6K, the top two
+/// bits added as 16 and 32 under byte masks, and Q3K, whole values in the nibbles), the
+/// values' offset (32, 4) as a bsum term.
 ///
 /// # Safety
 /// As [`rows`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn rows6<const R: usize>(
-    tiles: *const Tile6,
+pub unsafe fn rows6<T: Sub16, const R: usize>(
+    tiles: *const T,
     nb: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
@@ -112,11 +113,11 @@ pub unsafe fn rows6<const R: usize>(
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let t = &*tiles.add(b);
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d_bits().as_ptr() as *const __m256i));
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
         let mut tt = [_mm512_setzero_ps(); R];
         let sc16: [__m512i; 8] =
-            std::array::from_fn(|p| _mm512_cvtepi8_epi16(_mm256_load_si256(t.sc[p].as_ptr() as *const __m256i)));
+            std::array::from_fn(|p| _mm512_cvtepi8_epi16(_mm256_load_si256(t.sc()[p].as_ptr() as *const __m256i)));
         for (p, &v) in sc16.iter().enumerate() {
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v))),
@@ -125,13 +126,15 @@ pub unsafe fn rows6<const R: usize>(
             for (q, sc) in scales.into_iter().enumerate() {
                 let mut isum = [_mm512_setzero_si512(); R];
                 for g in 4 * p + 2 * q..4 * p + 2 * q + 2 {
-                    let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
+                    let w = _mm512_load_si512(t.qs().as_ptr().add(64 * g) as *const __m512i);
                     let mut lo = _mm512_and_si512(w, m4);
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
-                    lo = _mm512_mask_add_epi8(lo, t.hm[4 * g], lo, c16);
-                    lo = _mm512_mask_add_epi8(lo, t.hm[4 * g + 1], lo, c32);
-                    hi = _mm512_mask_add_epi8(hi, t.hm[4 * g + 2], hi, c16);
-                    hi = _mm512_mask_add_epi8(hi, t.hm[4 * g + 3], hi, c32);
+                    if let Some(hm) = t.hm() {
+                        lo = _mm512_mask_add_epi8(lo, hm[4 * g], lo, c16);
+                        lo = _mm512_mask_add_epi8(lo, hm[4 * g + 1], lo, c32);
+                        hi = _mm512_mask_add_epi8(hi, hm[4 * g + 2], hi, c16);
+                        hi = _mm512_mask_add_epi8(hi, hm[4 * g + 3], hi, c32);
+                    }
                     for r in 0..R {
                         let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
                         isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(a.read_unaligned()));
@@ -144,7 +147,7 @@ pub unsafe fn rows6<const R: usize>(
                 }
             }
         }
-        let d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0));
+        let d32 = _mm512_mul_ps(d, _mm512_set1_ps(T::OFFSET as f32));
         for r in 0..R {
             // The activation's 16-value sums, two to a 32-bit word: the pairs `dpwssd` takes.
             let words = blk[r].add(Q8_BSUMS) as *const i32;

@@ -1,5 +1,5 @@
-//! Q4K and Q5K weights on the CPU with a kernel of our own ([`KQuantMatrix`]), in place of
-//! candle's.
+//! Q3K, Q4K, Q5K and Q6K weights on the CPU with a kernel of our own ([`KQuantMatrix`]), in
+//! place of candle's.
 //!
 //! candle runs Q4K on repacked VNNI tiles that it builds lazily beside the file's blocks (the
 //! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
@@ -14,6 +14,7 @@
 
 mod grouped;
 pub mod tile;
+pub mod tile3;
 pub mod tile6;
 
 pub use grouped::{matmul_grouped, Job};
@@ -27,7 +28,8 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
 use tile::{HighBits, Tile, COLS, QK_K};
-use tile6::Tile6;
+use tile3::Tile3;
+use tile6::{Sub16, Tile6};
 
 /// A Q4K, Q5K or Q6K weight matrix of `n` output rows by `k` inputs, packed for
 /// [`KQuantMatrix::forward`].
@@ -40,6 +42,8 @@ pub struct KQuantMatrix {
     high: Vec<HighBits>,
     /// Q6K tiles (empty otherwise).
     six: Vec<Tile6>,
+    /// Q3K tiles (empty otherwise).
+    three: Vec<Tile3>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
@@ -50,7 +54,7 @@ impl std::fmt::Debug for KQuantMatrix {
 
 /// Whether [`KQuantMatrix`] takes weights of this type.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
+    matches!(dtype, GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
 }
 
 /// Whether this CPU runs our Q4K / Q5K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle`
@@ -71,9 +75,16 @@ pub fn available() -> bool {
 }
 
 /// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q4K and
-/// Q5K always, Q6K only for layers (not `head`, the LM head) and with [`q6k_layers`].
+/// Q5K always, Q3K for layers (not `head`, the LM head: it multiplies one row per sequence,
+/// where the file's 3.4-bit blocks read fewer bytes than the 4.6-bit tiles), Q6K only for layers
+/// and with [`q6k_layers`].
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
-    supports(dtype) && (dtype != GgmlDType::Q6K || (!head && q6k_layers()))
+    supports(dtype)
+        && match dtype {
+            GgmlDType::Q6K => !head && q6k_layers(),
+            GgmlDType::Q3K => !head,
+            _ => true,
+        }
 }
 
 /// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
@@ -98,19 +109,22 @@ impl KQuantMatrix {
             GgmlDType::Q4K => tile::BLOCK_BYTES,
             GgmlDType::Q5K => tile::BLOCK5_BYTES,
             GgmlDType::Q6K => tile6::BLOCK6_BYTES,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q4K, Q5K, Q6K)"),
+            GgmlDType::Q3K => tile3::BLOCK3_BYTES,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q3K, Q4K, Q5K, Q6K)"),
         };
         let want = n * (k / QK_K) * block;
         if bytes.len() != want {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
+        let empty = Self { n, k, tiles: Vec::new(), high: Vec::new(), six: Vec::new(), three: Vec::new() };
         Ok(match dtype {
-            GgmlDType::Q4K => Self { n, k, tiles: tile::pack(bytes, n, k), high: Vec::new(), six: Vec::new() },
+            GgmlDType::Q4K => Self { tiles: tile::pack(bytes, n, k), ..empty },
             GgmlDType::Q5K => {
                 let (tiles, high) = tile::pack5(bytes, n, k);
-                Self { n, k, tiles, high, six: Vec::new() }
+                Self { tiles, high, ..empty }
             }
-            _ => Self { n, k, tiles: Vec::new(), high: Vec::new(), six: tile6::pack6(bytes, n, k) },
+            GgmlDType::Q3K => Self { three: tile3::pack3(bytes, n, k), ..empty },
+            _ => Self { six: tile6::pack6(bytes, n, k), ..empty },
         })
     }
 
@@ -118,6 +132,8 @@ impl KQuantMatrix {
     pub fn dtype(&self) -> GgmlDType {
         if !self.six.is_empty() {
             GgmlDType::Q6K
+        } else if !self.three.is_empty() {
+            GgmlDType::Q3K
         } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
@@ -155,6 +171,7 @@ impl KQuantMatrix {
             tiles: self.tiles[..cut(self.tiles.len())].to_vec(),
             high: self.high[..cut(self.high.len())].to_vec(),
             six: self.six[..cut(self.six.len())].to_vec(),
+            three: self.three[..cut(self.three.len())].to_vec(),
         }
     }
 
@@ -165,11 +182,11 @@ impl KQuantMatrix {
         for (row, o) in out.chunks_exact_mut(self.k).enumerate() {
             let (ct, c) = (row / COLS, row % COLS);
             if !self.six.is_empty() {
-                for (b, t) in self.six[ct * nb..(ct + 1) * nb].iter().enumerate() {
-                    for i in 0..QK_K {
-                        o[b * QK_K + i] = tile6::weight(t, c, i);
-                    }
-                }
+                sub16_weights(&self.six[ct * nb..(ct + 1) * nb], c, o);
+                continue;
+            }
+            if !self.three.is_empty() {
+                sub16_weights(&self.three[ct * nb..(ct + 1) * nb], c, o);
                 continue;
             }
             for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
@@ -230,11 +247,15 @@ impl KQuantMatrix {
     ) {
         let nb = self.k / QK_K;
         for r in 0..m {
-            if !self.six.is_empty() {
+            if !self.six.is_empty() || !self.three.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = tile6::dot(&self.six[range], col % COLS, &acts6);
+                    y[r * self.n + col] = if self.three.is_empty() {
+                        tile6::dot(&self.six[range], col % COLS, &acts6)
+                    } else {
+                        tile6::dot(&self.three[range], col % COLS, &acts6)
+                    };
                 }
                 continue;
             }
@@ -258,10 +279,12 @@ impl KQuantMatrix {
         cols: usize,
     ) {
         let nb = self.k / QK_K;
-        if self.six.is_empty() {
-            avx512::rows::<R>(self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb), nb, rows, out, ldo, cols);
+        if !self.six.is_empty() {
+            avx512::rows6::<Tile6, R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+        } else if !self.three.is_empty() {
+            avx512::rows6::<Tile3, R>(self.three[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
         } else {
-            avx512::rows6::<R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+            avx512::rows::<R>(self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb), nb, rows, out, ldo, cols);
         }
     }
 
@@ -309,6 +332,15 @@ impl KQuantMatrix {
                 }
             }
         });
+    }
+}
+
+/// Column `c` of the superblocks `tiles` as f32 weights into `o`.
+fn sub16_weights<T: Sub16>(tiles: &[T], c: usize, o: &mut [f32]) {
+    for (b, t) in tiles.iter().enumerate() {
+        for i in 0..QK_K {
+            o[b * QK_K + i] = tile6::weight(t, c, i);
+        }
     }
 }
 

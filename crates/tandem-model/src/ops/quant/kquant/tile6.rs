@@ -15,6 +15,9 @@
 //!     ms = Σ_s sc_s · bsum_s                                           (exact integer)
 //!     acc = fma(t, d_a, acc);  acc = fma(-(f32(ms) · 32 d), d_a, acc)    (the values' -32)
 //! ```
+//!
+//! [`Sub16`] is what the kernel and [`dot`] read: Q3K tiles ([`super::tile3`]) run the same
+//! arithmetic with no high-bit masks and an offset of 4.
 
 use half::f16;
 
@@ -22,6 +25,34 @@ use super::tile::{bits4, interleave, nibbles8, COLS, QK_K};
 
 /// Bytes of one GGUF `block_q6_K`: 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d.
 pub const BLOCK6_BYTES: usize = 210;
+
+/// A tile of 16-value sub-blocks with signed scales, as [`super::avx512::rows6`] and [`dot`]
+/// read it: Q6K ([`Tile6`]) and Q3K ([`super::tile3::Tile3`]). Values are stored unsigned
+/// (the low four bits in `qs`, Q6K's top two under the `hm` masks) and shifted down by
+/// `OFFSET` through the bsum term.
+pub trait Sub16: Sync {
+    /// What the stored values are above the signed ones (Q6K 32, Q3K 4).
+    const OFFSET: i32;
+    fn qs(&self) -> &[u8; QK_K / 8 * COLS * 4];
+    /// Q6K's masks of the top two bits; `None` where `qs` holds the whole value.
+    fn hm(&self) -> Option<&[u64; 4 * QK_K / 8]>;
+    /// The columns' `d` (f16 bits).
+    fn d_bits(&self) -> &[u16; COLS];
+    /// `sc[p][2c]`, `sc[p][2c + 1]`: the scales of sub-blocks `2p` and `2p + 1` of column `c`.
+    fn sc(&self) -> &[[i8; 2 * COLS]; 8];
+    /// Value `i` (0..256, unsigned) of column `c`.
+    fn value(&self, c: usize, i: usize) -> u8;
+
+    /// The scale of sub-block `s` (16 values) of column `c`.
+    fn scale(&self, c: usize, s: usize) -> i16 {
+        self.sc()[s / 2][2 * c + s % 2] as i16
+    }
+
+    /// Column `c`'s `d`.
+    fn d(&self, c: usize) -> f32 {
+        f16::from_bits(self.d_bits()[c]).to_f32()
+    }
+}
 
 #[derive(Clone)]
 #[repr(C, align(64))]
@@ -44,25 +75,31 @@ impl Tile6 {
     fn zeroed() -> Self {
         Tile6 { qs: [0; QK_K / 8 * COLS * 4], hm: [0; 4 * QK_K / 8], d: [0; COLS], sc: [[0; 2 * COLS]; 8] }
     }
+}
+
+impl Sub16 for Tile6 {
+    const OFFSET: i32 = 32;
+    fn qs(&self) -> &[u8; QK_K / 8 * COLS * 4] {
+        &self.qs
+    }
+    fn hm(&self) -> Option<&[u64; 4 * QK_K / 8]> {
+        Some(&self.hm)
+    }
+    fn d_bits(&self) -> &[u16; COLS] {
+        &self.d
+    }
+    fn sc(&self) -> &[[i8; 2 * COLS]; 8] {
+        &self.sc
+    }
 
     /// Value `i` (0..256, 0..63: the signed weight + 32) of column `c`.
-    pub fn value(&self, c: usize, i: usize) -> u8 {
+    fn value(&self, c: usize, i: usize) -> u8 {
         let (g, j) = (i / 8, i % 8);
         let byte = self.qs[64 * g + 4 * c + j % 4];
         let low = if j < 4 { byte & 0xF } else { byte >> 4 };
         let bit = |w: usize| ((self.hm[4 * g + w] >> (4 * c + j % 4)) & 1) as u8;
         let (w16, w32) = if j < 4 { (0, 1) } else { (2, 3) };
         low + 16 * bit(w16) + 32 * bit(w32)
-    }
-
-    /// The scale of sub-block `s` (16 values) of column `c`.
-    pub fn scale(&self, c: usize, s: usize) -> i16 {
-        self.sc[s / 2][2 * c + s % 2] as i16
-    }
-
-    /// Column `c`'s `d`.
-    pub fn d(&self, c: usize) -> f32 {
-        f16::from_bits(self.d[c]).to_f32()
     }
 }
 
@@ -88,8 +125,8 @@ pub fn pack6(bytes: &[u8], n: usize, k: usize) -> Vec<Tile6> {
 fn fill(t: &mut Tile6, c: usize, blk: &[u8]) {
     let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
     t.d[c] = u16::from_le_bytes([blk[208], blk[209]]);
-    for s in 0..16 {
-        t.sc[s / 2][2 * c + s % 2] = sc[s] as i8;
+    for (s, &v) in sc.iter().enumerate() {
+        t.sc[s / 2][2 * c + s % 2] = v as i8;
     }
     // The file: in half h (128 values), quarter q (32 values), position l: the low 4 bits are
     // ql[64h + l (+ 32 for odd q)] (high nibble for q >= 2), the top two bits qh[32h + l] >> 2q.
@@ -109,8 +146,8 @@ fn fill(t: &mut Tile6, c: usize, blk: &[u8]) {
 }
 
 /// The weight value `i` of column `c` as f32.
-pub fn weight(t: &Tile6, c: usize, i: usize) -> f32 {
-    t.d(c) * t.scale(c, i / 16) as f32 * (t.value(c, i) as i32 - 32) as f32
+pub fn weight<T: Sub16>(t: &T, c: usize, i: usize) -> f32 {
+    t.d(c) * t.scale(c, i / 16) as f32 * (t.value(c, i) as i32 - T::OFFSET) as f32
 }
 
 /// One activation superblock: `d`, its 256 bytes, and the sums of each 16 (candle's `bsums`).
@@ -122,7 +159,7 @@ pub struct Act6<'a> {
 }
 
 /// The product of column `c` of `tiles` with one activation row, in the kernel's order.
-pub fn dot(tiles: &[Tile6], c: usize, acts: &[Act6<'_>]) -> f32 {
+pub fn dot<T: Sub16>(tiles: &[T], c: usize, acts: &[Act6<'_>]) -> f32 {
     let mut acc = 0f32;
     for (t, a) in tiles.iter().zip(acts) {
         let mut tt = 0f32;
@@ -133,7 +170,7 @@ pub fn dot(tiles: &[Tile6], c: usize, acts: &[Act6<'_>]) -> f32 {
             ms += t.scale(c, s) as i32 * a.bsums[s] as i32;
         }
         acc = tt.mul_add(a.d, acc);
-        acc = (-(ms as f32 * (32.0 * t.d(c)))).mul_add(a.d, acc);
+        acc = (-(ms as f32 * (T::OFFSET as f32 * t.d(c)))).mul_add(a.d, acc);
     }
     acc
 }
