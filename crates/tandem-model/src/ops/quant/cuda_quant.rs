@@ -7,7 +7,10 @@
 //! could flip a near-tie that plain decoding resolves the other way. Here every row gets one
 //! fixed order (see the kernel's header), weights are decoded to the CPU dequantisation's
 //! bits and activations stay f32. [`WeightFormat`] also describes the stacked expert weights
-//! the MoE kernels read (`ops::moe`).
+//! the MoE kernels read (`ops::moe`). `matmul_raw` hands Q8_0 to [`super::cuda_qmma`], Q4_K /
+//! Q5_K / Q6_K rows that fit to [`super::cuda_kqmma`] and bf16 to [`super::cuda_tmma`] (the
+//! tensor-core kernels, each row-invariant in its own chain); the choice depends on the matrix
+//! alone, never on the call's rows.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::quantized::{GgmlDType, QTensor};

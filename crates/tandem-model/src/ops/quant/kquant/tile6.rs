@@ -26,7 +26,7 @@ use super::tile::{bits4, interleave, nibbles8, COLS, QK_K};
 /// Bytes of one GGUF `block_q6_K`: 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d.
 pub const BLOCK6_BYTES: usize = 210;
 
-/// A tile of 16-value sub-blocks with signed scales, as [`super::avx512::rows6`] and [`dot`]
+/// A tile of 16-value sub-blocks with signed scales, as the AVX-512 `rows6` kernel and [`dot`]
 /// read it: Q6K ([`Tile6`]) and Q3K ([`super::tile3::Tile3`]). Values are stored unsigned
 /// (the low four bits in `qs`, Q6K's top two under the `hm` masks) and shifted down by
 /// `OFFSET` through the bsum term.
