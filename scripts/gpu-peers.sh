@@ -16,6 +16,9 @@
 # waits for that mark and measures; the default does both in one call. A build and a 9B file
 # take ~7 minutes of a 10-minute device call, so one call rarely fits both (2026-12-03: the
 # 9B Q4_K file took 470 s to write beside the build, and neither system was measured).
+# The device machine goes back 30 s after a call ends, taking /tmp with it: the call after a
+# detached prep must follow at once (2026-12-04: a build lost to a pause between calls).
+# KEEP_BIN's archive (about 130 MB with flash attention) is more than a call brings back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
