@@ -89,13 +89,7 @@ impl Tile {
 
     /// Value `i` (0..256, 0..15) of column `c`.
     pub fn value(&self, c: usize, i: usize) -> u8 {
-        let (g, j) = (i / 8, i % 8);
-        let byte = self.qs[64 * g + 4 * c + j % 4];
-        if j < 4 {
-            byte & 0xF
-        } else {
-            byte >> 4
-        }
+        nibble(&self.qs, c, i)
     }
 }
 
@@ -112,16 +106,14 @@ fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
 /// into `ceil(n / 16) · k / 256` tiles, column tile by column tile, each along k (column tiles
 /// in parallel). Columns past `n` in the last tile are zero.
 pub fn pack(bytes: &[u8], n: usize, k: usize) -> Vec<Tile> {
-    use rayon::prelude::*;
-    let fill4 = |t: &mut Tile, _: &mut HighBits, c, blk: &[u8]| fill(t, c, &blk[..4], &blk[4..16], &blk[16..]);
-    (0..n.div_ceil(COLS) * (k / QK_K)).into_par_iter().map(|i| build(bytes, n, k, BLOCK_BYTES, i, &fill4).0).collect()
+    pack_tiles(bytes, n, k, BLOCK_BYTES, Tile::zeroed, |t, c, blk| fill(t, c, &blk[..4], &blk[4..16], &blk[16..]))
 }
 
 /// [`pack`] for Q5K (`n` rows of `k / 256` blocks of [`BLOCK5_BYTES`]): the tiles of the low 4
 /// bits and, beside each, its [`HighBits`].
 pub fn pack5(bytes: &[u8], n: usize, k: usize) -> (Vec<Tile>, Vec<HighBits>) {
-    use rayon::prelude::*;
-    let fill5 = |t: &mut Tile, h: &mut HighBits, c, blk: &[u8]| {
+    let zeroed = || (Tile::zeroed(), HighBits([0; 2 * QK_K / 8]));
+    let fill5 = |(t, h): &mut (Tile, HighBits), c: usize, blk: &[u8]| {
         fill(t, c, &blk[..4], &blk[4..16], &blk[48..]);
         // The file: value 64h + l (l < 32) has bit 2h of qh[l], value 64h + 32 + l bit 2h + 1;
         // group g's eight values read bit g / 4 of eight neighbouring qh bytes.
@@ -133,26 +125,34 @@ pub fn pack5(bytes: &[u8], n: usize, k: usize) -> (Vec<Tile>, Vec<HighBits>) {
             h.0[2 * g + 1] |= bits4((bits >> 32) as u32) << (4 * c);
         }
     };
-    (0..n.div_ceil(COLS) * (k / QK_K)).into_par_iter().map(|i| build(bytes, n, k, BLOCK5_BYTES, i, &fill5)).unzip()
+    pack_tiles(bytes, n, k, BLOCK5_BYTES, zeroed, fill5).into_iter().unzip()
 }
 
-/// Tile `i` (column tile `i / nb`, superblock `i % nb`), each column filled by `fill_col` from
-/// its block of `block` bytes; columns past `n` stay zero.
-fn build(
+/// The tiles of an `[n, k]` matrix of `block`-byte superblocks (GGUF order), column tile by
+/// column tile, each along k, in parallel: tile `i` (column tile `i / nb`, superblock `i % nb`)
+/// starts as `zeroed()` and `fill(tile, c, block)` writes column `c` from its block; columns
+/// past `n` stay zero. Every K-quant layout packs through here.
+pub(super) fn pack_tiles<T: Send>(
     bytes: &[u8],
     n: usize,
     k: usize,
     block: usize,
-    i: usize,
-    fill_col: &(impl Fn(&mut Tile, &mut HighBits, usize, &[u8]) + Sync),
-) -> (Tile, HighBits) {
+    zeroed: impl Fn() -> T + Sync,
+    fill_col: impl Fn(&mut T, usize, &[u8]) + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
     let nb = k / QK_K;
-    let (ct, b) = (i / nb, i % nb);
-    let (mut t, mut h) = (Tile::zeroed(), HighBits([0; 2 * QK_K / 8]));
-    for c in 0..COLS.min(n - ct * COLS) {
-        fill_col(&mut t, &mut h, c, &bytes[((ct * COLS + c) * nb + b) * block..][..block]);
-    }
-    (t, h)
+    (0..n.div_ceil(COLS) * nb)
+        .into_par_iter()
+        .map(|i| {
+            let (ct, b) = (i / nb, i % nb);
+            let mut t = zeroed();
+            for c in 0..COLS.min(n - ct * COLS) {
+                fill_col(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * block..][..block]);
+            }
+            t
+        })
+        .collect()
 }
 
 /// Column `c` of a tile from one block's `d, dmin` (4 bytes), 12 bytes of scales and 128 of
@@ -173,6 +173,19 @@ fn fill(t: &mut Tile, c: usize, dd: &[u8], scales: &[u8], qs: &[u8]) {
         let at = 32 * h + l0 % 32;
         let n = nibbles8(&qs[at..at + 8], if l0 >= 32 { 4 } else { 0 });
         t.qs[64 * g + 4 * c..][..4].copy_from_slice(&interleave(n).to_le_bytes());
+    }
+}
+
+/// Value `i` of column `c` in interleaved nibbles (the `qs` of every tile layout): group
+/// `i / 8`, column `c`'s four bytes, the low nibble for the group's first four values.
+#[inline]
+pub(super) fn nibble(qs: &[u8; QK_K / 8 * COLS * 4], c: usize, i: usize) -> u8 {
+    let (g, j) = (i / 8, i % 8);
+    let byte = qs[64 * g + 4 * c + j % 4];
+    if j < 4 {
+        byte & 0xF
+    } else {
+        byte >> 4
     }
 }
 

@@ -5,7 +5,7 @@
 //! file's f16: 2,368 bytes for 16 × 256 values (4.6 bits a value, against 3.44 in the file).
 //! The arithmetic is [`super::tile6`]'s with an offset of 4 ([`Sub16`]).
 
-use super::tile::{interleave, COLS, QK_K};
+use super::tile::{interleave, nibble, pack_tiles, COLS, QK_K};
 use super::tile6::Sub16;
 
 /// Bytes of one GGUF `block_q3_K`: 32 bytes of high bits, 64 of low 2 bits, 12 of scales, d.
@@ -45,32 +45,14 @@ impl Sub16 for Tile3 {
         &self.sc
     }
     fn value(&self, c: usize, i: usize) -> u8 {
-        let (g, j) = (i / 8, i % 8);
-        let byte = self.qs[64 * g + 4 * c + j % 4];
-        if j < 4 {
-            byte & 0xF
-        } else {
-            byte >> 4
-        }
+        nibble(&self.qs, c, i)
     }
 }
 
 /// Packs an `[n, k]` Q3K matrix (`n` rows of `k / 256` blocks of [`BLOCK3_BYTES`]) as
 /// [`super::tile::pack`] does Q4K.
 pub fn pack3(bytes: &[u8], n: usize, k: usize) -> Vec<Tile3> {
-    use rayon::prelude::*;
-    let nb = k / QK_K;
-    (0..n.div_ceil(COLS) * nb)
-        .into_par_iter()
-        .map(|i| {
-            let (ct, b) = (i / nb, i % nb);
-            let mut t = Tile3::zeroed();
-            for c in 0..COLS.min(n - ct * COLS) {
-                fill(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * BLOCK3_BYTES..][..BLOCK3_BYTES]);
-            }
-            t
-        })
-        .collect()
+    pack_tiles(bytes, n, k, BLOCK3_BYTES, Tile3::zeroed, fill)
 }
 
 /// Column `c` of a tile from one `block_q3_K` (hmask 32, qs 64, scales 12, d).

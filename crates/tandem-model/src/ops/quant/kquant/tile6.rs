@@ -21,7 +21,7 @@
 
 use half::f16;
 
-use super::tile::{bits4, interleave, nibbles8, COLS, QK_K};
+use super::tile::{bits4, interleave, nibble, nibbles8, pack_tiles, COLS, QK_K};
 
 /// Bytes of one GGUF `block_q6_K`: 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d.
 pub const BLOCK6_BYTES: usize = 210;
@@ -95,8 +95,7 @@ impl Sub16 for Tile6 {
     /// Value `i` (0..256, 0..63: the signed weight + 32) of column `c`.
     fn value(&self, c: usize, i: usize) -> u8 {
         let (g, j) = (i / 8, i % 8);
-        let byte = self.qs[64 * g + 4 * c + j % 4];
-        let low = if j < 4 { byte & 0xF } else { byte >> 4 };
+        let low = nibble(&self.qs, c, i);
         let bit = |w: usize| ((self.hm[4 * g + w] >> (4 * c + j % 4)) & 1) as u8;
         let (w16, w32) = if j < 4 { (0, 1) } else { (2, 3) };
         low + 16 * bit(w16) + 32 * bit(w32)
@@ -106,19 +105,7 @@ impl Sub16 for Tile6 {
 /// Packs an `[n, k]` Q6K matrix (`n` rows of `k / 256` blocks of [`BLOCK6_BYTES`]) as
 /// [`super::tile::pack`] does Q4K.
 pub fn pack6(bytes: &[u8], n: usize, k: usize) -> Vec<Tile6> {
-    use rayon::prelude::*;
-    let nb = k / QK_K;
-    (0..n.div_ceil(COLS) * nb)
-        .into_par_iter()
-        .map(|i| {
-            let (ct, b) = (i / nb, i % nb);
-            let mut t = Tile6::zeroed();
-            for c in 0..COLS.min(n - ct * COLS) {
-                fill(&mut t, c, &bytes[((ct * COLS + c) * nb + b) * BLOCK6_BYTES..][..BLOCK6_BYTES]);
-            }
-            t
-        })
-        .collect()
+    pack_tiles(bytes, n, k, BLOCK6_BYTES, Tile6::zeroed, fill)
 }
 
 /// Column `c` of a tile from one `block_q6_K` (ql 128, qh 64, scales 16, d).
