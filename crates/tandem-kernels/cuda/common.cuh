@@ -24,6 +24,21 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+// The same copy reading only the first `n` (0..16) source bytes and zero-filling the rest (a
+// window that would run past the end of a buffer).
+__device__ __forceinline__ void cp_async16_n(void* smem, const void* gmem, int n) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+// A 16-byte piece at `src` of a buffer ending at `end`: whole, or cut at the end.
+__device__ __forceinline__ void cp_async16_upto(void* smem, const uint8_t* src, const uint8_t* end) {
+    const long long left = end - src;
+    if (left >= 16) {
+        cp_async16(smem, src);
+    } else {
+        cp_async16_n(smem, src, left > 0 ? (int)left : 0);
+    }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -78,11 +78,19 @@ __device__ __forceinline__ void batch_tokens(const long long* meta, int s, size_
 // meta = [B + 1 token offsets | B conv-state addresses | B delta-state addresses]. With
 // state_out null, sequence s writes its next conv state at the address meta[3B + 1 + s] and
 // its next delta state at meta[4B + 1 + s] instead (a CUDA graph's step, whose outputs go to
-// buffers made for each step).
+// buffers made for each step); with meta_lanes set too (a graph's verify step), its conv
+// lanes go to meta[5B + 1 + s] and its delta lanes to meta[6B + 1 + s] rather than to
+// `lanes` (t states one after another from each address).
+__device__ __forceinline__ float* batch_lanes(float* lanes, const long long* meta, int meta_lanes, int B, int s,
+                                              int which, size_t t0, size_t per_token) {
+    if (meta_lanes) return reinterpret_cast<float*>(meta[(5 + which) * B + 1 + s]);
+    return lanes ? lanes + t0 * per_token : nullptr;
+}
+
 extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __restrict__ state_out,
                                                float* __restrict__ lanes, const float* __restrict__ x,
                                                const long long* __restrict__ meta, const float* __restrict__ w,
-                                               int B, int ch, int K) {
+                                               int B, int ch, int K, int meta_lanes) {
     const int s = blockIdx.y;
     size_t t0;
     int t;
@@ -90,8 +98,8 @@ extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __r
     const size_t hist = (size_t)(K - 1) * ch;
     const float* state_in = reinterpret_cast<const float*>(meta[B + 1 + s]);
     float* out = state_out ? state_out + s * hist : reinterpret_cast<float*>(meta[3 * B + 1 + s]);
-    conv_silu(y + t0 * ch, out, lanes ? lanes + t0 * hist : nullptr, x + t0 * ch, state_in, w, t,
-              ch, K);
+    conv_silu(y + t0 * ch, out, batch_lanes(lanes, meta, meta_lanes, B, s, 0, t0, hist), x + t0 * ch, state_in, w,
+              t, ch, K);
 }
 
 template <int MAXDK>
@@ -390,7 +398,8 @@ DELTA_COLS(gdn_delta_cols_256, 256)
 template <int MAXDK>
 __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,
                                  const float* a_raw, const float* dt_bias, const float* neg_a,
-                                 const long long* meta, int B, int nk, int nv, int dk, int dv, float scale) {
+                                 const long long* meta, int B, int nk, int nv, int dk, int dv, float scale,
+                                 int meta_lanes) {
     const int s = blockIdx.z;
     size_t t0;
     int t;
@@ -399,7 +408,7 @@ __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, c
     const size_t sl = (size_t)nv * dk * dv;
     const float* state_in = reinterpret_cast<const float*>(meta[2 * B + 1 + s]);
     float* out = state_out ? state_out + s * sl : reinterpret_cast<float*>(meta[4 * B + 1 + s]);
-    delta_cols<MAXDK>(o_raw + t0 * nv * dv, out, lanes ? lanes + t0 * sl : nullptr, u + t0 * ch,
+    delta_cols<MAXDK>(o_raw + t0 * nv * dv, out, batch_lanes(lanes, meta, meta_lanes, B, s, 1, t0, sl), u + t0 * ch,
                       b_raw + t0 * nv, a_raw + t0 * nv, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, scale);
 }
 
@@ -407,9 +416,9 @@ __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, c
     extern "C" __global__ void __launch_bounds__(128)                                                            \
         name(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,                   \
              const float* a_raw, const float* dt_bias, const float* neg_a, const long long* meta, int B, int nk, \
-             int nv, int dk, int dv, float scale) {                                                              \
+             int nv, int dk, int dv, float scale, int meta_lanes) {                                              \
         delta_cols_batch<MAXDK>(o_raw, state_out, lanes, u, b_raw, a_raw, dt_bias, neg_a, meta, B, nk, nv, dk,   \
-                                dv, scale);                                                                      \
+                                dv, scale, meta_lanes);                                                          \
     }
 
 DELTA_COLS_BATCH(gdn_delta_cols_batch_32, 32)

@@ -16,9 +16,11 @@
 // qkmv_<t>_<R> (calls of 1..R rows: decode, verifies, small batches): a warp per output
 //   column; in a round the warp takes eight superblocks, lane group g (lanes 4g..4g+3) the
 //   g-th, lane q of it sub-blocks 2q and 2q + 1 (f_2q + f_2q+1); two xor shuffles add the four
-//   pairs in T's order on all four lanes, and the round's eight T are added to the sum in
-//   order. The weights come into shared memory by cp.async, a round (one contiguous stretch
-//   of the row) at a time, KV_STAGES rounds in flight.
+//   pairs in T's order on all four lanes, the groups leave their T in shared memory, and lane
+//   i adds the round's eight T of row i to that row's sum in order (one lane per row, rather
+//   than every lane every row's: 16% off a 4-row call on the H200). The weights come into shared memory by cp.async, a round (one contiguous stretch
+//   of the row, or for q6_k, whose rows start on any even address, the 16-byte aligned window
+//   around it) at a time, KV_STAGES rounds in flight; copies stop at the matrix's last byte.
 // qkgemm_<t>_<NT> (more rows: batches, prefill): a block per KG_BN = 64 output columns x NT
 //   rows, eight warps of 16 columns x NT / 2 rows each; superblock by superblock, the block's
 //   64 weight rows and NT activation rows are staged in shared memory by cp.async (the next
@@ -206,12 +208,16 @@ __device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&
     return __fadd_rn(f[0], f[1]);
 }
 
-template <int KT, int R>
+template <int KT, int R, bool PRE>
 __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                      const int* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>();
     constexpr int ROUND = 8 * BB;
-    __shared__ __align__(16) uint8_t stage[KV_WARPS][KV_STAGES][ROUND + 16];
+    // A round's copy is the 16-byte aligned window around it (q6_k rows start on any even
+    // address), plus room for lds_run's read past the last byte.
+    __shared__ __align__(16) uint8_t stage[KV_WARPS][KV_STAGES][ROUND + 32];
+    // Each row's eight superblock terms of a round, for the lane that sums that row.
+    __shared__ __align__(16) float tsm[KV_WARPS][R][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int col = blockIdx.x * KV_WARPS + warp;
     if (col >= n) return;  // the whole warp
@@ -219,20 +225,21 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
     const int S = k >> 8, nb = k >> 5;
     const int rounds = (S + 7) >> 3;
     const uint8_t* row = w + (size_t)col * S * BB;
+    const int o = (int)(reinterpret_cast<uintptr_t>(row) & 15);  // 0 but for q6_k
+    const uint8_t* end = w + (size_t)n * S * BB;
     const int rows = min(m, R);
     auto load = [&](int r) {
-        const int segs = min(8, S - r * 8);
-        warp_cp_async(stage[warp][r % KV_STAGES], row + (size_t)r * ROUND, segs * BB, lane);
+        const int pieces = (o + min(8, S - r * 8) * BB + 15) >> 4;
+        const uint8_t* src = row - o + (size_t)r * ROUND;  // ROUND is a multiple of 16
+        for (int i = lane; i < pieces; i += 32) cp_async16_upto(stage[warp][r % KV_STAGES] + i * 16, src + i * 16, end);
     };
 #pragma unroll
     for (int r = 0; r < KV_STAGES; r++) {
         if (r < rounds) load(r);
         cp_async_commit();
     }
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) acc[i] = 0.f;
-    constexpr bool PRE = R <= 2;  // activations into registers before the wait
+    // Lane i < R keeps row i's sum.
+    float acc = 0.f;
     for (int r = 0; r < rounds; r++) {
         const int s = r * 8 + g;
         const bool live = s < S;
@@ -260,7 +267,7 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         }
         cp_async_wait<KV_STAGES - 1>();
         __syncwarp();
-        const uint8_t* sb = stage[warp][r % KV_STAGES] + g * BB;
+        const uint8_t* sb = stage[warp][r % KV_STAGES] + o + g * BB;
         uint32_t c[2][8];
         int sa[2] = {0, 0}, sm[2] = {0, 0};
         float d = 0.f, dmin = 0.f;
@@ -290,19 +297,26 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
             }
             t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
             t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
-            // The round's superblocks into the sum, in order (every lane keeps the same sum).
+            if (q == 0) tsm[warp][i][g] = t;
+        }
+        __syncwarp();
+        // The round's superblocks into each row's sum, in order: lane i adds row i's.
+        if (lane < R) {
+            const float4 lo = *reinterpret_cast<const float4*>(&tsm[warp][lane][0]);
+            const float4 hi = *reinterpret_cast<const float4*>(&tsm[warp][lane][4]);
+            const float tg[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            const int live_sb = S - r * 8;
+            if (live_sb >= 8) {
 #pragma unroll
-            for (int gg = 0; gg < 8; gg++) {
-                const float tg = __shfl_sync(0xffffffffu, t, 4 * gg);
-                if (r * 8 + gg < S) acc[i] = __fadd_rn(acc[i], tg);
+                for (int gg = 0; gg < 8; gg++) acc = __fadd_rn(acc, tg[gg]);
+            } else {
+#pragma unroll
+                for (int gg = 0; gg < 8; gg++)
+                    if (gg < live_sb) acc = __fadd_rn(acc, tg[gg]);
             }
         }
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            if (i < rows) y[(size_t)i * n + col] = acc[i];
-    }
+    if (lane < rows) y[(size_t)lane * n + col] = acc;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -311,7 +325,8 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
 #define KG_XS 272  // bytes per staged activation row: 256 codes + 16 of padding (no bank conflicts)
 
 // Bytes a staged superblock row takes: q6_k superblocks start on even addresses, so a row's
-// copy is the 16-byte aligned window around it (at most 14 bytes before it).
+// copy is the 16-byte aligned window around it (at most 14 bytes before it; q4_k / q5_k
+// superblocks are 16-byte aligned).
 template <int KT>
 __host__ __device__ constexpr int kq_stride() {
     return KT == KT_Q6_K ? 224 : kq_bytes<KT>();
@@ -362,14 +377,18 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
     const int row0 = blockIdx.x * NT, col0 = blockIdx.y * KG_BN;
     const int S = k >> 8, nb = k >> 5;
     const long long rb = (long long)S * BB;
+    const uint8_t* end = w + (size_t)n * rb;
+    // Where column c's superblock s starts in its staged window.
+    auto win = [&](int c, int s) { return (int)(((long long)c * rb + (long long)s * BB) & 15); };
     auto load = [&](int s, int buf) {
-        const long long off = (long long)s * BB;
-        const int o = (int)(off & 15);
-        const int pieces = (o + BB + 15) >> 4;
+        constexpr int pieces = ST / 16;
         for (int i = threadIdx.x; i < KG_BN * pieces; i += blockDim.x) {
             const int r = i / pieces, c = i - r * pieces;
             const int col = col0 + r;
-            if (col < n) cp_async16(wsm[buf] + r * ST + c * 16, w + (size_t)col * rb + (size_t)(off - o) + c * 16);
+            if (col < n) {
+                const long long off = (long long)col * rb + (long long)s * BB;
+                cp_async16_upto(wsm[buf] + r * ST + c * 16, w + (size_t)(off - (off & 15)) + c * 16, end);
+            }
         }
         for (int i = threadIdx.x; i < NT * 16; i += blockDim.x) {
             const int r = i >> 4, c = i & 15;
@@ -388,9 +407,9 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const int o = (int)(((long long)s * BB) & 15);
-        const uint8_t* lo = wsm[s & 1] + (wc * 16 + g) * ST + o;  // column g's superblock
-        const uint8_t* hi = lo + 8 * ST;                           // column g + 8's
+        const int c_lo = col0 + wc * 16 + g;
+        const uint8_t* lo = wsm[s & 1] + (wc * 16 + g) * ST + win(c_lo, s);          // column g's superblock
+        const uint8_t* hi = wsm[s & 1] + (wc * 16 + g + 8) * ST + win(c_lo + 8, s);  // column g + 8's
         const uint8_t* xb = xsm[s & 1] + (wr * WR + g) * KG_XS + tig * 4;
         float d_lo, dm_lo, d_hi, dm_hi;
         kd<KT>(lo, &d_lo, &dm_lo);
@@ -461,11 +480,17 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
     }
 }
 
-#define KQMV(suffix, KT, R)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(KV_WARPS * 32)                                              \
-        qkmv_##suffix##_##R(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w,     \
-                            int m, int n, int k) {                                                            \
-        qkmv<KT, R>(y, xq, dx, xs, w, m, n, k);                                                              \
+// qkmv_<t>_<R>: the activations of up to two rows loaded before the weights' wait, of more
+// rows row by row after it (loading all four rows' before, at 128 registers, measured the same
+// on the H200: 9B Q4_K verify of 4 rows 112.7 against 111.5 steps/s).
+// MINB: blocks an SM must hold, a register budget (ptxas, sm_90: one row at 72 registers
+// holds 28 warps an SM without spilling, where the compiler's own choice, 80, held 24; two
+// rows spill below ~90).
+#define KQMV(suffix, KT, R, NAME, PRE, MINB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(KV_WARPS * 32, MINB)                                        \
+        NAME(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w, int m, int n,      \
+             int k) {                                                                                         \
+        qkmv<KT, R, PRE>(y, xq, dx, xs, w, m, n, k);                                                         \
     }
 #define KQGEMM(suffix, KT, NT)                                                                                \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
@@ -474,7 +499,9 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
         qkgemm<KT, NT>(y, xq, dx, xs, w, m, n, k);                                                           \
     }
 #define KQ_ALL(suffix, KT)                                                                                    \
-    KQMV(suffix, KT, 1) KQMV(suffix, KT, 2) KQMV(suffix, KT, 4) KQMV(suffix, KT, 8)                            \
+    KQMV(suffix, KT, 1, qkmv_##suffix##_1, true, 7) KQMV(suffix, KT, 2, qkmv_##suffix##_2, true, 5)            \
+    KQMV(suffix, KT, 4, qkmv_##suffix##_4, false, 7)                                                          \
+    KQMV(suffix, KT, 8, qkmv_##suffix##_8, false, 7)                                                          \
     KQGEMM(suffix, KT, 16) KQGEMM(suffix, KT, 32)
 
 KQ_ALL(q4_k, KT_Q4_K)

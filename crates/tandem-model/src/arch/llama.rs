@@ -229,7 +229,7 @@ impl Llama {
         Ok(x)
     }
 
-    /// Runs `chunks` as a CUDA graph's decode step when they fit one
+    /// Runs `chunks` as a CUDA graph's decode or verify step when they fit one
     /// ([`crate::arch::decode_graph`]): the logits per chunk, caches advanced. `None`: nothing
     /// done, run the eager forward.
     #[cfg(feature = "cuda")]
@@ -240,7 +240,7 @@ impl Llama {
         let Some(step) = plan(chunks, self.cfg.vocab_size, &attention)? else { return Ok(None) };
         let (cos, sin) = self.rope.values(&step.positions);
         let columns = self.lm_head.weight.dims()?.0;
-        let shape = Shape { rope_half: self.rope.inv_freq().len(), state_words: 0, columns };
+        let shape = Shape { rope_half: self.rope.inv_freq().len(), state_words: 0, columns, hidden: 0 };
         let store = step.store.clone();
         let body = |inp: &Inputs| {
             let tables = (inp.cos.clone(), inp.sin.clone());
@@ -250,10 +250,10 @@ impl Llama {
             let logits = self.lm_head.forward(&self.rms(&x, &self.norm)?)?;
             Ok(inp.logits.slice_set(&logits.to_dtype(candle_core::DType::F32)?.contiguous()?, 0, 0)?)
         };
-        let Some(logits) = self.graphs.run(dev, &step, &shape, (&cos, &sin), &[], body)? else { return Ok(None) };
+        let Some(out) = self.graphs.run(dev, &step, &shape, (&cos, &sin), &[], body)? else { return Ok(None) };
         for c in chunks.iter_mut() {
-            c.cache.advance(1);
+            c.cache.advance(step.t);
         }
-        Ok(Some((0..step.bsz).map(|i| logits.narrow(0, i, 1).map(Some)).collect::<candle_core::Result<_>>()?))
+        Ok(Some(step.per_chunk(&out.logits)?))
     }
 }

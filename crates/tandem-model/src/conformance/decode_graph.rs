@@ -7,6 +7,12 @@
 //! lengths, and cover MoE (experts routed on the device, as a GGUF's stacked experts are) and
 //! dense layers, Q8_0 and bf16 weights, f16, f32 and q8_0 KV.
 //!
+//! The `verify graph` rows do the same for speculative verify steps (caches in verify mode,
+//! several tokens per sequence, every position's logits, then a commit keeping some of them):
+//! logits, the final-normed hidden states of a model with an MTP head (through its LM head),
+//! positions and the recurrent states after each commit must match the eager steps bit for
+//! bit.
+//!
 //! [`CausalLm::forward`]: crate::arch::CausalLm::forward
 
 use candle_core::Device;
@@ -48,7 +54,8 @@ mod cuda {
             if name.starts_with("tiny") {
                 return preset("tiny");
             }
-            preset("0.8b").map(|mut c| {
+            let base = if name.starts_with("0.8b-mtp") { "0.8b-mtp" } else { "0.8b" };
+            preset(base).map(|mut c| {
                 c.layer_kinds = vec![LayerKind::Linear, LayerKind::Linear, LayerKind::Linear, LayerKind::Full];
                 c
             })
@@ -85,7 +92,124 @@ mod cuda {
                 "f32 kv f16".into(),
             ));
         }
+        // Verify steps: (model, weights, KV, prompts, steps, tokens per step).
+        let verify: [(&str, GgmlDType, KvDtype, &[usize], usize, usize); 3] = [
+            ("0.8b-mtp x4 layers", GgmlDType::Q8_0, KvDtype::F16, &[20, 250], 5, 4),
+            ("0.8b-mtp x4 layers", GgmlDType::Q4K, KvDtype::F32, &[7], 6, 3),
+            ("tiny moe", GgmlDType::Q8_0, KvDtype::F16, &[5, 300, 40], 4, 2),
+        ];
+        for (name, wt, kv, prompts, steps, t) in verify {
+            let shape = format!("{name} prompts {prompts:?} {steps} x {t} tokens");
+            let format = format!("{wt:?} kv {kv}");
+            let m = config(name).and_then(|cfg| model(&cfg, wt, dev));
+            let r = m.and_then(|m| verify_case(&m, kv, prompts, steps, t, dev));
+            out.push(verify_row(r, steps, shape, format));
+        }
+        for name in ["tiny/llama", "tiny/qwen3"] {
+            let Some(dir) = fixtures.map(|f| f.join(name)).filter(|d| d.join("config.json").exists()) else {
+                continue;
+            };
+            let m = crate::loader::load_with(&dir, dev, &Default::default()).map(|l| l.model);
+            let r = m.and_then(|m| verify_case(&*m, KvDtype::F16, &[3, 250], 4, 4, dev));
+            out.push(verify_row(r, 4, format!("{name} prompts [3, 250] 4 x 4 tokens"), "f32 kv f16".into()));
+        }
         out
+    }
+
+    fn verify_row(r: Result<(f32, usize, f64)>, steps: usize, shape: String, format: String) -> Check {
+        match r {
+            Ok((err, ran, ms)) => {
+                let c = Check::new("verify graph", shape, &format, err, Judge::Exact, ms);
+                if ran == steps {
+                    c.with_note(format!("{ran} verify steps as graphs"))
+                } else {
+                    Check { pass: false, ..c.with_note(format!("only {ran} of {steps} verify steps ran as graphs")) }
+                }
+            }
+            Err(e) => Check::error("verify graph", shape, &format, e),
+        }
+    }
+
+    /// Verify steps of `t` tokens per sequence, through [`CausalLm::forward`] (graphs; with
+    /// the hidden states where the model has an MTP head) and the eager forward, each step keeping a different number of its tokens:
+    /// (largest bit difference, steps that ran as graphs, ms of the graph run).
+    fn verify_case(
+        m: &dyn CausalLm,
+        kv: KvDtype,
+        prompts: &[usize],
+        steps: usize,
+        t: usize,
+        dev: &Device,
+    ) -> Result<(f32, usize, f64)> {
+        let mut graph = prefilled(m, kv, prompts, steps * t + 1, dev)?;
+        let mut eager = prefilled(m, kv, prompts, steps * t + 1, dev)?;
+        let vocab = m.vocab_size() as u32;
+        let mut err = 0f32;
+        let before = m.graph_launches();
+        dev.synchronize()?;
+        let t0 = std::time::Instant::now();
+        for step in 0..steps {
+            let toks: Vec<Vec<u32>> = (0..prompts.len())
+                .map(|i| (0..t).map(|j| ((step * 31 + i * 7 + j * 13 + 5) as u32) % (vocab - 12)).collect())
+                .collect();
+            for c in graph.iter_mut().chain(eager.iter_mut()) {
+                c.begin_verify();
+            }
+            let chunks = |caches| all_logits(caches, &toks);
+            let (got, hidden) = if m.mtp().is_some() {
+                m.forward_with_hidden(&mut chunks(&mut graph))?
+            } else {
+                (m.forward(&mut chunks(&mut graph))?, None)
+            };
+            let want = m.forward_eager(&mut chunks(&mut eager))?;
+            for (g, w) in got.iter().zip(&want) {
+                let (Some(g), Some(w)) = (g, w) else { return Ok((f32::INFINITY, 0, 0.0)) };
+                err = err.max(bits_err(g, w)?);
+            }
+            // A model with an MTP head also returns the hidden states: its LM head must give
+            // the same logits from them.
+            if let (Some(h), Some(head)) = (hidden, m.mtp()) {
+                let all = Tensor::cat(&got.iter().flatten().cloned().collect::<Vec<_>>(), 0)?;
+                err = err.max(bits_err(&head.mtp_logits(&h)?, &all)?);
+            }
+            let keep = 1 + step % t;
+            for c in graph.iter_mut().chain(eager.iter_mut()) {
+                c.commit_speculative(t, keep)?;
+            }
+        }
+        dev.synchronize()?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let ran = m.graph_launches() - before;
+        Ok((err.max(states_err(&graph, &eager)?), ran, ms))
+    }
+
+    /// A chunk of `toks[i]` for cache `i`, every position's logits.
+    fn all_logits<'a>(caches: &'a mut [SequenceCache], toks: &'a [Vec<u32>]) -> Vec<SeqChunk<'a>> {
+        caches.iter_mut().zip(toks).map(|(cache, t)| SeqChunk { tokens: t, cache, logits: LogitsWanted::All }).collect()
+    }
+
+    /// The largest difference between two sets of caches: positions, then every recurrent
+    /// state bit for bit.
+    fn states_err(graph: &[SequenceCache], eager: &[SequenceCache]) -> Result<f32> {
+        let mut err = 0f32;
+        for (g, e) in graph.iter().zip(eager) {
+            if g.position() != e.position() {
+                err = f32::INFINITY;
+            }
+            for (a, b) in g.recurrent.iter().zip(&e.recurrent) {
+                if let (Some(a), Some(b)) = (a, b) {
+                    let (ac, bc) = (a.conv_values()?, b.conv_values()?);
+                    let (asm, bsm) = (a.ssm_values()?, b.ssm_values()?);
+                    let same = |x: &[f32], y: &[f32]| {
+                        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+                    };
+                    if !same(&ac, &bc) || !same(&asm, &bsm) {
+                        err = err.max(super::super::rel_err_slices(&asm, &bsm).max(f32::MIN_POSITIVE));
+                    }
+                }
+            }
+        }
+        Ok(err)
     }
 
     fn row(
@@ -195,23 +319,6 @@ mod cuda {
         dev.synchronize()?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let ran = m.graph_launches() - before;
-        for (g, e) in graph.iter().zip(&eager) {
-            if g.position() != e.position() {
-                err = f32::INFINITY;
-            }
-            for (a, b) in g.recurrent.iter().zip(&e.recurrent) {
-                if let (Some(a), Some(b)) = (a, b) {
-                    let (ac, bc) = (a.conv_values()?, b.conv_values()?);
-                    let (asm, bsm) = (a.ssm_values()?, b.ssm_values()?);
-                    let same = |x: &[f32], y: &[f32]| {
-                        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-                    };
-                    if !same(&ac, &bc) || !same(&asm, &bsm) {
-                        err = err.max(super::super::rel_err_slices(&asm, &bsm).max(f32::MIN_POSITIVE));
-                    }
-                }
-            }
-        }
-        Ok((err, ran, ms))
+        Ok((err.max(states_err(&graph, &eager)?), ran, ms))
     }
 }

@@ -430,7 +430,9 @@ const QTYPES: [GgmlDType; 10] = [
 
 fn quantised(dev: &Device, out: &mut Vec<Check>) {
     for q in QTYPES {
-        for (n, k) in [(512, 1024), (37, 2304), (100, 4096)] {
+        // k = 2304 (nine superblocks) and 5120 (the 27B shape's rows): Q6_K rows that start
+        // off a 16-byte boundary.
+        for (n, k) in [(512, 1024), (37, 2304), (100, 4096), (24, 5120)] {
             let shape = format!("n{n} k{k}");
             let fmt = format!("{q:?}").to_lowercase();
             push(out, "quant_matmul", shape.clone(), &fmt, quant_case(dev, q, n, k, &shape, &fmt));

@@ -527,17 +527,27 @@ impl GdnLayer {
 
 #[cfg(feature = "cuda")]
 impl GdnLayer {
-    /// The layer's decode step inside a CUDA graph: `bsz` sequences of one token each, whose
-    /// input and output state addresses are in `meta` (see
+    /// The layer's decode or verify step inside a CUDA graph: `bsz` sequences of the same
+    /// number of tokens, whose input and output state addresses (and with `lanes`, the
+    /// addresses of their per-token states) are in `meta` (see
     /// [`crate::ops::gdn::cuda_batch::step_batch_at`]); no sequence cache is touched. The same
-    /// launches as a batched decode ([`Self::forward_batched`]), so the same bits.
-    pub fn forward_graph(&self, h: &Tensor, meta: &Tensor, bsz: usize) -> Result<Tensor> {
+    /// arithmetic as an eager decode or verify ([`Self::forward_batched`]), so the same bits.
+    pub fn forward_graph(&self, h: &Tensor, meta: &Tensor, bsz: usize, lanes: bool) -> Result<Tensor> {
         let p =
             self.dev.as_ref().ok_or_else(|| ModelError::Input("GDN graph step: layer has no device params".into()))?;
         let d = self.dims;
         let [qkv, z, b, a] = self.proj.forward(h)?.map(|t| t.to_dtype(candle_core::DType::F32));
         let sp = self.step_tensors(p);
-        self.output(&crate::ops::gdn::cuda_batch::step_batch_at(&qkv?, [&z?, &b?, &a?], meta, bsz, &p.conv_w, &sp, d)?)
+        self.output(&crate::ops::gdn::cuda_batch::step_batch_at(
+            &qkv?,
+            [&z?, &b?, &a?],
+            meta,
+            bsz,
+            lanes,
+            &p.conv_w,
+            &sp,
+            d,
+        )?)
     }
 
     /// Whether the decode step batches on this device (CUDA, supported dims).

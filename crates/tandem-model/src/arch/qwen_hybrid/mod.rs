@@ -253,7 +253,7 @@ impl CausalLm for QwenHybrid {
 
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         #[cfg(feature = "cuda")]
-        if let Some(logits) = self.decode_graph(chunks)? {
+        if let Some((logits, _)) = self.decode_graph(chunks)? {
             return Ok(logits);
         }
         self.eager_forward(chunks)
@@ -269,6 +269,15 @@ impl CausalLm for QwenHybrid {
     }
 
     fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        // Decode and verify steps of a model with an MTP head keep the hidden states in their
+        // graphs.
+        #[cfg(feature = "cuda")]
+        if self.mtp.is_some() {
+            // (Such graphs always keep them: `hidden` is `Some`.)
+            if let Some((logits, hidden)) = self.decode_graph(chunks)? {
+                return Ok((logits, hidden));
+            }
+        }
         let hidden = self.forward_hidden(chunks)?;
         let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lm_head.forward(sel))?;
         Ok((logits, Some(hidden)))

@@ -82,6 +82,7 @@ pub fn step_batch(
         }
     }
     let meta = Tensor::from_vec(meta, 3 * bsz + 1, &Device::Cuda(dev.clone()))?;
+    let lanes = if lanes { LaneMode::Fresh } else { LaneMode::Off };
     let (o, next, lanes) = launch([x, z, b, a], &meta, bsz, conv_w, p, d, lanes, true)?;
     drop(states);
     let (conv, ssm) = next.ok_or_else(|| ModelError::Input("gdn batch step: no next state".into()))?;
@@ -110,24 +111,41 @@ fn check(x: &Tensor, bsz: usize, total_of_seqs: usize, conv_w: &Tensor, d: GdnDi
     })
 }
 
-/// The decode step of a CUDA graph: `bsz` sequences of one token each, whose input and output
-/// state addresses are in `meta` (i64 on the device, `[B + 1 offsets | B conv in | B ssm in |
-/// B conv out | B ssm out]`, written before every launch of the graph); the kernels write the
-/// next states there. Returns the normed output `[bsz, nv dv]`.
+/// A CUDA graph's step: `bsz` sequences of `x.dim(0) / bsz` tokens each (one: a decode step;
+/// more: a verify step), whose input and output state addresses are in `meta` (i64 on the
+/// device, `[B + 1 offsets | B conv in | B ssm in | B conv out | B ssm out]`, written before
+/// every launch of the graph; with `lanes`, then `[B conv lanes | B ssm lanes]`, the addresses
+/// the states after each token go to, one after another); the kernels write the next states
+/// there. Returns the normed output `[total, nv dv]`.
+#[allow(clippy::too_many_arguments)]
 pub fn step_batch_at(
     x: &Tensor,
     [z, b, a]: [&Tensor; 3],
     meta: &Tensor,
     bsz: usize,
+    lanes: bool,
     conv_w: &Tensor,
     p: &StepTensors<'_>,
     d: GdnDims,
 ) -> Result<Tensor> {
-    check(x, bsz, bsz, conv_w, d)?;
-    if meta.dtype() != DType::I64 || meta.elem_count() != 5 * bsz + 1 {
+    check(x, bsz, x.dim(0)?, conv_w, d)?;
+    let words = if lanes { 7 * bsz + 1 } else { 5 * bsz + 1 };
+    if meta.dtype() != DType::I64 || meta.elem_count() != words {
         return Err(ModelError::Input(format!("gdn graph step: meta {:?} for {bsz} sequences", meta.dims())));
     }
-    Ok(launch([x, z, b, a], meta, bsz, conv_w, p, d, false, false)?.0)
+    let lanes = if lanes { LaneMode::InMeta } else { LaneMode::Off };
+    Ok(launch([x, z, b, a], meta, bsz, conv_w, p, d, lanes, false)?.0)
+}
+
+/// Where a batched step's per-token states go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LaneMode {
+    /// Nowhere (a decode step).
+    Off,
+    /// New `[total, ...]` buffers, returned.
+    Fresh,
+    /// The addresses in meta (a graph's verify step).
+    InMeta,
 }
 
 type Lanes = (Option<Tensor>, Option<Tensor>);
@@ -144,7 +162,7 @@ fn launch(
     conv_w: &Tensor,
     p: &StepTensors<'_>,
     d: GdnDims,
-    lanes: bool,
+    lane_mode: LaneMode,
     fresh: bool,
 ) -> Result<Launched> {
     let dev = cuda_device(x).ok_or_else(|| ModelError::Input("gdn batch step: not a CUDA tensor".into()))?;
@@ -161,6 +179,8 @@ fn launch(
     let mv = inputs.view::<i64>(8)?;
     let null = 0u64;
     let (bi, chi, ki) = (i32_of(bsz)?, i32_of(ch)?, i32_of(kernel)?);
+    let lanes = lane_mode == LaneMode::Fresh;
+    let meta_lanes = i32::from(lane_mode == LaneMode::InMeta);
     let bz = u32::try_from(bsz).map_err(|_| ModelError::Input(format!("gdn batch step: {bsz} sequences")))?;
 
     let u = alloc_f32(&dev, total * ch)?;
@@ -178,10 +198,11 @@ fn launch(
         Some(l) => bl.arg(l),
         None => bl.arg(&null),
     };
-    bl.arg(&xv).arg(&mv).arg(&wv).arg(&bi).arg(&chi).arg(&ki);
+    bl.arg(&xv).arg(&mv).arg(&wv).arg(&bi).arg(&chi).arg(&ki).arg(&meta_lanes);
     let cfg = LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, bz, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: arguments in gdn_conv_silu_batch's order; u holds total*ch, conv_next B*hist*ch,
-    // lanes total*hist*ch; meta holds B+1 offsets (the last = total) and B live state addresses.
+    // lanes total*hist*ch; meta holds B+1 offsets (the last = total) and B live state addresses
+    // (and with meta_lanes, B lane addresses of t*hist*ch each at 5B+1).
     unsafe { run(&mut bl, cfg, "gdn_conv_silu_batch")? };
     drop(bl);
 
@@ -201,7 +222,7 @@ fn launch(
         None => bl.arg(&null),
     };
     bl.arg(&u).arg(&bv).arg(&av).arg(&dtb).arg(&nga).arg(&mv).arg(&bi);
-    bl.arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale);
+    bl.arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale).arg(&meta_lanes);
     let cfg = LaunchConfig {
         grid_dim: (d.nv as u32, d.dv.div_ceil(32) as u32, bz),
         block_dim: (128, 1, 1),

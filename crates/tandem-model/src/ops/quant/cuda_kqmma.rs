@@ -29,16 +29,11 @@ pub fn enabled() -> bool {
 }
 
 /// Whether W (`fmt`, rows of `k` values at device address `w`) takes these kernels: Q4_K,
-/// Q5_K or Q6_K, 16-byte aligned, and for Q6_K (210-byte superblocks) rows of a multiple of
-/// eight superblocks, so that every row and every staged round starts 16-byte aligned. The
-/// choice depends on the matrix alone, never on the call's rows.
+/// Q5_K or Q6_K, 16-byte aligned (Q6_K's 210-byte superblocks then start on even addresses;
+/// the kernels copy the 16-byte aligned windows around them). The choice depends on the
+/// matrix alone, never on the call's rows.
 pub fn takes(fmt: WeightFormat, w: u64, k: usize) -> bool {
-    let shape_ok = match fmt.suffix {
-        "q4_k" | "q5_k" => k.is_multiple_of(256),
-        "q6_k" => k.is_multiple_of(2048),
-        _ => false,
-    };
-    shape_ok && w.is_multiple_of(16) && enabled()
+    matches!(fmt.suffix, "q4_k" | "q5_k" | "q6_k") && k.is_multiple_of(256) && w.is_multiple_of(16) && enabled()
 }
 
 /// Output columns per block of `qkgemm_*` (`KG_BN`).
@@ -103,9 +98,8 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     let mut b = f.builder();
     b.arg(&y).arg(&xq).arg(&dx).arg(&xs).arg(&w).arg(&mi).arg(&ni).arg(&ki);
     // SAFETY: arguments in qkmv_* / qkmma_*'s order; y holds m*n, xq m*k, dx and xs m*k/32, W n
-    // rows of k/256 superblocks (16-byte aligned, Q6_K rows of a multiple of eight superblocks:
-    // checked by `takes`); static shared memory; qkmv: 4 warps a block, a warp per column;
-    // qkgemm: 8 warps, 64 columns x nt rows a block.
+    // rows of k/256 superblocks (16-byte aligned: checked by `takes`); static shared memory;
+    // qkmv: 4 warps a block, a warp per column; qkgemm: 8 warps, 64 columns x nt rows a block.
     unsafe { run(&mut b, cfg, &name)? };
     drop(b);
     drop(xv);
