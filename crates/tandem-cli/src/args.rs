@@ -159,16 +159,21 @@ pub fn set_threads(n: usize) {
     }
     // -t 0: as many threads as other processes leave cores free (every core when idle), so a
     // busy neighbour does not make every op wait for the worker that shares its core.
+    // The pools get every core; the kernels' thread cap (`cpu_threads`) follows the cores that
+    // are free now and, watched twice a second, later: a neighbour that starts or stops.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let mut current = cores;
     if let Some(t) = tandem_engine::threads::threads_for_free_cores(std::time::Duration::from_millis(150)) {
         if t < cores {
             tracing::info!(
                 "other processes keep {} of the {cores} cores busy: running on {t} thread(s) (-t N sets the count)",
                 cores - t
             );
-            std::env::set_var("RAYON_NUM_THREADS", t.to_string());
+            tandem_model::ops::cpu_threads::set_limit(t);
+            current = t;
         }
     }
+    tandem_engine::threads::watch(cores, current, std::time::Duration::from_millis(500));
 }
 
 /// Sampling flags.

@@ -540,11 +540,14 @@ impl Scheduler {
         }
         let model = &self.model;
         catch_unwind(AssertUnwindSafe(|| {
-            if hidden_wanted {
-                model.forward_with_hidden(&mut chunks)
-            } else {
-                model.forward(&mut chunks).map(|l| (l, None))
-            }
+            // On one thread when another process has taken the other cores (cpu_threads).
+            tandem_model::ops::cpu_threads::within_limit(|| {
+                if hidden_wanted {
+                    model.forward_with_hidden(&mut chunks)
+                } else {
+                    model.forward(&mut chunks).map(|l| (l, None))
+                }
+            })
         }))
     }
 

@@ -1,4 +1,5 @@
-//! How many CPU threads to start with, chosen from the cores actually free.
+//! How many CPU threads the kernels use, chosen from the cores actually free, at start and
+//! while tandem runs.
 //!
 //! CPU kernels split every op across worker threads and wait for the slowest. When another
 //! process keeps one of our cores busy, the worker sharing it runs only in the scheduler's
@@ -7,9 +8,12 @@
 //! process may run on are with *other* processes over a short window (`/proc/stat` for the
 //! cores of our affinity mask, minus our own time from `/proc/self/stat`) and returns a thread
 //! count for the cores that are free ([`threads_for`]); the CLI calls it at start when `-t` is
-//! not given and fixes the count for the process (candle's worker pool is sized once, at its
-//! first use). Results do not depend on it: every kernel gives the same bits for any thread
-//! split. Elsewhere than Linux there is no measurement and every core is used.
+//! not given. The worker pools get every core (candle's is sized once, at its first use) and
+//! the count becomes a cap on the kernels' threads (`tandem_model::ops::cpu_threads`), which
+//! [`watch`] keeps measuring twice a second: a neighbour that starts later lowers it, one
+//! that stops lifts it. Results do not depend on
+//! it: every kernel gives the same bits for any thread split. Elsewhere than Linux there is
+//! no measurement and every core is used.
 
 use std::time::Duration;
 
@@ -96,6 +100,75 @@ fn sample(cpus: &[usize]) -> Option<CpuSample> {
     Some(CpuSample { total, busy, own })
 }
 
+/// The kernels' thread count as measurements come in: it moves to a measured count once two
+/// measurements in a row agree on it, so a short burst of another process does not move it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Follow {
+    pub current: usize,
+    pending: Option<usize>,
+}
+
+impl Follow {
+    pub fn new(current: usize) -> Self {
+        Self { current, pending: None }
+    }
+
+    /// Takes one measured count; returns the new count when it changes.
+    pub fn observe(&mut self, measured: usize) -> Option<usize> {
+        if measured == self.current {
+            self.pending = None;
+            return None;
+        }
+        if self.pending == Some(measured) {
+            self.current = measured;
+            self.pending = None;
+            return Some(measured);
+        }
+        self.pending = Some(measured);
+        None
+    }
+}
+
+/// Keeps the kernels' thread limit ([`tandem_model::ops::cpu_threads::set_limit`]) on the
+/// cores other processes leave free, measured every `period` on a background thread (what
+/// [`threads_for_free_cores`] measures once at start): a neighbour that starts after tandem
+/// lowers it, one that stops raises it again, never above the `threads` the pools were made
+/// with, starting from `current`. Returns whether the watch started (Linux, two or more
+/// cores, `threads` > 1).
+pub fn watch(threads: usize, current: usize, period: Duration) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let cpus = affinity();
+        if cpus.len() < 2 || threads < 2 {
+            return false;
+        }
+        let spawned = std::thread::Builder::new().name("tandem-cores".into()).spawn(move || {
+            let Some(mut a) = sample(&cpus) else { return };
+            let mut follow = Follow::new(current.clamp(1, threads));
+            loop {
+                std::thread::sleep(period);
+                let Some(b) = sample(&cpus) else { return };
+                if let Some(free) = free_cores(a, b, cpus.len()) {
+                    if let Some(n) = follow.observe(threads_for(free, cpus.len()).min(threads)) {
+                        tracing::info!(
+                            "{free:.1} of {} cores free of other processes: kernels on {n} thread(s)",
+                            cpus.len()
+                        );
+                        tandem_model::ops::cpu_threads::set_limit(n);
+                    }
+                }
+                a = b;
+            }
+        });
+        spawned.is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (threads, current, period);
+        false
+    }
+}
+
 /// Threads for the cores of our affinity mask that other processes left free over `window`,
 /// or `None` where that cannot be measured (not Linux, one core, unreadable `/proc`).
 pub fn threads_for_free_cores(window: Duration) -> Option<usize> {
@@ -123,6 +196,21 @@ pub fn threads_for_free_cores(window: Duration) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_count_moves_after_two_agreeing_measurements() {
+        let mut f = Follow::new(2);
+        assert_eq!(f.observe(2), None);
+        assert_eq!(f.observe(1), None, "one measurement is not enough");
+        assert_eq!(f.observe(2), None, "a burst that went away");
+        assert_eq!(f.current, 2);
+        assert_eq!(f.observe(1), None);
+        assert_eq!(f.observe(1), Some(1), "a neighbour that stays");
+        assert_eq!(f.observe(1), None);
+        assert_eq!(f.observe(2), None);
+        assert_eq!(f.observe(2), Some(2), "and leaves");
+        assert_eq!(f.current, 2);
+    }
 
     const STAT: &str = "cpu  300 0 100 1000 20 0 5 0 0 0\n\
         cpu0 200 0 50 400 10 0 5 0 0 0\n\

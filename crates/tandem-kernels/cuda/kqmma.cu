@@ -3,13 +3,15 @@
 // values: q4_k 144 bytes, q5_k 176, q6_k 210; the layouts in qunits.cuh).
 //
 // q8_quantize_rows_sums: qmma.cu's activation blocks (32 values: int8 codes, an f32 scale dx)
-//   and each block's code sum xs (the q4_k / q5_k mins multiply it).
+//   and each block's scaled code sum dxs = dx * float(xs) (the q4_k / q5_k mins multiply it).
 // The chain of an output (r, c) is fixed by k alone:
 //   - sub-block b (32 values; j = b % 8 of superblock s = b / 8): exact integer dot products
 //     of the weight codes with the activation codes, then one float f_b:
-//       q4_k / q5_k: f = fma(float(sc_j * isum), d * dx, -(float(m_j * xs) * (dmin * dx)))
+//       q4_k / q5_k: f = fma(float(isum), dsc_j * dx, -(dm_j * dxs)), with the weight
+//                    sub-block's dsc_j = d * float(sc_j) and dm_j = dmin * float(m_j)
 //       q6_k:        f = float(sc_lo * isum_lo + sc_hi * isum_hi) * (d * dx)
-//     (q6_k has a scale per 16 values; every integer here is below 2^24, so exact as a float);
+//     (q6_k has a scale per 16 values; every integer here is below 2^24, so exact as a float;
+//     the weight factors are made once per sub-block and shared by every row);
 //   - superblock s: T_s = ((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7));
 //   - y = (((0 + T_0) + T_1) + ...) + T_{S-1}, superblock after superblock.
 //   Every step is an explicit _rn intrinsic, so no contraction can differ between kernels.
@@ -27,22 +29,14 @@
 //   superblock's while this one is computed), the integer dot products come from int8
 //   mma.sync (m16n8k32; m16n8k16 for q6_k's 16-value halves), and each warp runs the chain
 //   for its outputs.
-// Both give a row the same bits whatever else shares the call (check-device checks it).
+// kqgemm.cu's qkgemm64_<t> (64+ rows: prefill) runs the same chain on bigger tiles.
+// All give a row the same bits whatever else shares the call (check-device checks it).
 #include "q8act.cuh"
-#include "qunits.cuh"
+#include "kquant.cuh"
 
-#define KT_Q4_K 0
-#define KT_Q5_K 1
-#define KT_Q6_K 2
-
-template <int KT>
-__host__ __device__ constexpr int kq_bytes() {
-    return KT == KT_Q4_K ? 144 : KT == KT_Q5_K ? 176 : 210;
-}
-
-// One warp per 32-value block: codes, scale and code sum (an integer sum has no order).
+// One warp per 32-value block: codes, scale and scaled code sum (the integer sum has no order).
 extern "C" __global__ void q8_quantize_rows_sums(int8_t* __restrict__ xq, float* __restrict__ dx,
-                                                 int* __restrict__ xs, const float* __restrict__ x, int m, int k) {
+                                                 float* __restrict__ dxs, const float* __restrict__ x, int m, int k) {
     const int nb = k >> 5;
     const long long blk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -55,82 +49,7 @@ extern "C" __global__ void q8_quantize_rows_sums(int8_t* __restrict__ xq, float*
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) {
         dx[blk] = d;
-        xs[blk] = s;
-    }
-}
-
-// Shared-memory words: at a 4-byte aligned address, and at an even one (two halves).
-__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t lds32_2(const uint8_t* p) {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-}
-// N consecutive words from an even shared address: N + 1 aligned reads and funnel shifts
-// (reads the aligned word after the last byte: stages carry 16 bytes of padding).
-template <int N>
-__device__ __forceinline__ void lds_run(const uint8_t* p, uint32_t (&out)[N]) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(a & ~(uintptr_t)3);
-    const uint32_t sh = (uint32_t)(a & 3) * 8;
-    uint32_t cur = q[0];
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-        const uint32_t nx = q[i + 1];
-        out[i] = __funnelshift_r(cur, nx, sh);
-        cur = nx;
-    }
-}
-__device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
-
-// The chain's per-sub-block terms.
-__device__ __forceinline__ float kq_f_min(int isum, int sc, int xsum, int mn, float d, float dmin, float dxv) {
-    return __fmaf_rn(__int2float_rn(sc * isum), __fmul_rn(d, dxv),
-                     -__fmul_rn(__int2float_rn(mn * xsum), __fmul_rn(dmin, dxv)));
-}
-__device__ __forceinline__ float kq_f6(int isum, float d, float dxv) {
-    return __fmul_rn(__int2float_rn(isum), __fmul_rn(d, dxv));
-}
-
-// Word i (values 4i .. 4i + 3) of sub-block j's codes, from a staged superblock: int8 values
-// (q4_k 0..15, q5_k 0..31, q6_k -32..31).
-template <int KT>
-__device__ __forceinline__ uint32_t kword(const uint8_t* sb, int j, int i) {
-    if constexpr (KT == KT_Q4_K) {
-        return (lds32(sb + 16 + (j >> 1) * 32 + 4 * i) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
-    } else if constexpr (KT == KT_Q5_K) {
-        const uint32_t lo = (lds32(sb + 48 + (j >> 1) * 32 + 4 * i) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
-        const uint32_t hi = ((lds32(sb + 16 + 4 * i) >> j) & 0x01010101u) << 4;
-        return lo | hi;
-    } else {
-        const int half = j >> 2, part = j & 3;
-        const uint32_t lo = (lds32_2(sb + half * 64 + (part & 1) * 32 + 4 * i) >> ((part >> 1) * 4)) & 0x0F0F0F0Fu;
-        const uint32_t hi = ((lds32_2(sb + 128 + half * 32 + 4 * i) >> (part * 2)) & 0x03030303u) << 4;
-        return __vsub4(lo | hi, 0x20202020u);
-    }
-}
-
-// A superblock's scales for sub-block j: q4_k / q5_k the 6-bit scale and min, q6_k the two
-// int8 scales of its 16-value halves.
-template <int KT>
-__device__ __forceinline__ void kscale(const uint8_t* sb, int j, int* a, int* b) {
-    if constexpr (KT == KT_Q6_K) {
-        const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192);
-        *a = sc[(j >> 2) * 8 + (j & 3) * 2];
-        *b = sc[(j >> 2) * 8 + (j & 3) * 2 + 1];
-    } else {
-        scale_min_k4(j, sb + 4, a, b);
-    }
-}
-// The superblock's d (and dmin for q4_k / q5_k).
-template <int KT>
-__device__ __forceinline__ void kd(const uint8_t* sb, float* d, float* dmin) {
-    if constexpr (KT == KT_Q6_K) {
-        *d = f16_bits(lds32_2(sb + 208) & 0xFFFFu);
-        *dmin = 0.f;
-    } else {
-        const uint32_t v = lds32(sb);
-        *d = f16_bits(v & 0xFFFFu);
-        *dmin = f16_bits(v >> 16);
+        dxs[blk] = __fmul_rn(d, __int2float_rn(s));
     }
 }
 
@@ -184,7 +103,8 @@ __device__ __forceinline__ void kq_lane_codes(const uint8_t* sb, int q, uint32_t
 // f_2q + f_2q+1 for one row: x0 / x1 the activation codes of the two sub-blocks.
 template <int KT>
 __device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&sa)[2], const int (&sb_)[2],
-                                         float d, float dmin, const uint4 (&xa)[4], float2 dxv, int2 xsv) {
+                                         const float (&fa)[2], const float (&fb)[2], float d, const uint4 (&xa)[4],
+                                         float2 dxv, float2 dxsv) {
     const uint32_t x[2][8] = {{xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w},
                               {xa[2].x, xa[2].y, xa[2].z, xa[2].w, xa[3].x, xa[3].y, xa[3].z, xa[3].w}};
     float f[2];
@@ -202,7 +122,7 @@ __device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&
             int s = 0;
 #pragma unroll
             for (int i = 0; i < 8; i++) s = __dp4a((int)c[t][i], (int)x[t][i], s);
-            f[t] = kq_f_min(s, sa[t], t == 0 ? xsv.x : xsv.y, sb_[t], d, dmin, dxt);
+            f[t] = kq_f_min(s, fa[t], fb[t], dxt, t == 0 ? dxsv.x : dxsv.y);
         }
     }
     return __fadd_rn(f[0], f[1]);
@@ -210,7 +130,7 @@ __device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&
 
 template <int KT, int R, bool PRE>
 __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                     const int* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                     const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>();
     constexpr int ROUND = 8 * BB;
     // A round's copy is the 16-byte aligned window around it (q6_k rows start on any even
@@ -244,23 +164,23 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         const int s = r * 8 + g;
         const bool live = s < S;
         const int b0 = s * 8 + 2 * q;
-        auto load_x = [&](int i, uint4(&xo)[4], float2& dxo, int2& xso) {
+        auto load_x = [&](int i, uint4(&xo)[4], float2& dxo, float2& xso) {
             if (live && i < rows) {
                 const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)i * k + (size_t)b0 * 32);
 #pragma unroll
                 for (int v = 0; v < 4; v++) xo[v] = __ldg(xp + v);
                 dxo = __ldg(reinterpret_cast<const float2*>(dx + (size_t)i * nb + b0));
-                xso = __ldg(reinterpret_cast<const int2*>(xs + (size_t)i * nb + b0));
+                xso = __ldg(reinterpret_cast<const float2*>(dxs + (size_t)i * nb + b0));
             } else {
 #pragma unroll
                 for (int v = 0; v < 4; v++) xo[v] = make_uint4(0, 0, 0, 0);
                 dxo = make_float2(0.f, 0.f);
-                xso = make_int2(0, 0);
+                xso = make_float2(0.f, 0.f);
             }
         };
         uint4 xa[PRE ? R : 1][4];
         float2 dxa[PRE ? R : 1];
-        int2 xsa[PRE ? R : 1];
+        float2 xsa[PRE ? R : 1];
         if constexpr (PRE) {
 #pragma unroll
             for (int i = 0; i < R; i++) load_x(i, xa[i], dxa[i], xsa[i]);
@@ -271,11 +191,16 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         uint32_t c[2][8];
         int sa[2] = {0, 0}, sm[2] = {0, 0};
         float d = 0.f, dmin = 0.f;
+        float fa[2] = {0.f, 0.f}, fb[2] = {0.f, 0.f};
         if (live) {
             kq_lane_codes<KT>(sb, q, c);
             kscale<KT>(sb, 2 * q, &sa[0], &sm[0]);
             kscale<KT>(sb, 2 * q + 1, &sa[1], &sm[1]);
             kd<KT>(sb, &d, &dmin);
+            if constexpr (KT != KT_Q6_K) {
+                kq_factors(sa[0], sm[0], d, dmin, &fa[0], &fb[0]);
+                kq_factors(sa[1], sm[1], d, dmin, &fa[1], &fb[1]);
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) c[0][i] = c[1][i] = 0u;
@@ -287,13 +212,13 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         for (int i = 0; i < R; i++) {
             float t;
             if constexpr (PRE) {
-                t = kq_pair<KT>(c, sa, sm, d, dmin, xa[i], dxa[i], xsa[i]);
+                t = kq_pair<KT>(c, sa, sm, fa, fb, d, xa[i], dxa[i], xsa[i]);
             } else {
                 uint4 xl[4];
                 float2 dl;
-                int2 sl;
+                float2 sl;
                 load_x(i, xl, dl, sl);
-                t = kq_pair<KT>(c, sa, sm, d, dmin, xl, dl, sl);
+                t = kq_pair<KT>(c, sa, sm, fa, fb, d, xl, dl, sl);
             }
             t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
             t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
@@ -324,48 +249,9 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
 #define KG_BN 64
 #define KG_XS 272  // bytes per staged activation row: 256 codes + 16 of padding (no bank conflicts)
 
-// Bytes a staged superblock row takes: q6_k superblocks start on even addresses, so a row's
-// copy is the 16-byte aligned window around it (at most 14 bytes before it; q4_k / q5_k
-// superblocks are 16-byte aligned).
-template <int KT>
-__host__ __device__ constexpr int kq_stride() {
-    return KT == KT_Q6_K ? 224 : kq_bytes<KT>();
-}
-
-__device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
-__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
-
-// T's order over the sub-blocks j = 0..7 of a superblock, one value at a time: p holds f_j of
-// an even j, h the pairs (f0 + f1, then + (f2 + f3); f4 + f5, then + (f6 + f7)), u the first
-// half; after j = 7, u is T.
-__device__ __forceinline__ void t_step(int j, float f, float& p, float& h, float& u) {
-    if ((j & 1) == 0) {
-        p = f;
-    } else {
-        const float pair = __fadd_rn(p, f);
-        if ((j & 2) == 0) {
-            h = pair;
-        } else {
-            h = __fadd_rn(h, pair);
-            u = j == 3 ? h : __fadd_rn(u, h);
-        }
-    }
-}
-
 template <int KT, int NT>
 __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                       const int* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                       const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>(), ST = kq_stride<KT>();
     constexpr int WR = NT / 2;  // rows per warp
     constexpr int NJ = WR / 8;  // m16n8 tiles per warp
@@ -421,6 +307,11 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
             int sa_lo, sb_lo, sa_hi, sb_hi;
             kscale<KT>(lo, j, &sa_lo, &sb_lo);
             kscale<KT>(hi, j, &sa_hi, &sb_hi);
+            float fa_lo = 0.f, fb_lo = 0.f, fa_hi = 0.f, fb_hi = 0.f;
+            if constexpr (KT != KT_Q6_K) {
+                kq_factors(sa_lo, sb_lo, d_lo, dm_lo, &fa_lo, &fb_lo);
+                kq_factors(sa_hi, sb_hi, d_hi, dm_hi, &fa_hi, &fb_hi);
+            }
             // The A fragments: values 4 tig .. 4 tig + 3 and 16 + 4 tig .. of columns g, g + 8
             // (q6_k: the first pair is the k16 mma of values 0..15, the second of 16..31).
             const uint32_t a[4] = {kword<KT>(lo, j, tig), kword<KT>(hi, j, tig), kword<KT>(lo, j, tig + 4),
@@ -447,12 +338,12 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
                     } else {
                         int d[4];
                         mma_k32(d, a, x0, x1);
-                        const int xs0 = r0 < m ? __ldg(xs + (size_t)r0 * nb + b) : 0;
-                        const int xs1 = r1 < m ? __ldg(xs + (size_t)r1 * nb + b) : 0;
-                        f[0] = kq_f_min(d[0], sa_lo, xs0, sb_lo, d_lo, dm_lo, dx0);
-                        f[1] = kq_f_min(d[1], sa_lo, xs1, sb_lo, d_lo, dm_lo, dx1);
-                        f[2] = kq_f_min(d[2], sa_hi, xs0, sb_hi, d_hi, dm_hi, dx0);
-                        f[3] = kq_f_min(d[3], sa_hi, xs1, sb_hi, d_hi, dm_hi, dx1);
+                        const float xs0 = r0 < m ? __ldg(dxs + (size_t)r0 * nb + b) : 0.f;
+                        const float xs1 = r1 < m ? __ldg(dxs + (size_t)r1 * nb + b) : 0.f;
+                        f[0] = kq_f_min(d[0], fa_lo, fb_lo, dx0, xs0);
+                        f[1] = kq_f_min(d[1], fa_lo, fb_lo, dx1, xs1);
+                        f[2] = kq_f_min(d[2], fa_hi, fb_hi, dx0, xs0);
+                        f[3] = kq_f_min(d[3], fa_hi, fb_hi, dx1, xs1);
                     }
 #pragma unroll
                     for (int e = 0; e < 4; e++) t_step(j, f[e], p[jj][e], h[jj][e], u[jj][e]);
@@ -488,13 +379,13 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
 // rows spill below ~90).
 #define KQMV(suffix, KT, R, NAME, PRE, MINB)                                                                  \
     extern "C" __global__ void __launch_bounds__(KV_WARPS * 32, MINB)                                        \
-        NAME(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w, int m, int n,      \
+        NAME(float* y, const int8_t* xq, const float* dx, const float* xs, const uint8_t* w, int m, int n,    \
              int k) {                                                                                         \
         qkmv<KT, R, PRE>(y, xq, dx, xs, w, m, n, k);                                                         \
     }
 #define KQGEMM(suffix, KT, NT)                                                                                \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        qkgemm_##suffix##_##NT(float* y, const int8_t* xq, const float* dx, const int* xs, const uint8_t* w,   \
+        qkgemm_##suffix##_##NT(float* y, const int8_t* xq, const float* dx, const float* xs, const uint8_t* w, \
                                int m, int n, int k) {                                                         \
         qkgemm<KT, NT>(y, xq, dx, xs, w, m, n, k);                                                           \
     }

@@ -41,6 +41,11 @@ pub const QMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/qmma.ptx"));
 #[cfg(feature = "cuda")]
 pub const KQMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/kqmma.ptx"));
 
+/// PTX of `cuda/kqgemm.cu`: the Q4_K / Q5_K / Q6_K GEMM for calls of 64+ rows (prefill), on
+/// `kqmma.cu`'s chain and activations.
+#[cfg(feature = "cuda")]
+pub const KQGEMM: &str = include_str!(concat!(env!("OUT_DIR"), "/kqgemm.ptx"));
+
 /// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
 #[cfg(feature = "cuda")]
 pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));

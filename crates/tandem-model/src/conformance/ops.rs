@@ -477,8 +477,9 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
         let storage = candle_core::quantized::QStorage::from_data(data, dev, q)?;
         QTensor::new(storage, (n, k))
     })?)?;
-    // 40 rows: calls of 16+ rows take the tiled kernel on CUDA, fewer the small-row one.
-    let x = tensor(&mut rng, &[40, k], &Device::Cpu)?;
+    // 100 rows: calls of 16+ rows take the tiled kernels on CUDA (K-quants: 64+ rows the
+    // prefill GEMM, a full tile and a partial one), fewer the small-row ones.
+    let x = tensor(&mut rng, &[100, k], &Device::Cpu)?;
     let want = x.to_dtype(DType::F64)?.matmul(&deq.to_dtype(DType::F64)?.t()?)?;
     let xd = x.to_device(dev)?;
     let (got, ms) = timed(dev, || Ok(row_stable::forward(&on_dev, &xd)?))?;
@@ -502,8 +503,13 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     checks.push(Check::new("quant_matmul rows 1 vs 5", shape.into(), fmt, bits_err(&in5, &alone)?, judge, 0.0));
     let in12 = row_stable::forward(&on_dev, &xd.narrow(0, 0, 12)?)?.narrow(0, 4, 1)?;
     checks.push(Check::new("quant_matmul rows 1 vs 12", shape.into(), fmt, bits_err(&in12, &alone)?, judge, 0.0));
-    let in40 = got.narrow(0, 4, 1)?;
+    let in40 = row_stable::forward(&on_dev, &xd.narrow(0, 0, 40)?)?.narrow(0, 4, 1)?;
     checks.push(Check::new("quant_matmul rows 1 vs 40", shape.into(), fmt, bits_err(&in40, &alone)?, judge, 0.0));
+    // The last row of the 100-row call (the partial tile) against the same row alone.
+    let last_alone = row_stable::forward(&on_dev, &xd.narrow(0, 99, 1)?)?;
+    let in100 = got.narrow(0, 99, 1)?;
+    let name = "quant_matmul rows 1 vs 100";
+    checks.push(Check::new(name, shape.into(), fmt, bits_err(&in100, &last_alone)?, judge, 0.0));
     Ok(checks)
 }
 

@@ -2,7 +2,9 @@
 //! device slices of contiguous inputs, fresh outputs wrapped back into tensors, and errors
 //! turned into [`ModelError`]s. CUDA builds only.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
+};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{Device, Shape, Storage, Tensor};
@@ -128,5 +130,25 @@ pub(crate) fn write_host<T: DeviceRepr>(dst: &Tensor, src: &[T]) -> Result<()> {
     // above); a copy from pageable host memory has read `src` when the call returns.
     unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(addr, src, stream.cu_stream()) }
         .map_err(err("write_host"))?;
+    Ok(())
+}
+
+/// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above
+/// the 48 KB default), once per device and kernel.
+pub(crate) fn allow_dynamic_shared(
+    f: &impl std::ops::Deref<Target = CudaFunction>,
+    key: String,
+    name: &str,
+    bytes: u32,
+) -> Result<()> {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.contains(&key) {
+        return Ok(());
+    }
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum as A;
+    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map_err(|e| ModelError::Input(format!("{name}: cannot allow {bytes} bytes of shared memory: {e}")))?;
+    done.push(key);
     Ok(())
 }

@@ -124,7 +124,7 @@ pub(super) fn run<R: KvRows>(
     scale: f32,
     simd: bool,
 ) -> Vec<f32> {
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = crate::ops::cpu_threads::threads();
     run_grouped::<R>(q, k, v, blocks, d, scale, simd, heads_per_item(d, threads))
 }
 
@@ -143,7 +143,6 @@ pub(super) fn run_grouped<R: KvRows>(
 ) -> Vec<f32> {
     let Dims { n_heads, n_kv, t, hd, .. } = d;
     let group = n_heads / n_kv;
-    let pool = candle_core::utils::barrier_pool();
     let items = items(d, heads_per_item.clamp(1, n_kv));
     let one = |it: Item| {
         #[cfg(target_arch = "x86_64")]
@@ -155,9 +154,9 @@ pub(super) fn run_grouped<R: KvRows>(
         segment::<R, Plain>(q, k, v, blocks, d, scale, it)
     };
     // Items run on candle's barrier pool, the workers every other CPU op of a step uses (a
-    // second pool would fight it for the same cores).
+    // second pool would fight it for the same cores), within the thread limit.
     let slots: Vec<OnceLock<Partial>> = items.iter().map(|_| OnceLock::new()).collect();
-    pool.execute_chunked(items.len(), |range| {
+    crate::ops::cpu_threads::execute_chunked(items.len(), |range| {
         for i in range {
             let _ = slots[i].set(one(items[i]));
         }

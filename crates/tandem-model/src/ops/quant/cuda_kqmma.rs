@@ -1,6 +1,6 @@
 //! Q4_K / Q5_K / Q6_K matmuls with 8-bit activations on CUDA (`tandem-kernels/cuda/kqmma.cu`),
 //! the K-quant counterpart of [`super::cuda_qmma`]: the activations are quantised per 32-value
-//! block (`q8_quantize_rows_sums`: codes, scale and code sum), each sub-block's dot product
+//! block (`q8_quantize_rows_sums`: codes, scale, and scale times code sum), each sub-block's dot product
 //! with the weight codes is an exact integer (`__dp4a` in the warp-per-column GEMV for up to
 //! eight rows, int8 `mma.sync` in a shared-memory tiled GEMM for more), and the sub-blocks' scaled terms are added in a chain
 //! fixed by `k` alone (the kernel's header), so decode, verify chunks, batches and prefill give
@@ -14,7 +14,7 @@ use candle_core::{DType, Tensor};
 
 use super::cuda_quant::WeightFormat;
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_kqmma";
 
@@ -38,6 +38,35 @@ pub fn takes(fmt: WeightFormat, w: u64, k: usize) -> bool {
 
 /// Output columns per block of `qkgemm_*` (`KG_BN`).
 const GEMM_COLS: usize = 64;
+
+const BIG_MODULE: &str = "tandem_kqgemm";
+/// Columns and rows of a `qkgemm64_*` block (`KB_BN`, `KB_BM`).
+const BIG_TILE: usize = 64;
+/// Rows from which calls take `qkgemm64_*`.
+const BIG_ROWS: usize = 64;
+
+/// Whether calls of 64+ rows take the prefill GEMM (`kqgemm.cu`; `TANDEM_KQ_GEMM64=0` keeps
+/// them on `qkgemm_*_32`, for comparisons: the same bits).
+fn big_gemm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_KQ_GEMM64").map_or(true, |v| v != "0"))
+}
+
+/// `KbLayout<KT>::BYTES` of `kqgemm.cu`: two stages of raw superblocks (64 columns, each the
+/// 16-byte aligned window around its superblock: 224 bytes for Q6_K) and of 64 activation rows
+/// (272 bytes of codes, 48 of dx and 48 of dxs each), the decoded codes (64 x 272), the
+/// factors (64 x 9 float2) and Q6_K's d (64 floats).
+fn big_smem_bytes(suffix: &str) -> u32 {
+    let st = match suffix {
+        "q4_k" => 144,
+        "q5_k" => 176,
+        _ => 224,
+    };
+    let raw = BIG_TILE * st + 16;
+    let bytes =
+        2 * raw + 2 * BIG_TILE * 272 + 2 * 2 * BIG_TILE * 12 * 4 + BIG_TILE * 272 + BIG_TILE * 9 * 8 + BIG_TILE * 4;
+    bytes as u32
+}
 
 /// Rows up to which calls take `qkmv_*` (a warp per output column) rather than `qkgemm_*`;
 /// `TANDEM_KQ_GEMV_ROWS=N` moves the limit (0..8; 0: every call on the GEMM), for
@@ -66,9 +95,10 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     let x = x.to_dtype(DType::F32)?.contiguous()?;
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let nb = k / 32;
-    // SAFETY: q8_quantize_rows_sums writes every code (m*k), scale and sum (m*nb each).
+    // SAFETY: q8_quantize_rows_sums writes every code (m*k); dx and xs (each block's scale and
+    // scaled code sum) are f32 buffers of m*nb.
     let xq = unsafe { dev.alloc::<i8>(m * k) }?;
-    let xs = unsafe { dev.alloc::<i32>(m * nb) }?;
+    let xs = alloc_f32(&dev, m * nb)?;
     let dx = alloc_f32(&dev, m * nb)?;
     let inputs = Inputs::new(&[&x])?;
     let xv = inputs.view::<f32>(0)?;
@@ -82,6 +112,29 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     unsafe { run(&mut b, cfg, "q8_quantize_rows_sums")? };
     drop(b);
 
+    if m >= BIG_ROWS && big_gemm() {
+        // Many rows: the prefill GEMM (kqgemm.cu), 64 x 64 tiles decoded once a block.
+        let name = format!("qkgemm64_{}", fmt.suffix);
+        let f =
+            dev.get_or_load_custom_func(&name, BIG_MODULE, tandem_kernels::ptx("kqgemm", tandem_kernels::KQGEMM))?;
+        let smem = big_smem_bytes(fmt.suffix);
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
+        let grid_y = u32::try_from(n.div_ceil(BIG_TILE)).ok().filter(|&g| g <= 65_535);
+        let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("k-quant matmul: {n} output columns")))?;
+        let grid_x =
+            u32::try_from(m.div_ceil(BIG_TILE)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
+        let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+        let mut b = f.builder();
+        b.arg(&y).arg(&xq).arg(&dx).arg(&xs).arg(&w).arg(&mi).arg(&ni).arg(&ki);
+        // SAFETY: arguments in qkgemm64_*'s order (as qkgemm_*'s); eight warps a block, 64 columns
+        // x 64 rows, `smem` bytes of dynamic shared memory (KbLayout's size, allowed above; the
+        // kernel traps on less).
+        unsafe { run(&mut b, cfg, &name)? };
+        drop(b);
+        drop(xv);
+        drop(inputs);
+        return Ok(tensor(y, &dev, (m, n)));
+    }
     let (name, cfg) = if m <= gemv_max_rows() {
         let r = m.next_power_of_two();
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };

@@ -13,11 +13,11 @@
 //! reads a row a little faster than the tensor-core GEMV; speculation more than makes it up).
 //! `TANDEM_BF16_MMA=0` sends bf16 weights back to the CUDA-core kernels, for comparisons.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_tmma";
 
@@ -50,26 +50,6 @@ const TV_STAGE_BYTES: usize = 16 * 576;
 fn gemv_stages() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| if std::env::var("TANDEM_BF16_GEMV_STAGES").as_deref() == Ok("2") { 2 } else { 1 })
-}
-
-/// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above
-/// the 48 KB default), once per device and kernel.
-fn allow_dynamic_shared(
-    f: &impl std::ops::Deref<Target = CudaFunction>,
-    key: String,
-    name: &str,
-    bytes: u32,
-) -> Result<()> {
-    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if done.contains(&key) {
-        return Ok(());
-    }
-    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum as A;
-    f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
-        .map_err(|e| ModelError::Input(format!("{name}: cannot allow {bytes} bytes of shared memory: {e}")))?;
-    done.push(key);
-    Ok(())
 }
 
 /// Whether the kernels take W `[n, k]` at device address `w`: rows of a multiple of 32 values

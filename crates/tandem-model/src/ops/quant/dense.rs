@@ -119,7 +119,7 @@ const ROW_BLOCK_BYTES: usize = 512 * 1024;
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with the best kernel, columns split over candle's barrier
 /// pool. Every element has the bits described in the module docs.
 pub fn matmul<E: DenseElem>(w: &[E], n: usize, k: usize, x: &[f32], m: usize, y: &mut [f32]) {
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = crate::ops::cpu_threads::threads();
     matmul_with(DenseKernel::best(), threads, w, n, k, x, m, y)
 }
 

@@ -171,7 +171,7 @@ impl GgmlMatrix {
         with_scratch(m * nb, |acts| {
             quantize_rows(kernel, x, self.k, acts);
             let out = OutPtr(y);
-            let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+            let threads = crate::ops::cpu_threads::threads();
             let run = |starts: Starts<'_>| {
                 // Columns in multiples of 4 (the decode tile).
                 for_column_chunks(self.n, threads, m * self.n * self.k, 16, 4, |cols| {
@@ -248,12 +248,7 @@ pub(super) fn for_column_chunks(
             f(t * chunk..((t + 1) * chunk).min(n));
         }
     };
-    let pool = candle_core::utils::barrier_pool();
-    if pool.n_workers() == 0 {
-        run(0..n.div_ceil(chunk));
-    } else {
-        pool.execute_chunked(n.div_ceil(chunk), run);
-    }
+    crate::ops::cpu_threads::execute_chunked(n.div_ceil(chunk), run);
 }
 
 /// The output pointer, shared by tasks that write disjoint elements.
@@ -272,7 +267,7 @@ impl OutPtr {
 /// Quantises the `m = acts.len() / nb` rows of `x`, in parallel for long inputs.
 fn quantize_rows(kernel: Kernel, x: &[f32], k: usize, acts: &mut [Q8Block]) {
     let nb = k / QK;
-    if x.len() >= 1 << 15 && rayon::current_num_threads() > 1 {
+    if x.len() >= 1 << 15 && rayon::current_num_threads() > 1 && crate::ops::cpu_threads::limit() > 1 {
         acts.par_chunks_mut(nb).zip(x.par_chunks(k)).for_each(|(a, x)| quantize_row(kernel, x, a));
     } else {
         acts.chunks_mut(nb).zip(x.chunks(k)).for_each(|(a, x)| quantize_row(kernel, x, a));

@@ -294,7 +294,7 @@ fn matmul_impl(kind: Kind, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
     }
     let mut acts = vec![BlockQ8K::zeros(); m * nb];
     // Each row on its own (candle's quantisation of that row), in parallel for prefill.
-    if m >= 4 && rayon::current_num_threads() > 1 {
+    if m >= 4 && rayon::current_num_threads() > 1 && crate::ops::cpu_threads::limit() > 1 {
         use rayon::prelude::*;
         acts.par_chunks_exact_mut(nb).zip(x.par_chunks_exact(k)).for_each(|(a, row)| quantize_q8k(row, a));
     } else {
@@ -306,7 +306,7 @@ fn matmul_impl(kind: Kind, w: &[BlockQ6K], n: usize, k: usize, x: &[f32], m: usi
     let a = unsafe { std::slice::from_raw_parts(acts.as_ptr() as *const Q8, acts.len()) };
     let w = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const Q6, w.len()) };
     let out = OutPtr(y.as_mut_ptr());
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = crate::ops::cpu_threads::threads();
     for_column_chunks(n, threads, m * n * k, 8, 1, |cols| {
         // SAFETY: available() asserted; sizes asserted; y borrowed mutably for the call and
         // tasks write disjoint column ranges.

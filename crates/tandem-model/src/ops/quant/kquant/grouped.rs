@@ -56,7 +56,7 @@ unsafe fn run(
     let total = starts[jobs.len()];
     let ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
     let work: usize = jobs.iter().map(|j| j.w.n * j.w.k).sum();
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = crate::ops::cpu_threads::threads();
     for_column_chunks(total, threads, work, 1, 1, |tiles| {
         for g in tiles {
             let j = starts.partition_point(|&s| s <= g) - 1;

@@ -302,7 +302,7 @@ impl KQuantMatrix {
         let row_ptr =
             |r: usize| avx512::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
         let block = (ROW_BLOCK_BYTES / (nb * 292)).max(8) / 8 * 8;
-        let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+        let threads = crate::ops::cpu_threads::threads();
         for_column_chunks(n.div_ceil(COLS), threads, m * n * self.k, 1, 1, |cts| {
             for r0 in (0..m).step_by(block) {
                 let r1 = (r0 + block).min(m);
@@ -381,7 +381,7 @@ fn quantize(x: &[f32], m: usize, nb: usize) -> (Vec<candle_core::quantized::k_qu
             *w = tile::bsum_words(&sums);
         }
     };
-    if m >= 4 && rayon::current_num_threads() > 1 {
+    if m >= 4 && rayon::current_num_threads() > 1 && crate::ops::cpu_threads::limit() > 1 {
         use rayon::prelude::*;
         q8.par_chunks_exact_mut(nb)
             .zip(bsum.par_chunks_exact_mut(nb))
