@@ -159,6 +159,12 @@ fn greedy_speculation_is_lossless_on_q3k_weights() {
     lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q3K);
 }
 
+/// The same with Q2_K weights (our kernel's Q2K tiles on the CPU).
+#[test]
+fn greedy_speculation_is_lossless_on_q2k_weights() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q2K);
+}
+
 fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType) {
     use tandem_model::arch::qwen_hybrid::random::preset;
     use tandem_model::arch::qwen_hybrid::random_gguf::export_random;

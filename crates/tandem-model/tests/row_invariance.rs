@@ -96,7 +96,7 @@ fn k_quant_rows_equal_decode_rows() {
     check_all(&[GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K]);
 }
 
-/// Q3_K .. Q6_K through our own kernel ([`KQuantMatrix`], what the GGUF loader builds on
+/// Q2_K .. Q6_K through our own kernel ([`KQuantMatrix`], what the GGUF loader builds on
 /// AVX-512 VNNI CPUs).
 #[test]
 fn our_kquant_rows_equal_decode_rows() {
@@ -104,7 +104,7 @@ fn our_kquant_rows_equal_decode_rows() {
         eprintln!("no AVX-512 VNNI here: our Q4K kernel does not run (candle's is checked above)");
     }
     let mut failures = Vec::new();
-    for dt in [GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+    for dt in [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
         for (n, k) in [(144, 512), (147, 512), (64, 1024)] {
             let w = Tensor::from_vec(values(n as u64 * 31 + k as u64, n * k), (n, k), &Device::Cpu).unwrap();
             let q = QTensor::quantize(&w, dt).unwrap();

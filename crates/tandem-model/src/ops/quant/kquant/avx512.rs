@@ -1,4 +1,5 @@
-//! The Q4K / Q5K × Q8K kernel on AVX-512 VNNI: 16 columns in the 16 lanes of a register, `R`
+//! The K-quant × Q8K kernels on AVX-512 VNNI (Q4K / Q5K here; Q6K / Q3K in `rows6`, Q2K in
+//! `rows2`): 16 columns in the 16 lanes of a register, `R`
 //! (1..=8) activation rows per pass over a column tile, each tile's weights decoded once for the
 //! `R` rows (Q5K: the fifth bits added as 16 by a byte-masked add). Per lane it runs [`super::tile::dot`]'s arithmetic: the sub-block integer sums by
 //! `dpbusd` (exact), the mins by `dpwssd` (exact), then the same `fma`s in the same order.
@@ -6,6 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
+use super::tile2::Tile2;
 use super::tile6::Sub16;
 
 /// Whether this CPU runs [`rows`].
@@ -158,6 +160,77 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
             let da = _mm512_set1_ps((blk[r] as *const f32).read_unaligned());
             acc[r] = _mm512_fmadd_ps(tt[r], da, acc[r]);
             acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), d32), da, acc[r]);
+        }
+    }
+    store(&acc, out, ldo, cols);
+}
+
+/// [`rows`] for Q2K tiles ([`Tile2`]): per sub-block of 16 values one 64-byte load, its four
+/// 2-bit planes each a `dpbusd` with four activation bytes; the mins as a bsum term under
+/// `dmin` ([`super::tile2::dot`]'s order).
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn rows2<const R: usize>(
+    tiles: *const Tile2,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m2 = _mm512_set1_epi8(3);
+    let m4w = _mm512_set1_epi16(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..nb {
+        let t = &*tiles.add(b);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
+        let mut tt = [_mm512_setzero_ps(); R];
+        // The scale bytes widened to the i16 pairs (sub-blocks 2p, 2p + 1 of each column).
+        let raw: [__m512i; 8] =
+            std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_load_si256(t.sc[p].as_ptr() as *const __m256i)));
+        for (p, &v) in raw.iter().enumerate() {
+            let sc = _mm512_and_si512(v, m4w);
+            let scales = [
+                _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF))),
+                _mm512_cvtepi32_ps(_mm512_srli_epi32::<16>(sc)),
+            ];
+            for (q, scale) in scales.into_iter().enumerate() {
+                let sb = 2 * p + q;
+                let w = _mm512_load_si512(t.qs.as_ptr().add(64 * sb) as *const __m512i);
+                let planes = [
+                    _mm512_and_si512(w, m2),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(w), m2),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(w), m2),
+                    _mm512_and_si512(_mm512_srli_epi16::<6>(w), m2),
+                ];
+                let mut isum = [_mm512_setzero_si512(); R];
+                for r in 0..R {
+                    let a = blk[r].add(Q8_QS + 16 * sb) as *const i32;
+                    for (u, &plane) in planes.iter().enumerate() {
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], plane, _mm512_set1_epi32(a.add(u).read_unaligned()));
+                    }
+                }
+                let dsc = _mm512_mul_ps(d, scale);
+                for r in 0..R {
+                    tt[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dsc, tt[r]);
+                }
+            }
+        }
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(t.dmin.as_ptr() as *const __m256i));
+        for r in 0..R {
+            // The activation's 16-value sums, two to a 32-bit word: the pairs `dpwssd` takes.
+            let words = blk[r].add(Q8_BSUMS) as *const i32;
+            let mut ms = _mm512_setzero_si512();
+            for (p, &v) in raw.iter().enumerate() {
+                let mn = _mm512_srli_epi16::<4>(v);
+                ms = _mm512_dpwssd_epi32(ms, mn, _mm512_set1_epi32(words.add(p).read_unaligned()));
+            }
+            let da = _mm512_set1_ps((blk[r] as *const f32).read_unaligned());
+            acc[r] = _mm512_fmadd_ps(tt[r], da, acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin), da, acc[r]);
         }
     }
     store(&acc, out, ldo, cols);

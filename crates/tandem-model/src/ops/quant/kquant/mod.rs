@@ -1,5 +1,5 @@
-//! Q3K, Q4K, Q5K and Q6K weights on the CPU with a kernel of our own ([`KQuantMatrix`]), in
-//! place of candle's.
+//! Q2K, Q3K, Q4K, Q5K and Q6K weights on the CPU with a kernel of our own ([`KQuantMatrix`]),
+//! in place of candle's.
 //!
 //! candle runs Q4K on repacked VNNI tiles that it builds lazily beside the file's blocks (the
 //! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
@@ -14,6 +14,7 @@
 
 mod grouped;
 pub mod tile;
+pub mod tile2;
 pub mod tile3;
 pub mod tile6;
 
@@ -28,6 +29,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
 use tile::{HighBits, Tile, COLS, QK_K};
+use tile2::Tile2;
 use tile3::Tile3;
 use tile6::{Sub16, Tile6};
 
@@ -44,6 +46,8 @@ pub struct KQuantMatrix {
     six: Vec<Tile6>,
     /// Q3K tiles (empty otherwise).
     three: Vec<Tile3>,
+    /// Q2K tiles (empty otherwise).
+    two: Vec<Tile2>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
@@ -54,7 +58,7 @@ impl std::fmt::Debug for KQuantMatrix {
 
 /// Whether [`KQuantMatrix`] takes weights of this type.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
+    matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
 }
 
 /// Whether this CPU runs our Q4K / Q5K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle`
@@ -74,10 +78,10 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q4K and
-/// Q5K always, Q3K for layers (not `head`, the LM head: it multiplies one row per sequence,
-/// where the file's 3.4-bit blocks read fewer bytes than the 4.6-bit tiles), Q6K only for layers
-/// and with [`q6k_layers`].
+/// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q2K,
+/// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
+/// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
+/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`].
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
     supports(dtype)
         && match dtype {
@@ -100,7 +104,7 @@ pub fn q6k_layers() -> bool {
 const ROW_BLOCK_BYTES: usize = 256 * 1024;
 
 impl KQuantMatrix {
-    /// From a GGUF tensor's bytes: `n` rows of `k / 256` `block_q4_K`s or `block_q5_K`s.
+    /// From a GGUF tensor's bytes: `n` rows of `k / 256` blocks of `dtype` (Q2K .. Q6K).
     pub fn from_bytes(dtype: GgmlDType, n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
         if k == 0 || !k.is_multiple_of(QK_K) || n == 0 {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: k must be a positive multiple of {QK_K}");
@@ -110,13 +114,15 @@ impl KQuantMatrix {
             GgmlDType::Q5K => tile::BLOCK5_BYTES,
             GgmlDType::Q6K => tile6::BLOCK6_BYTES,
             GgmlDType::Q3K => tile3::BLOCK3_BYTES,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q3K, Q4K, Q5K, Q6K)"),
+            GgmlDType::Q2K => tile2::BLOCK2_BYTES,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K)"),
         };
         let want = n * (k / QK_K) * block;
         if bytes.len() != want {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
-        let empty = Self { n, k, tiles: Vec::new(), high: Vec::new(), six: Vec::new(), three: Vec::new() };
+        let empty =
+            Self { n, k, tiles: Vec::new(), high: Vec::new(), six: Vec::new(), three: Vec::new(), two: Vec::new() };
         Ok(match dtype {
             GgmlDType::Q4K => Self { tiles: tile::pack(bytes, n, k), ..empty },
             GgmlDType::Q5K => {
@@ -124,16 +130,19 @@ impl KQuantMatrix {
                 Self { tiles, high, ..empty }
             }
             GgmlDType::Q3K => Self { three: tile3::pack3(bytes, n, k), ..empty },
+            GgmlDType::Q2K => Self { two: tile2::pack2(bytes, n, k), ..empty },
             _ => Self { six: tile6::pack6(bytes, n, k), ..empty },
         })
     }
 
-    /// Q4K or Q5K.
+    /// The weight type the matrix was packed from.
     pub fn dtype(&self) -> GgmlDType {
         if !self.six.is_empty() {
             GgmlDType::Q6K
         } else if !self.three.is_empty() {
             GgmlDType::Q3K
+        } else if !self.two.is_empty() {
+            GgmlDType::Q2K
         } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
@@ -172,6 +181,7 @@ impl KQuantMatrix {
             high: self.high[..cut(self.high.len())].to_vec(),
             six: self.six[..cut(self.six.len())].to_vec(),
             three: self.three[..cut(self.three.len())].to_vec(),
+            two: self.two[..cut(self.two.len())].to_vec(),
         }
     }
 
@@ -187,6 +197,14 @@ impl KQuantMatrix {
             }
             if !self.three.is_empty() {
                 sub16_weights(&self.three[ct * nb..(ct + 1) * nb], c, o);
+                continue;
+            }
+            if !self.two.is_empty() {
+                for (b, t) in self.two[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                    for i in 0..QK_K {
+                        o[b * QK_K + i] = tile2::weight(t, c, i);
+                    }
+                }
                 continue;
             }
             for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
@@ -247,11 +265,13 @@ impl KQuantMatrix {
     ) {
         let nb = self.k / QK_K;
         for r in 0..m {
-            if !self.six.is_empty() || !self.three.is_empty() {
+            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = if self.three.is_empty() {
+                    y[r * self.n + col] = if !self.two.is_empty() {
+                        tile2::dot(&self.two[range], col % COLS, &acts6)
+                    } else if self.three.is_empty() {
                         tile6::dot(&self.six[range], col % COLS, &acts6)
                     } else {
                         tile6::dot(&self.three[range], col % COLS, &acts6)
@@ -283,6 +303,8 @@ impl KQuantMatrix {
             avx512::rows6::<Tile6, R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
         } else if !self.three.is_empty() {
             avx512::rows6::<Tile3, R>(self.three[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+        } else if !self.two.is_empty() {
+            avx512::rows2::<R>(self.two[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
         } else {
             avx512::rows::<R>(self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb), nb, rows, out, ldo, cols);
         }

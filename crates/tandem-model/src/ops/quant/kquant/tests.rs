@@ -1,7 +1,7 @@
 //! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
 //! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
 //! against candle's own matmul of the same type (within quantisation noise); every test for
-//! both types.
+//! every type (Q2K .. Q6K).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -20,7 +20,7 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlDType; 4] = [GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
+const TYPES: [GgmlDType; 5] = [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
 
 /// A random `[n, k]` matrix of `dt` as candle quantises it: its GGUF bytes and the candle tensor.
 fn matrix(dt: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, QTensor) {
@@ -125,5 +125,5 @@ fn first_rows_and_bad_sizes() {
         assert!(w.forward(&x).is_err());
         assert_eq!(w.dtype(), dt);
     }
-    assert!(KQuantMatrix::from_bytes(GgmlDType::Q2K, 40, 256, &[0; 40 * 84]).is_err());
+    assert!(KQuantMatrix::from_bytes(GgmlDType::Q8_0, 40, 256, &[0; 40 * 8 * 34]).is_err());
 }
