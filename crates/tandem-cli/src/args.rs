@@ -147,7 +147,8 @@ pub fn model_id(arg: &str) -> String {
     }
 }
 
-/// Sizes the CPU thread pool used by the kernels.
+/// Sizes the CPU thread pools used by the kernels (`-t N`), or with `n = 0` caps the kernels'
+/// threads at the free cores and starts the watch that keeps the cap there.
 pub fn set_threads(n: usize) {
     // Candle's CPU kernels (its worker pool and rayon's) read this on first use.
     if n > 0 {
@@ -157,10 +158,10 @@ pub fn set_threads(n: usize) {
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
         return;
     }
-    // -t 0: as many threads as other processes leave cores free (every core when idle), so a
-    // busy neighbour does not make every op wait for the worker that shares its core.
-    // The pools get every core; the kernels' thread cap (`cpu_threads`) follows the cores that
-    // are free now and, watched twice a second, later: a neighbour that starts or stops.
+    // -t 0: the pools get every core, and the kernels' thread cap (`cpu_threads`) follows the
+    // cores other processes leave free, now and (watched twice a second) later, so a busy
+    // neighbour, also one that starts or stops later, never makes every op wait for the
+    // worker that shares its core.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let mut current = cores;
     if let Some(t) = tandem_engine::threads::threads_for_free_cores(std::time::Duration::from_millis(150)) {
