@@ -64,6 +64,16 @@ pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBl
 pub use kquant::KQuantMatrix;
 pub use matrix::GgmlMatrix;
 
+/// How many superblocks (or tiles) ahead of the one being read the CPU K-quant kernels
+/// prefetch in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`, default 1; 0 off, for
+/// comparisons). One ahead took qwen2.5-coder-1.5b Q4_K_M's decode up 16-18% on the 2-core
+/// machine (2026-12-04, beside llama.cpp: docs/PERFORMANCE.md); two ahead less, four none:
+/// the hardware prefetcher alone leaves the core waiting at each tile's start.
+pub(crate) fn kernel_prefetch() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("TANDEM_KQ_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(1))
+}
+
 /// candle's `BlockQ8K::from_float` of `row` into `out` (the AVX-512 copy in [`q6k`] where the
 /// CPU has it: the same bytes).
 pub(crate) fn q6k_quantize_q8k(row: &[f32], out: &mut [candle_core::quantized::k_quants::BlockQ8K]) {

@@ -50,7 +50,20 @@ unsafe fn tile<const R: usize>(w0: *const Q6, w1: *const Q6, a: *const Q8, nb: u
     let m2 = _mm512_set1_epi8(3);
     let m32s = _mm512_set1_epi8(32);
     let mut acc = [_mm512_setzero_ps(); R];
+    // Read once, outside the loop: a call inside it would make the compiler save every live
+    // vector register around it.
+    let ahead = if R <= 4 { crate::ops::quant::kernel_prefetch() } else { 0 };
     for b in 0..nb {
+        if ahead > 0 && b + ahead < nb {
+            // The two columns' next blocks (210 bytes each), as the K-quant tiles do (calls of
+            // a few rows: decode, verify chunks).
+            for w in [w0, w1] {
+                let p = w.add(b + ahead) as *const i8;
+                for line in 0..std::mem::size_of::<Q6>().div_ceil(64) + 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
+                }
+            }
+        }
         let (x0, x1) = (&*w0.add(b), &*w1.add(b));
         let scales0 = _mm_loadu_si128(x0.scales.as_ptr() as *const __m128i);
         let scales1 = _mm_loadu_si128(x1.scales.as_ptr() as *const __m128i);
