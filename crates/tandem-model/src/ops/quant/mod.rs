@@ -69,6 +69,7 @@ pub use matrix::GgmlMatrix;
 /// comparisons). One ahead took qwen2.5-coder-1.5b Q4_K_M's decode up 16-18% on the 2-core
 /// machine (2026-12-04, beside llama.cpp: docs/PERFORMANCE.md); two ahead less, four none:
 /// the hardware prefetcher alone leaves the core waiting at each tile's start.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn kernel_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::env::var("TANDEM_KQ_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(1))
