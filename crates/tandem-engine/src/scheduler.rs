@@ -539,22 +539,15 @@ impl Scheduler {
             }
         }
         let model = &self.model;
-        let on_cpu = model.device().is_cpu();
         catch_unwind(AssertUnwindSafe(|| {
-            let mut forward = || {
+            // On one thread when another process has taken the other cores (cpu_threads).
+            tandem_model::ops::cpu_threads::within_limit(model.device(), || {
                 if hidden_wanted {
                     model.forward_with_hidden(&mut chunks)
                 } else {
                     model.forward(&mut chunks).map(|l| (l, None))
                 }
-            };
-            // On one thread when another process has taken the other cores (cpu_threads); a
-            // GPU's forward stays on this thread, where its context is.
-            if on_cpu {
-                tandem_model::ops::cpu_threads::within_limit(forward)
-            } else {
-                forward()
-            }
+            })
         }))
     }
 

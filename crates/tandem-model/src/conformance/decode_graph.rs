@@ -103,7 +103,7 @@ mod cuda {
             let format = format!("{wt:?} kv {kv}");
             let m = config(name).and_then(|cfg| model(&cfg, wt, dev));
             let r = m.and_then(|m| verify_case(&m, kv, prompts, steps, t, dev));
-            out.push(verify_row(r, steps, shape, format));
+            out.push(graph_row("verify graph", "verify steps", r, steps, shape, format));
         }
         for name in ["tiny/llama", "tiny/qwen3"] {
             let Some(dir) = fixtures.map(|f| f.join(name)).filter(|d| d.join("config.json").exists()) else {
@@ -111,28 +111,39 @@ mod cuda {
             };
             let m = crate::loader::load_with(&dir, dev, &Default::default()).map(|l| l.model);
             let r = m.and_then(|m| verify_case(&*m, KvDtype::F16, &[3, 250], 4, 4, dev));
-            out.push(verify_row(r, 4, format!("{name} prompts [3, 250] 4 x 4 tokens"), "f32 kv f16".into()));
+            let shape = format!("{name} prompts [3, 250] 4 x 4 tokens");
+            out.push(graph_row("verify graph", "verify steps", r, 4, shape, "f32 kv f16".into()));
         }
         out
     }
 
-    fn verify_row(r: Result<(f32, usize, f64)>, steps: usize, shape: String, format: String) -> Check {
+    /// A check row `name` from a case's (largest bit difference, steps that ran as graphs, ms):
+    /// exact, and failed unless all `steps` (called `unit` in the note) ran as graphs.
+    fn graph_row(
+        name: &str,
+        unit: &str,
+        r: Result<(f32, usize, f64)>,
+        steps: usize,
+        shape: String,
+        format: String,
+    ) -> Check {
         match r {
             Ok((err, ran, ms)) => {
-                let c = Check::new("verify graph", shape, &format, err, Judge::Exact, ms);
+                let c = Check::new(name, shape, &format, err, Judge::Exact, ms);
                 if ran == steps {
-                    c.with_note(format!("{ran} verify steps as graphs"))
+                    c.with_note(format!("{ran} {unit} as graphs"))
                 } else {
-                    Check { pass: false, ..c.with_note(format!("only {ran} of {steps} verify steps ran as graphs")) }
+                    Check { pass: false, ..c.with_note(format!("only {ran} of {steps} {unit} ran as graphs")) }
                 }
             }
-            Err(e) => Check::error("verify graph", shape, &format, e),
+            Err(e) => Check::error(name, shape, &format, e),
         }
     }
 
-    /// Verify steps of `t` tokens per sequence, through [`CausalLm::forward`] (graphs; with
-    /// the hidden states where the model has an MTP head) and the eager forward, each step keeping a different number of its tokens:
-    /// (largest bit difference, steps that ran as graphs, ms of the graph run).
+    /// Verify steps of `t` tokens per sequence, through [`CausalLm::forward`] (graphs; with the
+    /// hidden states where the model has an MTP head) and the eager forward, each step keeping
+    /// a different number of its tokens: (largest bit difference, steps that ran as graphs, ms
+    /// of the graph run).
     fn verify_case(
         m: &dyn CausalLm,
         kv: KvDtype,
@@ -221,17 +232,8 @@ mod cuda {
         shape: String,
         format: String,
     ) -> Check {
-        match m.and_then(|m| case(&*m, kv, prompts, steps, dev)) {
-            Ok((err, ran, ms)) => {
-                let c = Check::new("decode graph", shape, &format, err, Judge::Exact, ms);
-                if ran == steps {
-                    c.with_note(format!("{ran} steps as graphs"))
-                } else {
-                    Check { pass: false, ..c.with_note(format!("only {ran} of {steps} steps ran as graphs")) }
-                }
-            }
-            Err(e) => Check::error("decode graph", shape, &format, e),
-        }
+        let r = m.and_then(|m| case(&*m, kv, prompts, steps, dev));
+        graph_row("decode graph", "steps", r, steps, shape, format)
     }
 
     /// The random model of `cfg`; MoE presets through a GGUF written to a temporary file, whose

@@ -37,11 +37,12 @@ pub fn execute_chunked<F: Fn(std::ops::Range<usize>) + Sync>(n_items: usize, f: 
     pool.execute_chunked(n_items, f);
 }
 
-/// Runs `f` (a forward pass) with rayon's parallel loops on one thread when the limit is one
-/// (a pool of one thread, made once), else as it is: a loop split over rayon's workers would
-/// wait for the one sharing a busy core as the barrier pool's ops would.
-pub fn within_limit<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if limit() > 1 || rayon::current_num_threads() <= 1 {
+/// Runs `f` (a forward pass on `device`) with rayon's parallel loops on one thread when the
+/// limit is one (a pool of one thread, made once), else as it is: a loop split over rayon's
+/// workers would wait for the one sharing a busy core as the barrier pool's ops would. A GPU's
+/// forward always stays on the calling thread, where its context is.
+pub fn within_limit<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
+    if !device.is_cpu() || limit() > 1 || rayon::current_num_threads() <= 1 {
         return f();
     }
     static ONE: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
@@ -70,7 +71,7 @@ mod tests {
         assert_eq!(seen, vec![(0..10, me)]);
         set_limit(0);
         assert_eq!(limit(), 1, "the limit is at least one thread");
-        let inner = within_limit(rayon::current_num_threads);
+        let inner = within_limit(&candle_core::Device::Cpu, rayon::current_num_threads);
         assert_eq!(inner, 1, "rayon loops run on one thread under a limit of one");
         LIMIT.store(before, Ordering::Relaxed);
     }
