@@ -29,7 +29,8 @@
 //   superblock's while this one is computed), the integer dot products come from int8
 //   mma.sync (m16n8k32; m16n8k16 for q6_k's 16-value halves), and each warp runs the chain
 //   for its outputs.
-// kqgemm.cu's qkgemm64_<t> (64+ rows: prefill) runs the same chain on bigger tiles.
+// kqgemm.cu's qkgemm64_<t> (64+ rows: prefill) runs the same chain on bigger tiles, and
+// kqskinny.cu's qkmvm_<t> (2-8 rows by default: verify steps) on int8 mma over 16 columns.
 // All give a row the same bits whatever else shares the call (check-device checks it).
 #include "q8act.cuh"
 #include "kquant.cuh"

@@ -46,6 +46,11 @@ pub const KQMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/kqmma.ptx"));
 #[cfg(feature = "cuda")]
 pub const KQGEMM: &str = include_str!(concat!(env!("OUT_DIR"), "/kqgemm.ptx"));
 
+/// PTX of `cuda/kqskinny.cu`: the Q4_K / Q5_K / Q6_K matmul of 1-8 rows on int8 mma (verify
+/// steps, small batches), on `kqmma.cu`'s chain and activations.
+#[cfg(feature = "cuda")]
+pub const KQSKINNY: &str = include_str!(concat!(env!("OUT_DIR"), "/kqskinny.ptx"));
+
 /// PTX of `cuda/moe.cu`: MoE routing (softmax + top-k), slots sorted by expert, weighted combine.
 #[cfg(feature = "cuda")]
 pub const MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));

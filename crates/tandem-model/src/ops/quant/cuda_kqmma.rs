@@ -1,8 +1,9 @@
 //! Q4_K / Q5_K / Q6_K matmuls with 8-bit activations on CUDA (`tandem-kernels/cuda/kqmma.cu`),
 //! the K-quant counterpart of [`super::cuda_qmma`]: the activations are quantised per 32-value
 //! block (`q8_quantize_rows_sums`: codes, scale, and scale times code sum), each sub-block's dot product
-//! with the weight codes is an exact integer (`__dp4a` in the warp-per-column GEMV for up to
-//! eight rows, int8 `mma.sync` in a shared-memory tiled GEMM for more), and the sub-blocks' scaled terms are added in a chain
+//! with the weight codes is an exact integer (`__dp4a` in the warp-per-column GEMV for one
+//! row, int8 `mma.sync` for more: `kqskinny.cu` for 2-8 rows, a shared-memory tiled GEMM
+//! beyond, `kqgemm.cu` from 64), and the sub-blocks' scaled terms are added in a chain
 //! fixed by `k` alone (the kernel's header), so decode, verify chunks, batches and prefill give
 //! a row the same bits. Against [`super::cuda_quant`]'s exact-weight f32 kernels this trades
 //! the activations' last bits (as llama.cpp's CUDA build and the CPU's K-quant kernels do) for
@@ -68,7 +69,8 @@ fn big_smem_bytes(suffix: &str) -> u32 {
     bytes as u32
 }
 
-/// Rows up to which calls take `qkmv_*` (a warp per output column) rather than `qkgemm_*`;
+/// Rows up to which calls not taken by `qkmvm_*` (see [`skinny_min_rows`]: with
+/// `TANDEM_KQ_SKINNY=0`, all of them) take `qkmv_*` (a warp per output column) rather than `qkgemm_*`;
 /// `TANDEM_KQ_GEMV_ROWS=N` moves the limit (0..8; 0: every call on the GEMM), for
 /// comparisons. Both give the same bits. Measured on the H200 (9B Q4_K_M, verify steps of
 /// 1..8 rows in decode steps): with 4, 1.49 / 1.88 / 2.25 / 2.53 / 2.69 / 2.77 / 2.80 for 1, 2,
@@ -77,6 +79,40 @@ fn gemv_max_rows() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         std::env::var("TANDEM_KQ_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).map_or(4, |n: usize| n.min(8))
+    })
+}
+
+const SKINNY_MODULE: &str = "tandem_kqskinny";
+/// Output columns of a `qkmvm_*` block (`KS_COLS`).
+const SKINNY_COLS: usize = 16;
+
+/// `ks_smem_bytes<KT>(m)` of `kqskinny.cu`: four warps x two stages of the 16 columns'
+/// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and dx, dxs (64),
+/// then the superblock terms of two rounds (4 KiB).
+fn skinny_smem_bytes(suffix: &str, m: usize) -> u32 {
+    let st = match suffix {
+        "q4_k" => 144,
+        "q5_k" => 176,
+        _ => 224,
+    };
+    (4 * 2 * (SKINNY_COLS * st + m * (272 + 64)) + 4096) as u32
+}
+
+/// The smallest call (in rows, up to eight) that takes `qkmvm_*` (`kqskinny.cu`: the mma's
+/// B operand holds eight rows, so 2..8 rows cost about what two do) rather than `qkmv_*` /
+/// `qkgemm_*`; `TANDEM_KQ_SKINNY=N` moves it (0: never), for comparisons. The same bits.
+/// Measured on the H200 (9B Q4_K, verify steps in decode steps, same run): 4 / 5 / 8 rows
+/// 1.7-1.8 / 1.9-2.0 / 2.0-2.1 against 2.46 / 2.35 / 2.49 without; one-row calls stay on
+/// `qkmv_1` (decode 256 tok/s against 209 on this kernel).
+fn skinny_min_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let n = std::env::var("TANDEM_KQ_SKINNY").ok().and_then(|v| v.parse().ok()).unwrap_or(2usize);
+        if n == 0 {
+            usize::MAX
+        } else {
+            n
+        }
     })
 }
 
@@ -112,47 +148,57 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     unsafe { run(&mut b, cfg, "q8_quantize_rows_sums")? };
     drop(b);
 
-    if m >= BIG_ROWS && big_gemm() {
-        // Many rows: the prefill GEMM (kqgemm.cu), 64 x 64 tiles decoded once a block.
-        let name = format!("qkgemm64_{}", fmt.suffix);
-        let f =
-            dev.get_or_load_custom_func(&name, BIG_MODULE, tandem_kernels::ptx("kqgemm", tandem_kernels::KQGEMM))?;
+    // Blocks over the output columns: grid.x takes up to 2^31 - 1, grid.y 65,535.
+    let cols = |per: usize, limit: u32| {
+        u32::try_from(n.div_ceil(per))
+            .ok()
+            .filter(|&g| g <= limit)
+            .ok_or_else(|| ModelError::Input(format!("k-quant matmul: {n} output columns")))
+    };
+    let (gx, gy) = (i32::MAX as u32, 65_535);
+    // The kernel for this call: (module, its PTX, name, launch, the dynamic shared memory it
+    // may ask for at most).
+    let (module, code, name, cfg, smem_max) = if m >= BIG_ROWS && big_gemm() {
+        // Many rows: the prefill GEMM (kqgemm.cu), 64 x 64 tiles decoded once a block; eight
+        // warps, KbLayout's dynamic shared memory (the kernel traps on less).
         let smem = big_smem_bytes(fmt.suffix);
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
-        let grid_y = u32::try_from(n.div_ceil(BIG_TILE)).ok().filter(|&g| g <= 65_535);
-        let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("k-quant matmul: {n} output columns")))?;
         let grid_x =
             u32::try_from(m.div_ceil(BIG_TILE)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
-        let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
-        let mut b = f.builder();
-        b.arg(&y).arg(&xq).arg(&dx).arg(&xs).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-        // SAFETY: arguments in qkgemm64_*'s order (as qkgemm_*'s); eight warps a block, 64 columns
-        // x 64 rows, `smem` bytes of dynamic shared memory (KbLayout's size, allowed above; the
-        // kernel traps on less).
-        unsafe { run(&mut b, cfg, &name)? };
-        drop(b);
-        drop(xv);
-        drop(inputs);
-        return Ok(tensor(y, &dev, (m, n)));
-    }
-    let (name, cfg) = if m <= gemv_max_rows() {
-        let r = m.next_power_of_two();
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        (format!("qkmv_{}_{r}", fmt.suffix), cfg)
-    } else {
-        let nt = if m <= 16 { 16 } else { 32 };
-        let grid_y = u32::try_from(n.div_ceil(GEMM_COLS)).ok().filter(|&g| g <= 65_535);
-        let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("k-quant matmul: {n} output columns")))?;
         let cfg =
-            LaunchConfig { grid_dim: (m.div_ceil(nt) as u32, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        (format!("qkgemm_{}_{nt}", fmt.suffix), cfg)
+            LaunchConfig { grid_dim: (grid_x, cols(BIG_TILE, gy)?, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+        let code = tandem_kernels::ptx("kqgemm", tandem_kernels::KQGEMM);
+        (BIG_MODULE, code, format!("qkgemm64_{}", fmt.suffix), cfg, smem)
+    } else if m <= 8 && m >= skinny_min_rows() {
+        // A few rows: one int8 mma per sub-block of 16 columns takes all of them (kqskinny.cu);
+        // four warps, ks_smem_bytes for m rows of dynamic shared memory (it traps on less).
+        let smem = skinny_smem_bytes(fmt.suffix, m);
+        let cfg =
+            LaunchConfig { grid_dim: (cols(SKINNY_COLS, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
+        let code = tandem_kernels::ptx("kqskinny", tandem_kernels::KQSKINNY);
+        (SKINNY_MODULE, code, format!("qkmvm_{}", fmt.suffix), cfg, skinny_smem_bytes(fmt.suffix, 8))
+    } else if m <= gemv_max_rows() {
+        // qkmv: 4 warps a block, a warp per column; static shared memory.
+        let cfg = LaunchConfig { grid_dim: (cols(4, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        (MODULE, ptx(), format!("qkmv_{}_{}", fmt.suffix, m.next_power_of_two()), cfg, 0)
+    } else {
+        // qkgemm: 8 warps, 64 columns x nt rows a block; static shared memory.
+        let nt = if m <= 16 { 16 } else { 32 };
+        let cfg = LaunchConfig {
+            grid_dim: (m.div_ceil(nt) as u32, cols(GEMM_COLS, gy)?, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (MODULE, ptx(), format!("qkgemm_{}_{nt}", fmt.suffix), cfg, 0)
     };
-    let f = dev.get_or_load_custom_func(&name, MODULE, ptx())?;
+    let f = dev.get_or_load_custom_func(&name, module, code)?;
+    if smem_max > 0 {
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem_max)?;
+    }
     let mut b = f.builder();
     b.arg(&y).arg(&xq).arg(&dx).arg(&xs).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-    // SAFETY: arguments in qkmv_* / qkmma_*'s order; y holds m*n, xq m*k, dx and xs m*k/32, W n
-    // rows of k/256 superblocks (16-byte aligned: checked by `takes`); static shared memory;
-    // qkmv: 4 warps a block, a warp per column; qkgemm: 8 warps, 64 columns x nt rows a block.
+    // SAFETY: every kernel here takes (y, xq, dx, xs, W, m, n, k): y holds m*n, xq m*k, dx and
+    // xs m*k/32, W n rows of k/256 superblocks (16-byte aligned: checked by `takes`); each
+    // launch's blocks, threads and shared memory are the ones its kernel is written for (above).
     unsafe { run(&mut b, cfg, &name)? };
     drop(b);
     drop(xv);
