@@ -26,7 +26,7 @@
 __device__ __forceinline__ void conv_silu(float* __restrict__ y, float* __restrict__ state_out,
                                           float* __restrict__ lanes, const float* __restrict__ x,
                                           const float* __restrict__ state_in, const float* __restrict__ w, int t,
-                                          int ch, int K) {
+                                          int ch, int K, size_t ldx) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int hist = K - 1;
@@ -38,7 +38,7 @@ __device__ __forceinline__ void conv_silu(float* __restrict__ y, float* __restri
     }
     for (int i = 0; i < t; i++) {
         // window = the K - 1 previous inputs, then x_i
-        float xi = x[(size_t)i * ch + c];
+        float xi = x[(size_t)i * ldx + c];
         float acc = 0.f;
 #pragma unroll
         for (int j = 0; j < MAXK; j++) {
@@ -63,7 +63,7 @@ extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restric
                                          float* __restrict__ lanes, const float* __restrict__ x,
                                          const float* __restrict__ state_in, const float* __restrict__ w, int t,
                                          int ch, int K) {
-    conv_silu(y, state_out, lanes, x, state_in, w, t, ch, K);
+    conv_silu(y, state_out, lanes, x, state_in, w, t, ch, K, (size_t)ch);
 }
 
 // Sequence s of a batch (see the batched kernels at the end): its first token and token count
@@ -73,7 +73,8 @@ __device__ __forceinline__ void batch_tokens(const long long* meta, int s, size_
     *t = (int)(meta[s + 1] - meta[s]);
 }
 
-// gdn_conv_silu for B sequences in one launch (grid.y = B): x, y [total, ch] and lanes
+// gdn_conv_silu for B sequences in one launch (grid.y = B): x [total, ch] (rows ldx apart: a
+// column view of a fused projection is read in place), y [total, ch] and lanes
 // [total, K-1, ch] hold the sequences' tokens one after another, state_out is [B, K-1, ch], and
 // meta = [B + 1 token offsets | B conv-state addresses | B delta-state addresses]. With
 // state_out null, sequence s writes its next conv state at the address meta[3B + 1 + s] and
@@ -90,7 +91,7 @@ __device__ __forceinline__ float* batch_lanes(float* lanes, const long long* met
 extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __restrict__ state_out,
                                                float* __restrict__ lanes, const float* __restrict__ x,
                                                const long long* __restrict__ meta, const float* __restrict__ w,
-                                               int B, int ch, int K, int meta_lanes) {
+                                               int B, int ch, int K, int meta_lanes, int ldx) {
     const int s = blockIdx.y;
     size_t t0;
     int t;
@@ -98,8 +99,8 @@ extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __r
     const size_t hist = (size_t)(K - 1) * ch;
     const float* state_in = reinterpret_cast<const float*>(meta[B + 1 + s]);
     float* out = state_out ? state_out + s * hist : reinterpret_cast<float*>(meta[3 * B + 1 + s]);
-    conv_silu(y + t0 * ch, out, batch_lanes(lanes, meta, meta_lanes, B, s, 0, t0, hist), x + t0 * ch, state_in, w,
-              t, ch, K);
+    conv_silu(y + t0 * ch, out, batch_lanes(lanes, meta, meta_lanes, B, s, 0, t0, hist), x + t0 * (size_t)ldx,
+              state_in, w, t, ch, K, (size_t)ldx);
 }
 
 template <int MAXDK>
@@ -211,9 +212,9 @@ __device__ __forceinline__ void stage_qk_normed(float* sh, float* red, const flo
 // Value head h's gates at step ti: beta = sigmoid(b), decay = exp(-A softplus(a + dt_bias)).
 __device__ __forceinline__ void step_gates(const float* __restrict__ b_raw, const float* __restrict__ a_raw,
                                            const float* __restrict__ dt_bias, const float* __restrict__ neg_a,
-                                           int ti, int nv, int h, float* beta, float* decay) {
-    *beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * nv + h]));
-    const float x = a_raw[(size_t)ti * nv + h] + dt_bias[h];
+                                           int ti, int ldb, int lda, int h, float* beta, float* decay) {
+    *beta = 1.f / (1.f + expf(-b_raw[(size_t)ti * ldb + h]));
+    const float x = a_raw[(size_t)ti * lda + h] + dt_bias[h];
     *decay = expf(neg_a[h] * (x > 20.f ? x : log1pf(expf(x))));
 }
 
@@ -241,7 +242,7 @@ __device__ void delta_fused(float* __restrict__ o, float* __restrict__ state_out
         __syncthreads();
         stage_qk_normed(sh, red, ur, kh, kd, dk, scale);
         float beta, decay;
-        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, nv, h, &beta, &decay);
+        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, nv, nv, h, &beta, &decay);
         float out = 0.f;
         if (j < dv) {
 #pragma unroll
@@ -309,7 +310,7 @@ __device__ void delta_cols(float* __restrict__ o_raw, float* __restrict__ state_
                            const float* __restrict__ u, const float* __restrict__ b_raw,
                            const float* __restrict__ a_raw, const float* __restrict__ dt_bias,
                            const float* __restrict__ neg_a, const float* __restrict__ state_in, int t, int nk, int nv,
-                           int dk, int dv, float scale) {
+                           int dk, int dv, float scale, int ldb, int lda) {
     constexpr int R = MAXDK / 4;
     const int h = blockIdx.x;
     const int p = threadIdx.x & 3;
@@ -332,7 +333,7 @@ __device__ void delta_cols(float* __restrict__ o_raw, float* __restrict__ state_
         __syncthreads();
         stage_qk_normed(sh, red, ur, kh, kd, dk, scale);
         float beta, decay;
-        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, nv, h, &beta, &decay);
+        step_gates(b_raw, a_raw, dt_bias, neg_a, ti, ldb, lda, h, &beta, &decay);
         float sk = 0.f;
 #pragma unroll
         for (int m = 0; m < R; m++) {
@@ -383,7 +384,7 @@ __device__ void delta_cols(float* __restrict__ o_raw, float* __restrict__ state_
              const float* a_raw, const float* dt_bias, const float* neg_a, const float* state_in, int t, int nk, \
              int nv, int dk, int dv, float scale) {                                                           \
         delta_cols<MAXDK>(o_raw, state_out, lanes, u, b_raw, a_raw, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, \
-                          scale);                                                                             \
+                          scale, nv, nv);                                                                     \
     }
 
 DELTA_COLS(gdn_delta_cols_32, 32)
@@ -392,14 +393,14 @@ DELTA_COLS(gdn_delta_cols_128, 128)
 DELTA_COLS(gdn_delta_cols_256, 256)
 
 // gdn_delta_cols for B sequences in one launch (grid.z = B), as gdn_conv_silu_batch lays them
-// out: u [total, ch], b_raw / a_raw [total, nv], o_raw [total, nv, dv], lanes [total, nv, dk,
+// out: u [total, ch], b_raw / a_raw [total, nv] (rows ldb / lda apart), o_raw [total, nv, dv], lanes [total, nv, dk,
 // dv], state_out [B, nv, dk, dv]; sequence s reads its state from meta[2B + 1 + s]. Each
 // sequence's arithmetic is gdn_delta_cols' exactly, so a batch gives the bits of its parts.
 template <int MAXDK>
 __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,
                                  const float* a_raw, const float* dt_bias, const float* neg_a,
                                  const long long* meta, int B, int nk, int nv, int dk, int dv, float scale,
-                                 int meta_lanes) {
+                                 int meta_lanes, int ldb, int lda) {
     const int s = blockIdx.z;
     size_t t0;
     int t;
@@ -409,16 +410,17 @@ __device__ void delta_cols_batch(float* o_raw, float* state_out, float* lanes, c
     const float* state_in = reinterpret_cast<const float*>(meta[2 * B + 1 + s]);
     float* out = state_out ? state_out + s * sl : reinterpret_cast<float*>(meta[4 * B + 1 + s]);
     delta_cols<MAXDK>(o_raw + t0 * nv * dv, out, batch_lanes(lanes, meta, meta_lanes, B, s, 1, t0, sl), u + t0 * ch,
-                      b_raw + t0 * nv, a_raw + t0 * nv, dt_bias, neg_a, state_in, t, nk, nv, dk, dv, scale);
+                      b_raw + t0 * (size_t)ldb, a_raw + t0 * (size_t)lda, dt_bias, neg_a, state_in, t, nk, nv, dk, dv,
+                      scale, ldb, lda);
 }
 
 #define DELTA_COLS_BATCH(name, MAXDK)                                                                            \
     extern "C" __global__ void __launch_bounds__(128)                                                            \
         name(float* o_raw, float* state_out, float* lanes, const float* u, const float* b_raw,                   \
              const float* a_raw, const float* dt_bias, const float* neg_a, const long long* meta, int B, int nk, \
-             int nv, int dk, int dv, float scale, int meta_lanes) {                                              \
+             int nv, int dk, int dv, float scale, int meta_lanes, int ldb, int lda) {                            \
         delta_cols_batch<MAXDK>(o_raw, state_out, lanes, u, b_raw, a_raw, dt_bias, neg_a, meta, B, nk, nv, dk,   \
-                                dv, scale, meta_lanes);                                                          \
+                                dv, scale, meta_lanes, ldb, lda);                                                \
     }
 
 DELTA_COLS_BATCH(gdn_delta_cols_batch_32, 32)

@@ -13,7 +13,7 @@
 //   S [dk, 32] lives in shared memory; per chunk V' = U - W S, o = e^gam (Q S) + P V' (before
 //   the norm, into o_raw [t, nv, dv]), S <- e^gam_last S + sum_m e^(gam_last - gam_m) k_m V'_m.
 // gdn_gated_norm: the gated RMSNorm of the output, norm(o) * w * silu(z), one warp per
-//   (token, v-head).
+//   (token, v-head); z's tokens are ldz floats apart.
 // Every sum runs in a fixed order (the CPU kernel's order where it has one), so results are
 // the same run to run; a chunk's arithmetic depends on where the call's chunks start, so
 // unlike the recurrent kernel the result of t tokens in one call and in two differs in the
@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(128)
 
 extern "C" __global__ void __launch_bounds__(256)
     gdn_gated_norm(float* __restrict__ y, const float* __restrict__ o, const float* __restrict__ z,
-                   const float* __restrict__ norm_w, int rows, int dv, float eps) {
+                   const float* __restrict__ norm_w, int rows, int dv, float eps, int nv, int ldz) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -254,8 +254,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float ss = 0.f;
     for (int j = lane; j < dv; j += 32) ss += orow[j] * orow[j];
     const float inv = 1.f / sqrtf(warp_sum(ss) / (float)dv + eps);
-    for (int j = lane; j < dv; j += 32) {
-        const size_t i = (size_t)row * dv + j;
-        y[i] = orow[j] * inv * norm_w[j] * silu_f(z[i]);
-    }
+    // z's row `row` = (token, v-head): tokens ldz apart (a column view read in place).
+    const float* zrow = z + (size_t)(row / nv) * ldz + (size_t)(row % nv) * dv;
+    for (int j = lane; j < dv; j += 32) y[(size_t)row * dv + j] = orow[j] * inv * norm_w[j] * silu_f(zrow[j]);
 }

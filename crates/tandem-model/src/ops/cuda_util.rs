@@ -31,11 +31,21 @@ pub(crate) struct Inputs<'a> {
 impl<'a> Inputs<'a> {
     /// The tensors must be contiguous (call `.contiguous()` first).
     pub fn new(ts: &[&'a Tensor]) -> Result<Self> {
+        Self::checked(ts, |l| l.is_contiguous())
+    }
+
+    /// The tensors must be contiguous or rows in place ([`row_stride`]): for kernels that take
+    /// a row stride.
+    pub fn new_rows(ts: &[&'a Tensor]) -> Result<Self> {
+        Self::checked(ts, |l| row_stride(l).is_some())
+    }
+
+    fn checked(ts: &[&'a Tensor], ok: fn(&candle_core::Layout) -> bool) -> Result<Self> {
         let guards = ts
             .iter()
             .map(|t| {
                 let (s, l) = t.storage_and_layout();
-                if !l.is_contiguous() {
+                if !ok(l) {
                     return Err(ModelError::Input("CUDA kernel input is not contiguous".into()));
                 }
                 Ok((s, l))
@@ -52,6 +62,32 @@ impl<'a> Inputs<'a> {
             other => Err(ModelError::Input(format!("CUDA kernel input on {:?}", other.device().location()))),
         }
     }
+}
+
+/// The distance between the rows of a layout that a kernel can read in place: a contiguous
+/// one's row length (its last dim), or a 2-D one with unit column stride (a column view of a
+/// wider matrix, e.g. one part of a fused projection's output) its row stride.
+pub(crate) fn row_stride(l: &candle_core::Layout) -> Option<usize> {
+    let dims = l.dims();
+    if l.is_contiguous() {
+        return Some(dims.last().copied().unwrap_or(1));
+    }
+    match (dims, l.stride()) {
+        ([_, cols], [ld, 1]) if ld >= cols => Some(*ld),
+        _ => None,
+    }
+}
+
+/// `t` as f32 rows a kernel can read in place ([`row_stride`]), copied to contiguous f32 only
+/// where it is not; with its row stride.
+pub(crate) fn f32_rows(t: &Tensor) -> Result<(Tensor, usize)> {
+    let t = t.to_dtype(candle_core::DType::F32)?;
+    if let Some(ld) = row_stride(t.layout()) {
+        return Ok((t, ld));
+    }
+    let t = t.contiguous()?;
+    let ld = t.dims().last().copied().unwrap_or(1);
+    Ok((t, ld))
 }
 
 /// A new uninitialised f32 buffer of `n` values (at least one, so a launch always has a pointer).

@@ -253,7 +253,8 @@ fn delta_cols(
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
     )?;
     let mut bl = f.builder();
-    bl.arg(&o).arg(&o_raw).arg(&views[6]).arg(&views[7]).arg(&rowsi).arg(&dv).arg(&eps);
+    let ldz = i32_of(d.nv * d.dv)?; // z contiguous [t, nv dv]
+    bl.arg(&o).arg(&o_raw).arg(&views[6]).arg(&views[7]).arg(&rowsi).arg(&dv).arg(&eps).arg(&nv).arg(&ldz);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: arguments in gdn_gated_norm's order; o and o_raw hold rows*dv, z rows*dv, one
     // warp per row.

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use super::device::StepTensors;
 use super::GdnDims;
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, f32_rows, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_gdn";
 
@@ -170,10 +170,16 @@ fn launch(
     let kernel = conv_w.dim(1)?;
     let hist = kernel.saturating_sub(1);
     let name = check(x, bsz, total, conv_w, d)?;
-    let ts = [x, z, b, a, conv_w, p.dt_bias, p.neg_a, p.norm_w].map(f32c);
-    let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
+    // x, z, b and a are read in place when they are column views of the fused input
+    // projection (a call of several rows): each kernel takes their row strides.
+    let (rows, lds): (Vec<Tensor>, Vec<usize>) =
+        [x, z, b, a].into_iter().map(f32_rows).collect::<Result<Vec<_>>>()?.into_iter().unzip();
+    let ts = [conv_w, p.dt_bias, p.neg_a, p.norm_w].map(f32c);
+    let ts = rows.into_iter().map(Ok).chain(ts).collect::<Result<Vec<_>>>()?;
+    let [ldx, ldz, ldb, lda] = [lds[0], lds[1], lds[2], lds[3]].map(i32_of);
+    let (ldx, ldz, ldb, lda) = (ldx?, ldz?, ldb?, lda?);
     let meta = meta.contiguous()?;
-    let inputs = Inputs::new(&ts.iter().chain([&meta]).collect::<Vec<_>>())?;
+    let inputs = Inputs::new_rows(&ts.iter().chain([&meta]).collect::<Vec<_>>())?;
     let v = |i: usize| inputs.view::<f32>(i);
     let (xv, zv, bv, av, wv, dtb, nga, nw) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?, v(7)?);
     let mv = inputs.view::<i64>(8)?;
@@ -198,9 +204,10 @@ fn launch(
         Some(l) => bl.arg(l),
         None => bl.arg(&null),
     };
-    bl.arg(&xv).arg(&mv).arg(&wv).arg(&bi).arg(&chi).arg(&ki).arg(&meta_lanes);
+    bl.arg(&xv).arg(&mv).arg(&wv).arg(&bi).arg(&chi).arg(&ki).arg(&meta_lanes).arg(&ldx);
     let cfg = LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, bz, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in gdn_conv_silu_batch's order; u holds total*ch, conv_next B*hist*ch,
+    // SAFETY: arguments in gdn_conv_silu_batch's order; x holds total rows ldx apart (ldx >= ch,
+    // f32_rows); u holds total*ch, conv_next B*hist*ch,
     // lanes total*hist*ch; meta holds B+1 offsets (the last = total) and B live state addresses
     // (and with meta_lanes, B lane addresses of t*hist*ch each at 5B+1).
     unsafe { run(&mut bl, cfg, "gdn_conv_silu_batch")? };
@@ -222,13 +229,14 @@ fn launch(
         None => bl.arg(&null),
     };
     bl.arg(&u).arg(&bv).arg(&av).arg(&dtb).arg(&nga).arg(&mv).arg(&bi);
-    bl.arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale).arg(&meta_lanes);
+    bl.arg(&nk).arg(&nv).arg(&dk).arg(&dv).arg(&p.scale).arg(&meta_lanes).arg(&ldb).arg(&lda);
     let cfg = LaunchConfig {
         grid_dim: (d.nv as u32, d.dv.div_ceil(32) as u32, bz),
         block_dim: (128, 1, 1),
         shared_mem_bytes: ((2 * d.dk + 4) * 4) as u32,
     };
-    // SAFETY: arguments in gdn_delta_cols_batch_*'s order; o_raw holds total*nv*dv, ssm_next
+    // SAFETY: arguments in gdn_delta_cols_batch_*'s order; b and a hold total rows ldb / lda
+    // apart (each at least nv); o_raw holds total*nv*dv, ssm_next
     // B*nv*dk*dv, lanes total times that; u is the conv output [total, ch]; shared memory holds
     // q, k and one float per warp of the 128-thread block.
     unsafe { run(&mut bl, cfg, name)? };
@@ -243,9 +251,10 @@ fn launch(
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
     )?;
     let mut bl = f.builder();
-    bl.arg(&o).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dv).arg(&eps);
+    bl.arg(&o).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dv).arg(&eps).arg(&nv).arg(&ldz);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in gdn_gated_norm's order; o and o_raw hold rows*dv, z rows*dv, one
+    // SAFETY: arguments in gdn_gated_norm's order; o and o_raw hold rows*dv, z total rows of
+    // nv*dv ldz apart, one
     // warp per row.
     unsafe { run(&mut bl, cfg, "gdn_gated_norm")? };
     drop(bl);

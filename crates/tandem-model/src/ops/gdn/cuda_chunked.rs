@@ -99,7 +99,8 @@ pub fn step_chunked(
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
     )?;
     let mut bl = f.builder();
-    bl.arg(&y).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dvi).arg(&eps);
+    let ldz = i32_of(nv * dv)?; // z contiguous [t, nv dv]
+    bl.arg(&y).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dvi).arg(&eps).arg(&nvi).arg(&ldz);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: arguments in gdn_gated_norm's order; y and o_raw hold rows*dv, z rows*dv, one
     // warp per row.
