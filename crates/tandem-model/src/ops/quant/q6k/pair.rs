@@ -54,11 +54,15 @@ unsafe fn tile<const R: usize>(w0: *const Q6, w1: *const Q6, a: *const Q8, nb: u
     // vector register around it.
     let ahead = if R <= 4 { crate::ops::quant::kernel_prefetch() } else { 0 };
     for b in 0..nb {
-        if ahead > 0 && b + ahead < nb {
+        if ahead > 0 {
             // The two columns' next blocks (210 bytes each), as the K-quant tiles do (calls of
-            // a few rows: decode, verify chunks).
+            // a few rows: decode, verify chunks); past a column's end, the same block of the
+            // next pair's column, which follows (a pair's two columns lie one after another and
+            // the next pair after them), so a new pair does not start on cold misses. Past the
+            // matrix's end it fetches nothing useful; a prefetch never faults.
+            let i = b + ahead;
             for w in [w0, w1] {
-                let p = w.add(b + ahead) as *const i8;
+                let p = if i < nb { w.wrapping_add(i) } else { w.wrapping_add(nb + i) } as *const i8;
                 for line in 0..std::mem::size_of::<Q6>().div_ceil(64) + 1 {
                     _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
                 }
