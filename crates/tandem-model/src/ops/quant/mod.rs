@@ -64,15 +64,25 @@ pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBl
 pub use kquant::KQuantMatrix;
 pub use matrix::GgmlMatrix;
 
-/// How many superblocks (or tiles) ahead of the one being read the CPU K-quant kernels
-/// prefetch in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`, default 1; 0 off, for
-/// comparisons). One ahead took qwen2.5-coder-1.5b Q4_K_M's decode up 16-18% on the 2-core
-/// machine (2026-12-04, beside llama.cpp: docs/PERFORMANCE.md); two ahead less, four none:
-/// the hardware prefetcher alone leaves the core waiting at each tile's start.
+/// How many tiles ahead of the one being read the CPU K-quant tile kernels prefetch (into L2)
+/// in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`, default 1; 0 off, for comparisons).
+/// One ahead took qwen2.5-coder-1.5b Q4_K_M's decode up 16-18% on the 2-core machine
+/// (2026-12-04, beside llama.cpp: docs/PERFORMANCE.md); 2-16 ahead measured 3-5% slower: the
+/// hardware prefetcher alone leaves the core waiting at each tile's start.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn kernel_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| std::env::var("TANDEM_KQ_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(1))
+}
+
+/// The same for the Q6K pair kernel, in blocks of a column pair (`TANDEM_Q6K_PREFETCH=N`,
+/// default 8): its two 210-byte streams a pair start anew every 1,260 bytes on 1,536-wide rows,
+/// so it wants to run further ahead than the tiles (coder-1.5b Q4_K_M, 1 thread: 1 ahead 11.5
+/// tok/s, 4 12.4, 8 12.8-12.9, 12-32 12.8).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn pair_prefetch() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("TANDEM_Q6K_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
 }
 
 /// candle's `BlockQ8K::from_float` of `row` into `out` (the AVX-512 copy in [`q6k`] where the

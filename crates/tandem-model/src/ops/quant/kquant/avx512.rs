@@ -37,7 +37,7 @@ macro_rules! prefetch_next {
             let p = $items.wrapping_add($b + $ahead) as *const i8;
             let lines = std::mem::size_of_val(&*$items).div_ceil(64);
             for line in 0..lines {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
             }
         }
     };

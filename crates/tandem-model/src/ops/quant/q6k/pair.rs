@@ -52,20 +52,27 @@ unsafe fn tile<const R: usize>(w0: *const Q6, w1: *const Q6, a: *const Q8, nb: u
     let mut acc = [_mm512_setzero_ps(); R];
     // Read once, outside the loop: a call inside it would make the compiler save every live
     // vector register around it.
-    let ahead = if R <= 4 { crate::ops::quant::kernel_prefetch() } else { 0 };
+    let ahead = if R <= 4 { crate::ops::quant::pair_prefetch() } else { 0 };
+    // Where the prefetch stands: block `pr` of the pair `pq` pairs on (a pair's two columns lie
+    // one after another and the next pair after them, so past a column's end it runs on into
+    // the pairs this thread reads next). Past the matrix's end it fetches nothing useful; a
+    // prefetch never faults.
+    let (mut pq, mut pr) = if nb > 0 { (ahead / nb, ahead % nb) } else { (0, 0) };
     for b in 0..nb {
         if ahead > 0 {
-            // The two columns' next blocks (210 bytes each), as the K-quant tiles do (calls of
-            // a few rows: decode, verify chunks); past a column's end, the same block of the
-            // next pair's column, which follows (a pair's two columns lie one after another and
-            // the next pair after them), so a new pair does not start on cold misses. Past the
-            // matrix's end it fetches nothing useful; a prefetch never faults.
-            let i = b + ahead;
+            // The two columns' blocks `ahead` on (210 bytes each), into L2, as the K-quant
+            // tiles do (calls of a few rows: decode, verify chunks).
+            let off = 2 * nb * pq + pr;
             for w in [w0, w1] {
-                let p = if i < nb { w.wrapping_add(i) } else { w.wrapping_add(nb + i) } as *const i8;
+                let p = w.wrapping_add(off) as *const i8;
                 for line in 0..std::mem::size_of::<Q6>().div_ceil(64) + 1 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.add(64 * line));
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
                 }
+            }
+            pr += 1;
+            if pr == nb {
+                pr = 0;
+                pq += 1;
             }
         }
         let (x0, x1) = (&*w0.add(b), &*w1.add(b));
