@@ -92,7 +92,16 @@ macro_rules! kernels {
             let m2 = _mm256_set1_epi8(3);
             let m32s = _mm256_set1_epi8(32);
             let mut acc = [_mm256_setzero_ps(); R];
+            // Decode (one or two rows): the weights come slower than they are used, so fetch
+            // the block `ahead` on into L2 (on into the next column, which follows in memory).
+            let ahead = if R <= 2 { crate::ops::quant::pair_prefetch() } else { 0 };
             for b in 0..nb {
+                if ahead > 0 {
+                    let p = w.wrapping_add(b + ahead) as *const i8;
+                    for off in [0, 64, 128, 192, std::mem::size_of::<Q6>() - 1] {
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off));
+                    }
+                }
                 let x = &*w.add(b);
                 let scales = _mm_loadu_si128(x.scales.as_ptr() as *const __m128i);
                 let mut sumi = [_mm256_setzero_si256(); R];
@@ -195,8 +204,8 @@ macro_rules! kernels {
 mod pair;
 mod q8k;
 
-/// candle's `BlockQ8K::from_float` of one row: [`q8k`]'s AVX-512 copy of it where the CPU has
-/// AVX-512 (the same blocks), else candle's own.
+/// candle's `BlockQ8K::from_float` of one row: [`q8k`]'s AVX-512 or AVX2 copy of it where the
+/// CPU has them (the same blocks), else candle's own.
 pub(super) fn quantize_q8k(row: &[f32], out: &mut [BlockQ8K]) {
     if q8k::available() {
         // SAFETY: `Q8` is `BlockQ8K`'s layout (size and alignment asserted above), plain data;
@@ -204,6 +213,12 @@ pub(super) fn quantize_q8k(row: &[f32], out: &mut [BlockQ8K]) {
         unsafe {
             let q = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut Q8, out.len());
             q8k::quantize_row(row, q);
+        }
+    } else if q8k::available_avx2() {
+        // SAFETY: as above; the CPU has AVX2 (checked).
+        unsafe {
+            let q = std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut Q8, out.len());
+            q8k::quantize_row_avx2(row, q);
         }
     } else {
         BlockQ8K::from_float(row, out);
@@ -321,13 +336,23 @@ mod tests {
 
     use super::*;
 
-    /// The AVX-512 quantiser gives candle's `from_float` blocks exactly: random rows of every
-    /// scale, a largest magnitude that is negative, shared by + and -, or first in a later
-    /// lane; halves (round away from zero), zeros, NaN, infinities and subnormals.
+    /// The AVX-512 and AVX2 quantisers (each where this CPU has it) give candle's `from_float`
+    /// blocks exactly: random rows of every scale, a largest magnitude that is negative, shared
+    /// by + and -, or first in a later lane; halves (round away from zero), zeros, NaN,
+    /// infinities and subnormals.
     #[test]
     fn q8k_quantiser_equals_candles() {
-        if !q8k::available() {
-            eprintln!("no AVX-512 here: skipped");
+        type Quantise = unsafe fn(&[f32], &mut [Q8]);
+        let kinds: Vec<(&str, Quantise)> = [
+            ("avx512", q8k::available() as bool, q8k::quantize_row as Quantise),
+            ("avx2", q8k::available_avx2(), q8k::quantize_row_avx2 as Quantise),
+        ]
+        .into_iter()
+        .filter(|k| k.1)
+        .map(|k| (k.0, k.2))
+        .collect();
+        if kinds.is_empty() {
+            eprintln!("no AVX2 here: skipped");
             return;
         }
         let mut rows: Vec<Vec<f32>> = Vec::new();
@@ -360,13 +385,20 @@ mod tests {
             let nb = row.len() / QK_K;
             let mut want = vec![BlockQ8K::zeros(); nb];
             BlockQ8K::from_float(row, &mut want);
-            let mut got = vec![BlockQ8K::zeros(); nb];
-            quantize_q8k(row, &mut got);
             // SAFETY: BlockQ8K is plain `repr(C)` data (f32, i8s, i16s), no padding.
             let bytes = |b: &[BlockQ8K]| unsafe {
                 std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(b)).to_vec()
             };
-            assert_eq!(bytes(&got), bytes(&want), "row {i}");
+            for (name, quantise) in &kinds {
+                let mut got = vec![BlockQ8K::zeros(); nb];
+                // SAFETY: the CPU has the kernel's features (filtered above); `Q8` is
+                // `BlockQ8K`'s layout.
+                unsafe {
+                    let q = std::slice::from_raw_parts_mut(got.as_mut_ptr() as *mut Q8, got.len());
+                    quantise(row, q);
+                }
+                assert_eq!(bytes(&got), bytes(&want), "row {i}, {name}");
+            }
         }
     }
 

@@ -77,8 +77,9 @@ pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
             let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
             match q.dtype() {
                 // Several rows always (candle's multi-row kernel sums in another order); one
-                // row too where the AVX-512 pair kernel runs (the same bits as candle's, faster).
-                GgmlDType::Q6K if cfg!(target_arch = "x86_64") && (rows > 1 || q6k_pair()) => {
+                // row too (the same bits as candle's decode path, on our thread pool with the
+                // weights prefetched), unless `TANDEM_Q6K_DECODE=candle`.
+                GgmlDType::Q6K if cfg!(target_arch = "x86_64") && (rows > 1 || q6k_decode()) => {
                     return compact_matmul(q, x)
                 }
                 GgmlDType::Q4K if rows >= AMX_MIN_ROWS && amx_possible() => return in_pieces(w, x, AMX_PIECE),
@@ -106,11 +107,16 @@ pub(crate) fn dense_enabled() -> bool {
     *ENABLED.get_or_init(|| !std::env::var("TANDEM_DENSE_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")))
 }
 
-/// Whether this CPU runs [`super::q6k`]'s two-columns-per-register kernel.
-fn q6k_pair() -> bool {
+/// Whether one-row Q6K calls go to [`super::q6k`] (where it runs, unless
+/// `TANDEM_Q6K_DECODE=candle`).
+fn q6k_decode() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::q6k::pair_available()
+        static OURS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OURS.get_or_init(|| {
+            super::q6k::available()
+                && !std::env::var("TANDEM_Q6K_DECODE").is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

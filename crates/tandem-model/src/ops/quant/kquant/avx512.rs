@@ -9,39 +9,7 @@ use std::arch::x86_64::*;
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
 use super::tile6::Sub16;
-
-/// Calls of up to this many rows prefetch (decode, verify chunks: a tile serves few rows, so
-/// its bytes come faster than it is used; prefill passes of 8 rows measured no gain).
-pub(crate) const PREFETCH_ROWS: usize = 4;
-
-/// The tiles ahead a kernel of `R` rows prefetches: [`crate::ops::quant::kernel_prefetch`] for
-/// calls of up to [`PREFETCH_ROWS`], else none. Read once per call, outside the loop: a call
-/// inside it would make the compiler save every live vector register around it.
-#[inline]
-fn ahead<const R: usize>() -> usize {
-    if R <= PREFETCH_ROWS {
-        crate::ops::quant::kernel_prefetch()
-    } else {
-        0
-    }
-}
-
-/// Prefetches the cache lines of `items[b + ahead]` while item `b` is read; a macro, so that
-/// nothing is called in the loop. A column tile's superblocks lie one after another and the
-/// next tile's follow, so near a tile's end this fetches the start of the tile a thread reads
-/// next (on a 1,536-wide matrix, one superblock in six was otherwise a cold miss); past the
-/// matrix's end it fetches nothing useful, and a prefetch never faults.
-macro_rules! prefetch_next {
-    ($items:expr, $b:expr, $nb:expr, $ahead:expr) => {
-        if $ahead > 0 {
-            let p = $items.wrapping_add($b + $ahead) as *const i8;
-            let lines = std::mem::size_of_val(&*$items).div_ceil(64);
-            for line in 0..lines {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
-            }
-        }
-    };
-}
+use super::x86::{ahead, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -49,19 +17,6 @@ pub fn available() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vnni")
 }
-
-/// One activation row's superblocks as the kernel reads them: `nb` blocks of candle's
-/// `BlockQ8K` layout (`d` f32, 256 i8, 16 i16 sums) and `nb` words-of-four of sub-block sums.
-#[derive(Clone, Copy)]
-pub struct RowPtr {
-    pub q8: *const u8,
-    pub bsum: *const [u32; 4],
-}
-
-/// Byte offsets inside candle's `BlockQ8K`.
-const Q8_BYTES: usize = 292;
-const Q8_QS: usize = 4;
-const Q8_BSUMS: usize = 260;
 
 /// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (16 columns along k;
 /// with `high[0..nb]`, its Q5K fifth bits, where `high` is not null) with rows `rows[0..R]`;

@@ -46,7 +46,8 @@ unsafe fn run(
     outs: &mut [Vec<f32>],
 ) {
     use super::super::matrix::{for_column_chunks, OutPtr};
-    use super::avx512;
+    use super::x86::RowPtr;
+    let Some(simd) = super::simd() else { return };
     // Tile g of the flat list is column tile g - starts[j] of job j.
     let mut starts = Vec::with_capacity(jobs.len() + 1);
     starts.push(0usize);
@@ -61,10 +62,9 @@ unsafe fn run(
         for g in tiles {
             let j = starts.partition_point(|&s| s <= g) - 1;
             let (job, ct) = (&jobs[j], g - starts[j]);
-            let row =
-                [avx512::RowPtr { q8: q8[job.row * nb..].as_ptr() as *const u8, bsum: bsum[job.row * nb..].as_ptr() }];
+            let row = [RowPtr { q8: q8[job.row * nb..].as_ptr() as *const u8, bsum: bsum[job.row * nb..].as_ptr() }];
             let cols = COLS.min(job.w.n - ct * COLS);
-            job.w.tile_rows::<1>(ct, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
+            job.w.tile_rows::<1>(simd, ct, &row, ptrs[j].get().add(ct * COLS), job.w.n, cols);
         }
     });
 }

@@ -10,7 +10,9 @@
 //! (row, column) result has one fixed order of operations ([`tile::dot`]), so a row gets the
 //! same bits in a decode step, a verify chunk or a prefill chunk.
 //!
-//! x86_64 with AVX-512 VNNI only ([`available`]); elsewhere the loader keeps candle's `QMatMul`.
+//! x86_64 with AVX-512 VNNI ([`avx512`]) or AVX2 + FMA + F16C ([`avx2`]: the same results bit
+//! for bit, by `vpmaddubsw` where the other has `vpdpbusd`) ([`available`]); elsewhere the
+//! loader keeps candle's `QMatMul`.
 
 mod grouped;
 pub mod tile;
@@ -21,9 +23,13 @@ pub mod tile6;
 pub use grouped::{matmul_grouped, Job};
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
@@ -61,7 +67,7 @@ pub fn supports(dtype: GgmlDType) -> bool {
     matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
 }
 
-/// Whether this CPU runs our Q4K / Q5K kernel (AVX-512 F/BW/VNNI). `TANDEM_QUANT_KERNEL=candle`
+/// Whether this CPU runs our K-quant kernel (AVX-512 F/BW/VNNI, or AVX2 + FMA + F16C). `TANDEM_QUANT_KERNEL=candle`
 /// (all quantised types) or `TANDEM_KQUANT_KERNEL=candle` (Q4K and Q5K only) keeps candle's, for
 /// comparisons.
 pub fn available() -> bool {
@@ -70,7 +76,7 @@ pub fn available() -> bool {
         static CANDLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let candle = *CANDLE
             .get_or_init(|| std::env::var("TANDEM_KQUANT_KERNEL").is_ok_and(|v| v.eq_ignore_ascii_case("candle")));
-        avx512::available() && !super::Kernel::candle_only() && !candle
+        simd().is_some() && !super::Kernel::candle_only() && !candle
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -89,6 +95,37 @@ pub fn takes(dtype: GgmlDType, head: bool) -> bool {
             GgmlDType::Q3K => !head,
             _ => true,
         }
+}
+
+/// The instruction sets of the kernel.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    /// [`avx512`]: 16 columns a register, up to 8 rows a pass.
+    Avx512,
+    /// [`avx2`]: two halves of 8 columns, up to 4 rows a pass.
+    Avx2,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simd {
+    fn available(self) -> bool {
+        match self {
+            Simd::Avx512 => avx512::available(),
+            Simd::Avx2 => avx2::available(),
+        }
+    }
+}
+
+/// The best kernel this CPU runs (AVX-512 where it can; `TANDEM_KQUANT_SIMD=avx2` takes the
+/// AVX2 one on an AVX-512 CPU, for comparisons).
+#[cfg(target_arch = "x86_64")]
+fn simd() -> Option<Simd> {
+    static SIMD: std::sync::OnceLock<Option<Simd>> = std::sync::OnceLock::new();
+    *SIMD.get_or_init(|| {
+        let avx2_only = std::env::var("TANDEM_KQUANT_SIMD").is_ok_and(|v| v.eq_ignore_ascii_case("avx2"));
+        [Simd::Avx512, Simd::Avx2].into_iter().find(|s| s.available() && !(avx2_only && *s == Simd::Avx512))
+    })
 }
 
 /// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
@@ -248,9 +285,12 @@ impl KQuantMatrix {
         let (q8, bsum) = quantize(x, m, nb);
         #[cfg(target_arch = "x86_64")]
         if available() {
-            // SAFETY: the CPU check is `available`; sizes are asserted above and in `quantize`.
-            unsafe { self.matmul_avx512(&q8, &bsum, m, y) };
-            return;
+            if let Some(simd) = simd() {
+                // SAFETY: the CPU has `simd` (checked by `simd`); sizes are asserted above and
+                // in `quantize`.
+                unsafe { self.matmul_simd(simd, &q8, &bsum, m, y) };
+                return;
+            }
         }
         self.matmul_reference(&q8, &bsum, m, y);
     }
@@ -288,17 +328,31 @@ impl KQuantMatrix {
         }
     }
 
-    /// The kernel on column tile `ct` for the rows `rows` (see [`avx512::rows`]).
+    /// The kernel `simd` on column tile `ct` for the rows `rows` (see [`avx512::rows`];
+    /// [`avx2`] takes at most [`avx2::MAX_ROWS`]).
     #[cfg(target_arch = "x86_64")]
     unsafe fn tile_rows<const R: usize>(
         &self,
+        simd: Simd,
         ct: usize,
-        rows: &[avx512::RowPtr; R],
+        rows: &[x86::RowPtr; R],
         out: *mut f32,
         ldo: usize,
         cols: usize,
     ) {
         let nb = self.k / QK_K;
+        if simd == Simd::Avx2 {
+            if !self.six.is_empty() {
+                avx2::rows6::<Tile6, R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+            } else if !self.three.is_empty() {
+                avx2::rows6::<Tile3, R>(self.three[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+            } else if !self.two.is_empty() {
+                avx2::rows2::<R>(self.two[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+            } else {
+                avx2::rows::<R>(self.tiles[ct * nb..].as_ptr(), self.high_ptr(ct * nb), nb, rows, out, ldo, cols);
+            }
+            return;
+        }
         if !self.six.is_empty() {
             avx512::rows6::<Tile6, R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
         } else if !self.three.is_empty() {
@@ -311,8 +365,9 @@ impl KQuantMatrix {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn matmul_avx512(
+    unsafe fn matmul_simd(
         &self,
+        simd: Simd,
         q8: &[candle_core::quantized::k_quants::BlockQ8K],
         bsum: &[[u32; 4]],
         m: usize,
@@ -321,8 +376,8 @@ impl KQuantMatrix {
         use super::matrix::{for_column_chunks, OutPtr};
         let (n, nb) = (self.n, self.k / QK_K);
         let out = OutPtr(y.as_mut_ptr());
-        let row_ptr =
-            |r: usize| avx512::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
+        let row_ptr = |r: usize| x86::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
+        let max_rows = if simd == Simd::Avx2 { avx2::MAX_ROWS } else { 8 };
         let block = (ROW_BLOCK_BYTES / (nb * 292)).max(8) / 8 * 8;
         let threads = crate::ops::cpu_threads::threads();
         for_column_chunks(n.div_ceil(COLS), threads, m * n * self.k, 1, 1, |cts| {
@@ -335,12 +390,12 @@ impl KQuantMatrix {
                         let o = out.get().add(r * n + ct * COLS);
                         macro_rules! go {
                             ($R:literal) => {{
-                                let rows: [avx512::RowPtr; $R] = std::array::from_fn(|i| row_ptr(r + i));
-                                self.tile_rows::<$R>(ct, &rows, o, n, cols);
+                                let rows: [x86::RowPtr; $R] = std::array::from_fn(|i| row_ptr(r + i));
+                                self.tile_rows::<$R>(simd, ct, &rows, o, n, cols);
                                 r += $R;
                             }};
                         }
-                        match r1 - r {
+                        match (r1 - r).min(max_rows) {
                             1 => go!(1),
                             2 => go!(2),
                             3 => go!(3),

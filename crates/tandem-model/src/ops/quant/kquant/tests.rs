@@ -41,11 +41,13 @@ fn packing_keeps_every_weight() {
     }
 }
 
+/// Every kernel this CPU runs (AVX-512 VNNI, AVX2) against the reference, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn kernel_equals_reference_bit_for_bit() {
-    if !available() {
-        eprintln!("no AVX-512 VNNI here: skipped");
+    let kernels: Vec<Simd> = [Simd::Avx512, Simd::Avx2].into_iter().filter(|s| s.available()).collect();
+    if kernels.is_empty() {
+        eprintln!("no AVX2 here: skipped");
         return;
     }
     let shapes =
@@ -55,13 +57,16 @@ fn kernel_equals_reference_bit_for_bit() {
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let x = random(m * k, 3 + m as u64);
         let (q8, bsum) = quantize(&x, m, k / QK_K);
-        let mut fast = vec![f32::NAN; m * n];
         let mut plain = vec![f32::NAN; m * n];
-        unsafe { w.matmul_avx512(&q8, &bsum, m, &mut fast) };
         w.matmul_reference(&q8, &bsum, m, &mut plain);
-        let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
         let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(fb, pb, "{dt:?} [{n}, {k}] x {m} rows");
+        for &simd in &kernels {
+            let mut fast = vec![f32::NAN; m * n];
+            // SAFETY: the CPU has `simd` (filtered above).
+            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(fb, pb, "{dt:?} [{n}, {k}] x {m} rows, {simd:?}");
+        }
     }
 }
 
@@ -126,4 +131,44 @@ fn first_rows_and_bad_sizes() {
         assert_eq!(w.dtype(), dt);
     }
     assert!(KQuantMatrix::from_bytes(GgmlDType::Q8_0, 40, 256, &[0; 40 * 8 * 34]).is_err());
+}
+
+/// The largest integer sums a kernel can meet: every weight value at its type's maximum (Q4K
+/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3) against activations of -127 (a row of equal values): the
+/// AVX2 kernel's i16 partial sums are at their bound here, and must still equal the reference.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn largest_sums_equal_the_reference() {
+    let kernels: Vec<Simd> = [Simd::Avx512, Simd::Avx2].into_iter().filter(|s| s.available()).collect();
+    // The bytes of each block that hold the values (GGUF layouts), set to all ones.
+    let value_bytes = |dt: GgmlDType| match dt {
+        GgmlDType::Q4K => 16..144,
+        GgmlDType::Q5K => 16..176,
+        GgmlDType::Q6K => 0..192,
+        GgmlDType::Q3K => 0..96,
+        _ => 16..80,
+    };
+    for dt in TYPES {
+        let (n, k, m) = (24, 512, 5);
+        let (mut bytes, _) = matrix(dt, n, k, 5);
+        let block = bytes.len() / (n * k / QK_K);
+        for blk in bytes.chunks_exact_mut(block) {
+            blk[value_bytes(dt)].fill(0xFF);
+        }
+        let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
+        let mut x = vec![1.0f32; m * k];
+        x[2 * k..3 * k].fill(-3.0);
+        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let mut plain = vec![f32::NAN; m * n];
+        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        assert!(plain.iter().all(|v| v.is_finite() && *v != 0.0), "{dt:?}: {plain:?}");
+        for &simd in &kernels {
+            let mut fast = vec![f32::NAN; m * n];
+            // SAFETY: the CPU has `simd` (filtered above).
+            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
+            let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(fb, pb, "{dt:?}, {simd:?}");
+        }
+    }
 }

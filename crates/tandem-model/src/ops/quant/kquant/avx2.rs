@@ -1,0 +1,389 @@
+//! The K-quant × Q8K kernels on AVX2 + FMA + F16C, for the x86 CPUs without AVX-512 VNNI (AMD
+//! Zen 1-3, Intel's client cores before Ice Lake and the E-core parts): the tiles of
+//! [`super::tile`], [`super::tile6`] and [`super::tile2`] as the AVX-512 kernels read them, each
+//! 16-column tile as two halves of 8 columns (one 256-bit register, a 32-bit lane a column).
+//!
+//! Without `dpbusd` the integer sums are `vpmaddubsw` (unsigned weight byte × signed activation
+//! byte, pairs summed to i16) and `vpmaddwd` against ones (i16 pairs summed to i32). The i16
+//! partial sums are added before widening only as far as they provably fit: a product is at
+//! most 128 · the largest weight value, so Q4K adds a whole 32-value sub-block (16 products per
+//! i16, |sum| <= 30,720), Q5K two groups of 8 (31,744), Q6K one group (32,256), Q2K / Q3K a
+//! whole 16-value sub-block. Every integer sum is therefore exact, the same integer `dpbusd`
+//! gives, and the float steps after it are [`super::tile::dot`]'s in its order: each (row,
+//! column) result has the bits of the reference and of the AVX-512 kernel. The byte masks of
+//! Q5K's fifth and Q6K's top bits become byte vectors by a shuffle and a compare.
+
+use std::arch::x86_64::*;
+
+use super::tile::{HighBits, Tile, COLS};
+use super::tile2::Tile2;
+use super::tile6::Sub16;
+use super::x86::{ahead, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+
+/// Whether this CPU runs these kernels.
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Rows per pass over a tile: 16 vector registers hold the accumulators of this many rows.
+pub const MAX_ROWS: usize = 4;
+
+/// Columns per half tile.
+const HALF: usize = COLS / 2;
+
+/// The 32 bits `m` (bit `i` for byte `i`) as a vector of 0xFF / 0x00 bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn byte_mask(m: u32) -> __m256i {
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(m as i32), spread);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
+}
+
+/// `add` in the bytes of `v` whose bit of `m` is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn add_under(v: __m256i, m: u32, add: __m256i) -> __m256i {
+    if m == 0 {
+        return v;
+    }
+    _mm256_add_epi8(v, _mm256_and_si256(byte_mask(m), add))
+}
+
+/// 8 f16 values as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn half_f32(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (with `high[0..nb]`, the
+/// Q5K fifth bits, where `high` is not null) with rows `rows[0..R]`, as
+/// [`super::avx512::rows`].
+///
+/// # Safety
+/// [`available`]; `tiles` (and `high` if not null) hold `nb` entries, each row pointer `nb`
+/// superblocks, `out` room for `R` rows of `ldo` with `cols` at the front.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows<const R: usize>(
+    tiles: *const Tile,
+    high: *const HighBits,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    if high.is_null() {
+        rows45::<R, false>(tiles, high, nb, rows, out, ldo, cols)
+    } else {
+        rows45::<R, true>(tiles, high, nb, rows, out, ldo, cols)
+    }
+}
+
+/// [`rows`] for Q4K (`Q5` false, `high` null) or Q5K tiles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows45<const R: usize, const Q5: bool>(
+    tiles: *const Tile,
+    high: *const HighBits,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let ahead = ahead::<R>();
+    let halves = cols.div_ceil(HALF);
+    if R <= 2 {
+        // Both halves of each superblock in turn: the tile is read once, and the halves'
+        // chains run side by side.
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for b in 0..nb {
+            prefetch_next!(tiles, b, nb, ahead);
+            if Q5 {
+                prefetch_next!(high, b, nb, ahead);
+            }
+            for (h, acc) in acc.iter_mut().enumerate().take(halves) {
+                block45::<R, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, acc);
+            }
+        }
+        for (h, acc) in acc.iter().enumerate().take(halves) {
+            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
+        }
+    } else {
+        // Half by half: the accumulators of more rows would not fit the 16 registers twice.
+        for h in 0..halves {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                if h == 0 {
+                    prefetch_next!(tiles, b, nb, ahead);
+                    if Q5 {
+                        prefetch_next!(high, b, nb, ahead);
+                    }
+                }
+                block45::<R, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, &mut acc);
+            }
+            store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+        }
+    }
+}
+
+/// Half `h` of superblock `b` (tile `t`; `hb` its fifth bits for Q5K) times rows `rows`, added
+/// to `acc` in [`super::tile::dot`]'s order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block45<const R: usize, const Q5: bool>(
+    t: &Tile,
+    hb: *const HighBits,
+    b: usize,
+    h: usize,
+    rows: &[RowPtr; R],
+    acc: &mut [__m256; R],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    let ones = _mm256_set1_epi16(1);
+    let d = half_f32(t.d.as_ptr().add(h * HALF));
+    let mut tt = [_mm256_setzero_ps(); R];
+    let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
+    for s in 0..8 {
+        let mut isum = [_mm256_setzero_si256(); R];
+        // Q4K: a whole sub-block in i16; Q5K: two groups (module docs).
+        let span = if Q5 { 2 } else { 4 };
+        for g0 in (4 * s..4 * s + 4).step_by(span) {
+            let mut part = [_mm256_setzero_si256(); R];
+            for g in g0..g0 + span {
+                let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                let mut lo = _mm256_and_si256(w, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                if Q5 {
+                    let hb = &*hb;
+                    lo = add_under(lo, (hb.0[2 * g] >> (32 * h)) as u32, sixteen);
+                    hi = add_under(hi, (hb.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
+                }
+                for r in 0..R {
+                    let a = q8[r].add(8 * g) as *const i32;
+                    let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
+                    let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+                    part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
+                }
+            }
+            for r in 0..R {
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+            }
+        }
+        let sc =
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(t.sc[s].as_ptr().add(h * HALF) as *const __m128i)));
+        let dsc = _mm256_mul_ps(d, sc);
+        for r in 0..R {
+            tt[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dsc, tt[r]);
+        }
+    }
+    let dmin = half_f32(t.dmin.as_ptr().add(h * HALF));
+    let mn: [__m256i; 4] = std::array::from_fn(|p| {
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(t.mn[p].as_ptr().add(2 * h * HALF) as *const __m128i))
+    });
+    for r in 0..R {
+        let bs = &*rows[r].bsum.add(b);
+        let mut ms = _mm256_setzero_si256();
+        for p in 0..4 {
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(bs[p] as i32)));
+        }
+        let da = _mm256_set1_ps((rows[r].q8.add(b * Q8_BYTES) as *const f32).read_unaligned());
+        acc[r] = _mm256_fmadd_ps(tt[r], da, acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[r]);
+    }
+}
+
+/// [`rows`] for [`Sub16`] tiles (Q6K, Q3K), as [`super::avx512::rows6`].
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows6<T: Sub16, const R: usize>(
+    tiles: *const T,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (c16, c32) = (_mm256_set1_epi8(16), _mm256_set1_epi8(32));
+    let ones = _mm256_set1_epi16(1);
+    let ahead = ahead::<R>();
+    for h in 0..2 {
+        if h * HALF >= cols {
+            break;
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let d = half_f32(t.d_bits().as_ptr().add(h * HALF));
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
+            let mut tt = [_mm256_setzero_ps(); R];
+            let sc16: [__m256i; 8] = std::array::from_fn(|p| {
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(t.sc()[p].as_ptr().add(2 * h * HALF) as *const __m128i))
+            });
+            for (p, &v) in sc16.iter().enumerate() {
+                let scales = [
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v))),
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v)),
+                ];
+                for (q, sc) in scales.into_iter().enumerate() {
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    let mut part = [_mm256_setzero_si256(); R];
+                    for g in 4 * p + 2 * q..4 * p + 2 * q + 2 {
+                        let w = _mm256_load_si256(t.qs().as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                        let mut lo = _mm256_and_si256(w, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                        if let Some(hm) = t.hm() {
+                            lo = add_under(lo, (hm[4 * g] >> (32 * h)) as u32, c16);
+                            lo = add_under(lo, (hm[4 * g + 1] >> (32 * h)) as u32, c32);
+                            hi = add_under(hi, (hm[4 * g + 2] >> (32 * h)) as u32, c16);
+                            hi = add_under(hi, (hm[4 * g + 3] >> (32 * h)) as u32, c32);
+                        }
+                        for r in 0..R {
+                            let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
+                            let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
+                            let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+                            let pair = _mm256_add_epi16(pl, ph);
+                            if t.hm().is_some() {
+                                // Values up to 63: one group per i16 sum.
+                                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pair, ones));
+                            } else {
+                                part[r] = _mm256_add_epi16(part[r], pair);
+                            }
+                        }
+                    }
+                    if t.hm().is_none() {
+                        for r in 0..R {
+                            isum[r] = _mm256_madd_epi16(part[r], ones);
+                        }
+                    }
+                    let dsc = _mm256_mul_ps(d, sc);
+                    for r in 0..R {
+                        tt[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dsc, tt[r]);
+                    }
+                }
+            }
+            let d32 = _mm256_mul_ps(d, _mm256_set1_ps(T::OFFSET as f32));
+            for r in 0..R {
+                let words = blk[r].add(Q8_BSUMS) as *const i32;
+                let mut ms = _mm256_setzero_si256();
+                for (p, &v) in sc16.iter().enumerate() {
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(v, _mm256_set1_epi32(words.add(p).read_unaligned())));
+                }
+                let da = _mm256_set1_ps((blk[r] as *const f32).read_unaligned());
+                acc[r] = _mm256_fmadd_ps(tt[r], da, acc[r]);
+                acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), d32), da, acc[r]);
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+    }
+}
+
+/// [`rows`] for Q2K tiles ([`Tile2`]), as [`super::avx512::rows2`].
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows2<const R: usize>(
+    tiles: *const Tile2,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m2 = _mm256_set1_epi8(3);
+    let m4w = _mm256_set1_epi16(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let ahead = ahead::<R>();
+    for h in 0..2 {
+        if h * HALF >= cols {
+            break;
+        }
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let d = half_f32(t.d.as_ptr().add(h * HALF));
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
+            let mut tt = [_mm256_setzero_ps(); R];
+            let raw: [__m256i; 8] = std::array::from_fn(|p| {
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(t.sc[p].as_ptr().add(2 * h * HALF) as *const __m128i))
+            });
+            for (p, &v) in raw.iter().enumerate() {
+                let sc = _mm256_and_si256(v, m4w);
+                let scales = [
+                    _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF))),
+                    _mm256_cvtepi32_ps(_mm256_srli_epi32::<16>(sc)),
+                ];
+                for (q, scale) in scales.into_iter().enumerate() {
+                    let sb = 2 * p + q;
+                    let w = _mm256_load_si256(t.qs.as_ptr().add(64 * sb + 32 * h) as *const __m256i);
+                    let planes = [
+                        _mm256_and_si256(w, m2),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(w), m2),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(w), m2),
+                        _mm256_and_si256(_mm256_srli_epi16::<6>(w), m2),
+                    ];
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        let a = blk[r].add(Q8_QS + 16 * sb) as *const i32;
+                        let mut part = _mm256_setzero_si256();
+                        for (u, &plane) in planes.iter().enumerate() {
+                            let pr = _mm256_maddubs_epi16(plane, _mm256_set1_epi32(a.add(u).read_unaligned()));
+                            part = _mm256_add_epi16(part, pr);
+                        }
+                        isum[r] = _mm256_madd_epi16(part, ones);
+                    }
+                    let dsc = _mm256_mul_ps(d, scale);
+                    for r in 0..R {
+                        tt[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dsc, tt[r]);
+                    }
+                }
+            }
+            let dmin = half_f32(t.dmin.as_ptr().add(h * HALF));
+            for r in 0..R {
+                let words = blk[r].add(Q8_BSUMS) as *const i32;
+                let mut ms = _mm256_setzero_si256();
+                for (p, &v) in raw.iter().enumerate() {
+                    let mn = _mm256_srli_epi16::<4>(v);
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, _mm256_set1_epi32(words.add(p).read_unaligned())));
+                }
+                let da = _mm256_set1_ps((blk[r] as *const f32).read_unaligned());
+                acc[r] = _mm256_fmadd_ps(tt[r], da, acc[r]);
+                acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[r]);
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+    }
+}
+
+/// Row `r` of `acc` to `out + r · ldo`, its first `cols` lanes (all 8 from 8 up).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store<const R: usize>(acc: &[__m256; R], out: *mut f32, ldo: usize, cols: usize) {
+    for (r, a) in acc.iter().enumerate() {
+        if cols >= HALF {
+            _mm256_storeu_ps(out.add(r * ldo), *a);
+        } else {
+            let mut lanes = [0f32; HALF];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.add(r * ldo), cols);
+        }
+    }
+}
