@@ -222,6 +222,9 @@ macro_rules! cols {
     (unpack_unsigned $B:ty, $wp:ident, [$($c:tt)+]) => { [$(unpack_unsigned::<$B>($wp[$c])),+] };
     (abs $wq:ident, [$($c:tt)+]) => { [$(_mm256_sign_epi8($wq[$c], $wq[$c])),+] };
     (bump $wp:ident, [$($c:tt)+]) => { $( $wp[$c] = $wp[$c].wrapping_add(1); )+ };
+    (prefetch $wp:ident, $ahead:ident, [$($c:tt)+]) => {
+        $( _mm_prefetch::<_MM_HINT_T1>($wp[$c].wrapping_add($ahead) as *const i8); )+
+    };
     (store $B:ty, $acc:expr, $ms:ident, $y:expr, [$($c:tt)+]) => {
         $(
             let m = if <$B>::HAS_MIN { $ms[2 * $c + 1] } else { 0.0 };
@@ -244,7 +247,14 @@ macro_rules! tile {
             let mut ap = [$(a.wrapping_add($r * nb)),+];
             let mut acc = [$({ let _ = $r; cols!(zeros $cols) }),+];
             let mut msum = [$({ let _ = $r; _mm256_setzero_ps() }),+];
+            // One row (decode): the weights come slower than they are used; each column's
+            // stream is fetched `ahead` blocks on into L2 (on into the next tile's columns,
+            // which follow in memory).
+            let ahead = if [$($r),+].len() == 1 { super::super::block_prefetch() } else { 0 };
             for _ in 0..nb {
+                if ahead > 0 {
+                    cols!(prefetch wp, ahead, $cols);
+                }
                 let dm = scales::<B, { cols!(count $cols) }>(wp);
                 block_step!($dot, B, wp, ap, dm, acc, msum, [$($r)+], $cols);
                 cols!(bump wp, $cols);

@@ -100,26 +100,24 @@ unsafe fn rows45<const R: usize, const Q5: bool>(
 ) {
     let ahead = ahead::<R>();
     let halves = cols.div_ceil(HALF);
-    if R <= 2 {
-        // Both halves of each superblock in turn: the tile is read once, and the halves'
-        // chains run side by side.
+    if R <= 2 && halves == 2 {
+        // Both halves of each superblock at once: the tile is read once, each activation
+        // broadcast serves both, and the halves' chains run side by side.
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..nb {
             prefetch_next!(tiles, b, nb, ahead);
             if Q5 {
                 prefetch_next!(high, b, nb, ahead);
             }
-            for (h, acc) in acc.iter_mut().enumerate().take(halves) {
-                block45::<R, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, acc);
-            }
+            block45::<R, 2, Q5>(&*tiles.add(b), high.wrapping_add(b), b, 0, rows, &mut acc);
         }
-        for (h, acc) in acc.iter().enumerate().take(halves) {
+        for (h, acc) in acc.iter().enumerate() {
             store(acc, out.add(h * HALF), ldo, cols - h * HALF);
         }
     } else {
         // Half by half: the accumulators of more rows would not fit the 16 registers twice.
         for h in 0..halves {
-            let mut acc = [_mm256_setzero_ps(); R];
+            let mut acc = [[_mm256_setzero_ps(); R]; 1];
             for b in 0..nb {
                 if h == 0 {
                     prefetch_next!(tiles, b, nb, ahead);
@@ -127,77 +125,91 @@ unsafe fn rows45<const R: usize, const Q5: bool>(
                         prefetch_next!(high, b, nb, ahead);
                     }
                 }
-                block45::<R, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, &mut acc);
+                block45::<R, 1, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, &mut acc);
             }
-            store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
         }
     }
 }
 
-/// Half `h` of superblock `b` (tile `t`; `hb` its fifth bits for Q5K) times rows `rows`, added
-/// to `acc` in [`super::tile::dot`]'s order.
+/// Halves `h0 .. h0 + H` of superblock `b` (tile `t`; `hb` its fifth bits for Q5K) times rows
+/// `rows`, added to `acc[half - h0]` in [`super::tile::dot`]'s order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block45<const R: usize, const Q5: bool>(
+unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
     t: &Tile,
     hb: *const HighBits,
     b: usize,
-    h: usize,
+    h0: usize,
     rows: &[RowPtr; R],
-    acc: &mut [__m256; R],
+    acc: &mut [[__m256; R]; H],
 ) {
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
     let ones = _mm256_set1_epi16(1);
-    let d = half_f32(t.d.as_ptr().add(h * HALF));
-    let mut tt = [_mm256_setzero_ps(); R];
+    let d: [__m256; H] = std::array::from_fn(|i| half_f32(t.d.as_ptr().add((h0 + i) * HALF)));
+    let mut tt = [[_mm256_setzero_ps(); R]; H];
     let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
     for s in 0..8 {
-        let mut isum = [_mm256_setzero_si256(); R];
+        let mut isum = [[_mm256_setzero_si256(); R]; H];
         // Q4K: a whole sub-block in i16; Q5K: two groups (module docs).
         let span = if Q5 { 2 } else { 4 };
         for g0 in (4 * s..4 * s + 4).step_by(span) {
-            let mut part = [_mm256_setzero_si256(); R];
+            let mut part = [[_mm256_setzero_si256(); R]; H];
             for g in g0..g0 + span {
-                let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
-                let mut lo = _mm256_and_si256(w, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                if Q5 {
-                    let hb = &*hb;
-                    lo = add_under(lo, (hb.0[2 * g] >> (32 * h)) as u32, sixteen);
-                    hi = add_under(hi, (hb.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
-                }
-                for r in 0..R {
+                let a: [[__m256i; 2]; R] = std::array::from_fn(|r| {
                     let a = q8[r].add(8 * g) as *const i32;
-                    let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
-                    let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
-                    part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
+                    [_mm256_set1_epi32(a.read_unaligned()), _mm256_set1_epi32(a.add(1).read_unaligned())]
+                });
+                for i in 0..H {
+                    let h = h0 + i;
+                    let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                    let mut lo = _mm256_and_si256(w, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                    if Q5 {
+                        let hb = &*hb;
+                        lo = add_under(lo, (hb.0[2 * g] >> (32 * h)) as u32, sixteen);
+                        hi = add_under(hi, (hb.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
+                    }
+                    for r in 0..R {
+                        let pl = _mm256_maddubs_epi16(lo, a[r][0]);
+                        let ph = _mm256_maddubs_epi16(hi, a[r][1]);
+                        part[i][r] = _mm256_add_epi16(part[i][r], _mm256_add_epi16(pl, ph));
+                    }
                 }
             }
-            for r in 0..R {
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+            for i in 0..H {
+                for r in 0..R {
+                    isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_madd_epi16(part[i][r], ones));
+                }
             }
         }
-        let sc =
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(t.sc[s].as_ptr().add(h * HALF) as *const __m128i)));
-        let dsc = _mm256_mul_ps(d, sc);
-        for r in 0..R {
-            tt[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dsc, tt[r]);
+        for i in 0..H {
+            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                t.sc[s].as_ptr().add((h0 + i) * HALF) as *const __m128i
+            )));
+            let dsc = _mm256_mul_ps(d[i], sc);
+            for r in 0..R {
+                tt[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), dsc, tt[i][r]);
+            }
         }
     }
-    let dmin = half_f32(t.dmin.as_ptr().add(h * HALF));
-    let mn: [__m256i; 4] = std::array::from_fn(|p| {
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(t.mn[p].as_ptr().add(2 * h * HALF) as *const __m128i))
-    });
-    for r in 0..R {
-        let bs = &*rows[r].bsum.add(b);
-        let mut ms = _mm256_setzero_si256();
-        for p in 0..4 {
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(bs[p] as i32)));
+    for i in 0..H {
+        let h = h0 + i;
+        let dmin = half_f32(t.dmin.as_ptr().add(h * HALF));
+        let mn: [__m256i; 4] = std::array::from_fn(|p| {
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(t.mn[p].as_ptr().add(2 * h * HALF) as *const __m128i))
+        });
+        for r in 0..R {
+            let bs = &*rows[r].bsum.add(b);
+            let mut ms = _mm256_setzero_si256();
+            for p in 0..4 {
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(bs[p] as i32)));
+            }
+            let da = _mm256_set1_ps((rows[r].q8.add(b * Q8_BYTES) as *const f32).read_unaligned());
+            acc[i][r] = _mm256_fmadd_ps(tt[i][r], da, acc[i][r]);
+            acc[i][r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[i][r]);
         }
-        let da = _mm256_set1_ps((rows[r].q8.add(b * Q8_BYTES) as *const f32).read_unaligned());
-        acc[r] = _mm256_fmadd_ps(tt[r], da, acc[r]);
-        acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[r]);
     }
 }
 
