@@ -12,8 +12,9 @@
 //!   `--quantize`'s) Q4K matrices do not come here at all: they load as [`super::kquant`]'s packed
 //!   matrices, row-invariant by construction.
 //!
-//! [`forward`] keeps candle's decode path untouched and routes the other calls so that every
-//! row gets the decode path's arithmetic: Q6K calls of several rows go to [`super::q6k`] (a
+//! [`forward`] keeps candle's decode arithmetic and routes the other calls so that every
+//! row gets it: Q6K calls on x86 (several rows, and one row too unless
+//! `TANDEM_Q6K_DECODE=candle`) go to [`super::q6k`] (a
 //! row-tiled copy of candle's AVX2 dot product: same bits, each weight superblock decoded once
 //! per tile of rows), or where candle would not use that kernel, to candle's `k_quants::matmul`
 //! on the compact blocks (each (row, column) there is the same `vec_dot_4` / `vec_dot_2` /

@@ -6,7 +6,7 @@
 //! a tile, and quantises the activations with a scalar loop on every call: 43% of
 //! qwen2.5-coder-1.5b's prefill was its tiles. Here the matrix is packed once at load
 //! ([`tile`]: 4.625 bits a value for Q4K, 5.6 for Q5K, the file's blocks dropped), a pass over a tile serves up to 8
-//! rows, the activations are quantised by the AVX-512 quantiser of [`super::q6k`], and every
+//! rows, the activations are quantised by the AVX-512 or AVX2 quantiser of [`super::q6k`], and every
 //! (row, column) result has one fixed order of operations ([`tile::dot`]), so a row gets the
 //! same bits in a decode step, a verify chunk or a prefill chunk.
 //!
