@@ -39,6 +39,11 @@ __device__ __forceinline__ void cp_async16_upto(void* smem, const uint8_t* src, 
         cp_async16_n(smem, src, left > 0 ? (int)left : 0);
     }
 }
+// A 4-byte asynchronous copy (through L1; both addresses 4-byte aligned).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -16,3 +16,13 @@ __device__ __forceinline__ int8_t quant_block(float v, float* d) {
     return (int8_t)q;
 }
 
+
+// The one step of the Q8_0 chain (qmma.cu's header; q8gemm.cu walks the same one): acc + isum
+// * (dw * dx), rounded as written (the scale product first, then one fused multiply-add).
+__device__ __forceinline__ float chain_scale(float dw, float dxv) { return __fmul_rn(dw, dxv); }
+__device__ __forceinline__ float chain_fma(float acc, int isum, float scale) {
+    return fmaf(__int2float_rn(isum), scale, acc);
+}
+__device__ __forceinline__ float chain_step(float acc, int isum, float dw, float dxv) {
+    return chain_fma(acc, isum, chain_scale(dw, dxv));
+}

@@ -52,15 +52,6 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
-// The one step of the chain: acc + isum * (dw * dx), rounded as written (the scale product
-// first, then one fused multiply-add).
-__device__ __forceinline__ float chain_scale(float dw, float dxv) { return __fmul_rn(dw, dxv); }
-__device__ __forceinline__ float chain_fma(float acc, int isum, float scale) {
-    return fmaf(__int2float_rn(isum), scale, acc);
-}
-__device__ __forceinline__ float chain_step(float acc, int isum, float dw, float dxv) {
-    return chain_fma(acc, isum, chain_scale(dw, dxv));
-}
 
 template <int NT>
 __device__ void qmma_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,

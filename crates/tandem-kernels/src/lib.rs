@@ -46,6 +46,16 @@ pub const KQMMA: &str = include_str!(concat!(env!("OUT_DIR"), "/kqmma.ptx"));
 #[cfg(feature = "cuda")]
 pub const KQGEMM: &str = include_str!(concat!(env!("OUT_DIR"), "/kqgemm.ptx"));
 
+/// PTX of `cuda/attn_glue.cu`: the gated attention layer's q / k norms, rotation and head-major
+/// copies before attention, and its sigmoid gate after, one launch each.
+#[cfg(feature = "cuda")]
+pub const ATTN_GLUE: &str = include_str!(concat!(env!("OUT_DIR"), "/attn_glue.ptx"));
+
+/// PTX of `cuda/q8gemm.cu`: the Q8_0 GEMM for calls of 64+ rows (prefill), on `qmma.cu`'s
+/// chain and activations.
+#[cfg(feature = "cuda")]
+pub const Q8GEMM: &str = include_str!(concat!(env!("OUT_DIR"), "/q8gemm.ptx"));
+
 /// PTX of `cuda/kqskinny.cu`: the Q4_K / Q5_K / Q6_K matmul of 1-8 rows on int8 mma (verify
 /// steps, small batches), on `kqmma.cu`'s chain and activations.
 #[cfg(feature = "cuda")]

@@ -17,6 +17,7 @@ use candle_core::{Device, Tensor};
 use crate::error::Result;
 
 pub mod attn_batch;
+pub mod attn_glue;
 pub mod decode_graph;
 pub mod fused;
 pub mod gdn_batch;
@@ -145,6 +146,7 @@ pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
     checks.extend(gdn_step::run(dev));
     checks.extend(gdn_batch::run(dev));
     checks.extend(attn_batch::run(dev));
+    checks.extend(attn_glue::run(dev));
     checks.extend(rope::run(dev));
     checks.extend(moe::run(dev));
     checks.extend(fused::run(dev));

@@ -511,6 +511,9 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     let in100 = got.narrow(0, 99, 1)?;
     let name = "quant_matmul rows 1 vs 100";
     checks.push(Check::new(name, shape.into(), fmt, bits_err(&in100, &last_alone)?, judge, 0.0));
+    // A row inside the first, full tile of the same call.
+    let name = "quant_matmul rows 1 vs 100 (full tile)";
+    checks.push(Check::new(name, shape.into(), fmt, bits_err(&got.narrow(0, 4, 1)?, &alone)?, judge, 0.0));
     Ok(checks)
 }
 

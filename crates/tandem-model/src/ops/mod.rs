@@ -4,6 +4,7 @@
 pub mod act;
 pub mod attention;
 pub mod attention_blocks;
+pub mod attn_glue;
 pub mod cpu_threads;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;

@@ -126,6 +126,16 @@ impl Rope {
         Ok(Tensor::cat(&[&rot, &pass], 3)?)
     }
 
+    /// How the rotated dims pair up.
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
+    /// Rotated dims per head (the first ones; the rest pass through).
+    pub fn rot_dim(&self) -> usize {
+        self.rot_dim
+    }
+
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }

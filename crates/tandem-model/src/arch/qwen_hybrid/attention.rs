@@ -1,13 +1,14 @@
 //! Gated full attention of the hybrid family: q_proj rows interleaved per head as
 //! `[query_h | gate_h]`, zero-centred RMSNorm of q and k per head (weights stored as 1 + w),
 //! partial NeoX RoPE, causal GQA over the sequence's KV, and a sigmoid output gate before o_proj.
+//! The glue on each side of attention is [`crate::ops::attn_glue`] (one launch each on CUDA).
 
 use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::kv::LayerKv;
 use crate::loader::{Linear, LinearSet, WeightSource};
-use crate::ops::Rope;
+use crate::ops::{attn_glue, Rope};
 
 /// One sequence's share of a batch for an attention layer.
 pub struct AttnPart<'a> {
@@ -104,20 +105,10 @@ impl GatedAttention {
     ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.nh, self.nkv, self.hd);
         let [qg, k, v] = self.qkv.forward_array(h)?;
-        let total = h.dim(0)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let qgc = qg.reshape((total, nh, 2 * hd))?;
-        let q = crate::ops::norm::rms_norm(&qgc.narrow(2, 0, hd)?.contiguous()?, &self.q_norm, self.eps)?;
-        let gate = qgc.narrow(2, hd, hd)?.contiguous()?.reshape((total, nh * hd))?;
-        let kc = crate::ops::norm::rms_norm(&k.reshape((total, nkv, hd))?.contiguous()?, &self.k_norm, self.eps)?;
-        let (cos, sin) = tables;
-        // [heads, tokens, head_dim]
-        let q = rope.apply(&q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-        let kc = rope.apply(&kc.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-        let vc = v.reshape((total, nkv, hd))?.transpose(0, 1)?.contiguous()?;
+        let (q, kc, vc) =
+            attn_glue::prep(&qg, &k, &v, &self.q_norm, &self.k_norm, self.eps, rope, tables, (nh, nkv, hd))?;
         let att = attend(&q, &kc, &vc, scale)?;
-        let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
-        let att = (att * candle_nn::ops::sigmoid(&gate)?)?;
-        self.o.forward(&att)
+        self.o.forward(&attn_glue::gate(&att, &qg, nh, hd)?)
     }
 }

@@ -7,16 +7,34 @@
 //! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
 //! kernels (f32 activations) this trades the activations' last bits (the CPU's Q8_0 kernels
 //! quantise them the same way) for the tensor cores' throughput: batches and prefill stop
-//! being bound by f32 multiply-adds. `TANDEM_Q8_MMA=0` sends Q8_0 back to the CUDA-core
-//! kernels, for comparisons.
+//! being bound by f32 multiply-adds. Calls of 64+ rows (prefill) take `q8gemm.cu`'s 64 x 64
+//! tiles on the same chain. `TANDEM_Q8_MMA=0` sends Q8_0 back to the CUDA-core kernels, for
+//! comparisons.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_qmma";
+const GEMM_MODULE: &str = "tandem_q8gemm";
+/// Columns and rows of a `qgemm64_q8_0` block (`QG_BN`, `QG_BM`), and the calls (in rows) that
+/// take it.
+const GEMM_TILE: usize = 64;
+/// `QG_BYTES` of `q8gemm.cu`: two stages of the 64 columns' 288-byte windows (+ 16) and of the
+/// 64 rows' codes (272 bytes) and scales (12 floats), the unpacked codes (64 x 272) and scales
+/// (64 x 9 floats).
+const GEMM_SMEM: u32 =
+    (2 * (GEMM_TILE * 288 + 16) + 2 * GEMM_TILE * 272 + 2 * GEMM_TILE * 12 * 4 + GEMM_TILE * 272 + GEMM_TILE * 9 * 4)
+        as u32;
+
+/// Whether calls of 64+ rows take `qgemm64_q8_0` (`TANDEM_Q8_GEMM64=0` keeps them on
+/// `qmma_q8_0_64`, for comparisons: the same bits).
+fn gemm64_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_Q8_GEMM64").map_or(true, |v| v != "0"))
+}
 
 /// Whether Q8_0 weights take the tensor-core kernels (the default).
 pub fn enabled() -> bool {
@@ -95,6 +113,29 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
         // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 4 warps a block
         // (QV_WARPS), static shared memory.
         unsafe { run(&mut b, cfg, &name)? };
+        drop(b);
+        drop(xv);
+        drop(inputs);
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    if m >= GEMM_TILE && gemm64_enabled() && gemv_fits(w, k, rb) {
+        // Many rows: 64 x 64 tiles, segment by segment (q8gemm.cu); eight warps, QG_BYTES of
+        // dynamic shared memory (the kernel traps on less). Same alignment needs as qmv.
+        let name = "qgemm64_q8_0";
+        let f =
+            dev.get_or_load_custom_func(name, GEMM_MODULE, tandem_kernels::ptx("q8gemm", tandem_kernels::Q8GEMM))?;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, GEMM_SMEM)?;
+        let grid_y = u32::try_from(n.div_ceil(GEMM_TILE)).ok().filter(|&g| g <= 65_535);
+        let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("q8_0 gemm: {n} output columns")))?;
+        let grid_x =
+            u32::try_from(m.div_ceil(GEMM_TILE)).map_err(|_| ModelError::Input("q8_0 gemm: x too large".into()))?;
+        let mut b = f.builder();
+        b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
+        let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: GEMM_SMEM };
+        // SAFETY: arguments in qgemm64_q8_0's order; y holds m*n, xq m*k, dx m*k/32, W n rows of
+        // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 256 threads and
+        // QG_BYTES of dynamic shared memory, as the kernel is written for.
+        unsafe { run(&mut b, cfg, name)? };
         drop(b);
         drop(xv);
         drop(inputs);

@@ -1,0 +1,198 @@
+// The Q8_0 GEMM for calls of many rows (prefill chunks, big batches): y [m, n] f32 = x [m, k] .
+// W [n, k]^T with W in GGML Q8_0 rows (34-byte blocks) and x quantised by qmma.cu's
+// q8_quantize_rows, on qmma.cu's chain, so every row gets the bits qmv_q8_0 / qmma_q8_0 give it.
+//
+// The chain (qmma.cu's header): the blocks are cut into segments of L = min(8, max(1, nb / 8))
+// blocks; partial w (w = 0..7) runs acc = fmaf(isum_b, dw_b * dx_b, acc) over the blocks of
+// segments w, w + 8, w + 16, ... in order, and the eight partials are added in order. qmma.cu
+// gives each partial its own warp; here a block walks the segments partial by partial (w = 0,
+// its segments in order, then w = 1, ...), so each output keeps one running partial and the
+// sum of the finished ones: the same operations on the same values in the same order.
+//
+// qgemm64_q8_0: a block per QG_BN = 64 output columns x QG_BM = 64 rows, eight warps of 32
+//   columns x 16 rows (two m16 column tiles x two n8 row tiles each). Segment by segment: the
+//   64 columns' blocks (the 16-byte aligned window around each column's L blocks) and the 64
+//   rows' codes and scales come into shared memory by cp.async, the next segment's while this
+//   one is computed; the block then copies the weight codes into 4-byte aligned rows and the
+//   block scales into floats once, and each warp runs one int8 mma.sync (m16n8k32) per block and
+//   tile pair, and the chain on its 64 outputs. Needs k a multiple of 256 (nb a multiple of 8:
+//   every segment whole, at least eight of them), rows 16-byte aligned (the host checks).
+//   Dynamic shared memory: QG_BYTES (97,568 bytes; the host asks for the same), two blocks an SM.
+#include "q8act.cuh"
+#include "kquant.cuh"
+
+#define QG_BN 64
+#define QG_BM 64
+#define QG_BLOCK 34  // bytes of a Q8_0 block: f16 scale, 32 int8 codes
+#define QG_ST 288    // bytes of a column's staged window: up to 14 before the segment + 8 x 34, in 16s
+#define QG_WS 272    // bytes per copied weight column and staged activation row: 8 x 32 codes + 16
+#define QG_FS 12     // floats per staged row of dx: 8 blocks + 4
+#define QG_WF 9      // floats per column of weight scales: 8 blocks + 1
+
+#define QG_RAW_BYTES (QG_BN * QG_ST + 16)
+#define QG_RAW 0                                  // [2][QG_RAW_BYTES] raw weight windows
+#define QG_XQ (QG_RAW + 2 * QG_RAW_BYTES)         // [2][QG_BM][QG_WS] activation codes
+#define QG_XD (QG_XQ + 2 * QG_BM * QG_WS)         // [2][QG_BM][QG_FS] activation scales
+#define QG_WQ (QG_XD + 2 * QG_BM * QG_FS * 4)     // [QG_BN][QG_WS] weight codes, aligned
+#define QG_WD (QG_WQ + QG_BN * QG_WS)             // [QG_BN][QG_WF] weight scales
+#define QG_BYTES (QG_WD + QG_BN * QG_WF * 4)
+
+__device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+                             const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
+    extern __shared__ __align__(16) uint8_t qg_smem[];
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (unsigned)QG_BYTES) __trap();  // launched with too little shared memory
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int wcol = (warp & 1) * 32, wrow = (warp >> 1) * 16;
+    const int row0 = blockIdx.x * QG_BM, col0 = blockIdx.y * QG_BN;
+    const int nb = k >> 5;
+    const int L = min(8, max(1, nb / 8));
+    const int nseg = nb / L;
+    // 16-byte pieces of a column's window: the segment starts up to 14 bytes into it.
+    const int pieces = (L * QG_BLOCK + 14 + 15) >> 4;
+    const uint8_t* end = w + (size_t)n * rb;
+    uint8_t* const wq = qg_smem + QG_WQ;
+    float* const wd = reinterpret_cast<float*>(qg_smem + QG_WD);
+    auto raw = [&](int buf) { return qg_smem + QG_RAW + buf * QG_RAW_BYTES; };
+    auto xcodes = [&](int buf) { return qg_smem + QG_XQ + buf * QG_BM * QG_WS; };
+    auto xscale = [&](int buf) { return reinterpret_cast<float*>(qg_smem + QG_XD) + buf * QG_BM * QG_FS; };
+    // Where segment s of column c starts: its byte offset in W, and in its staged window.
+    auto seg_off = [&](int c, int s) { return (long long)c * rb + (long long)s * L * QG_BLOCK; };
+    auto load = [&](int s, int buf) {
+        for (int i = threadIdx.x; i < QG_BN * pieces; i += blockDim.x) {
+            const int r = i / pieces, c = i - r * pieces;
+            const int col = col0 + r;
+            if (col < n) {
+                const long long off = seg_off(col, s);
+                cp_async16_upto(raw(buf) + r * QG_ST + c * 16, w + (size_t)(off - (off & 15)) + c * 16, end);
+            }
+        }
+        // Per row: 2 L pieces of codes, then L scales.
+        const int per = 3 * L;
+        for (int i = threadIdx.x; i < QG_BM * per; i += blockDim.x) {
+            const int r = i / per, c = i - r * per;
+            const int row = row0 + r;
+            if (row >= m) continue;
+            if (c < 2 * L) {
+                cp_async16(xcodes(buf) + r * QG_WS + c * 16, xq + (size_t)row * k + (size_t)s * L * 32 + c * 16);
+            } else {
+                const int b = c - 2 * L;
+                cp_async4(xscale(buf) + r * QG_FS + b, dx + (size_t)row * nb + (size_t)s * L + b);
+            }
+        }
+    };
+    // The staged segment of every column into aligned codes and float scales (a (column,
+    // block) pair per thread and turn).
+    auto unpack = [&](int s, int buf) {
+        for (int t = threadIdx.x; t < QG_BN * L; t += blockDim.x) {
+            const int c = t / L, j = t - c * L;
+            const uint8_t* blk = raw(buf) + c * QG_ST + (int)(seg_off(col0 + c, s) & 15) + j * QG_BLOCK;
+            uint32_t v[8];
+            lds_run<8>(blk + 2, v);
+            uint4* dst = reinterpret_cast<uint4*>(wq + c * QG_WS + j * 32);
+            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+            wd[c * QG_WF + j] = __half2float(*reinterpret_cast<const __half*>(blk));
+        }
+    };
+
+    float acc[2][2][4], tot[2][2][4];
+#pragma unroll
+    for (int rt = 0; rt < 2; rt++)
+#pragma unroll
+        for (int ct = 0; ct < 2; ct++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[rt][ct][e] = tot[rt][ct][e] = 0.f;
+    load(0, 0);
+    cp_async_commit();
+    // The walk: partial p over its segments p, p + 8, ...; then partial p + 1.
+    int p = 0, s = 0;
+    for (int i = 0; i < nseg; i++) {
+        int np = p, ns = s + 8;
+        const bool last_of_partial = ns >= nseg;
+        if (last_of_partial) np = ns = p + 1;
+        if (i + 1 < nseg) load(ns, (i + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // segment s staged
+        unpack(s, i & 1);
+        __syncthreads();  // and unpacked
+        const uint8_t* xb = xcodes(i & 1);
+        const float* xd = xscale(i & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (j < L) {
+                uint32_t a[2][4];
+                float dw[2][2];
+#pragma unroll
+                for (int ct = 0; ct < 2; ct++) {
+                    const int c = wcol + ct * 16 + g;
+                    const uint8_t* lo = wq + c * QG_WS + j * 32 + 4 * tig;
+                    const uint8_t* hi = lo + 8 * QG_WS;
+                    a[ct][0] = lds32(lo);
+                    a[ct][1] = lds32(hi);
+                    a[ct][2] = lds32(lo + 16);
+                    a[ct][3] = lds32(hi + 16);
+                    dw[ct][0] = wd[c * QG_WF + j];
+                    dw[ct][1] = wd[(c + 8) * QG_WF + j];
+                }
+#pragma unroll
+                for (int rt = 0; rt < 2; rt++) {
+                    // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
+                    // lane's outputs are rows 2 tig and 2 tig + 1.
+                    const int rbase = wrow + rt * 8;
+                    const uint8_t* xr = xb + (rbase + g) * QG_WS + j * 32 + 4 * tig;
+                    const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
+                    const int r0 = rbase + 2 * tig;
+                    const float dx0 = xd[r0 * QG_FS + j], dx1 = xd[(r0 + 1) * QG_FS + j];
+#pragma unroll
+                    for (int ct = 0; ct < 2; ct++) {
+                        int d[4];
+                        mma_k32(d, a[ct], x0, x1);
+                        float* o = acc[rt][ct];
+                        o[0] = chain_step(o[0], d[0], dw[ct][0], dx0);
+                        o[1] = chain_step(o[1], d[1], dw[ct][0], dx1);
+                        o[2] = chain_step(o[2], d[2], dw[ct][1], dx0);
+                        o[3] = chain_step(o[3], d[3], dw[ct][1], dx1);
+                    }
+                }
+            }
+        }
+        if (last_of_partial) {
+            // Partial p is complete: the first one is the sum so far, later ones are added.
+#pragma unroll
+            for (int rt = 0; rt < 2; rt++)
+#pragma unroll
+                for (int ct = 0; ct < 2; ct++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        tot[rt][ct][e] = p == 0 ? acc[rt][ct][e] : __fadd_rn(tot[rt][ct][e], acc[rt][ct][e]);
+                        acc[rt][ct][e] = 0.f;
+                    }
+        }
+        __syncthreads();  // every warp is done with this stage and the unpacked segment
+        p = np;
+        s = ns;
+    }
+#pragma unroll
+    for (int rt = 0; rt < 2; rt++) {
+#pragma unroll
+        for (int ct = 0; ct < 2; ct++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = row0 + wrow + rt * 8 + 2 * tig + (e & 1);
+                const int col = col0 + wcol + ct * 16 + g + (e >> 1) * 8;
+                if (row < m && col < n) y[(size_t)row * n + col] = tot[rt][ct][e];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    qgemm64_q8_0(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k, long long rb) {
+    qgemm64_q8_0_body(y, xq, dx, w, m, n, k, rb);
+}
