@@ -76,13 +76,16 @@ pub(crate) fn kernel_prefetch() -> usize {
 }
 
 /// The blocks ahead of each column that the 32-value block kernels prefetch in one-row calls
-/// (`TANDEM_BLOCK_PREFETCH=N`, default 64; 0 turns it off). On a 2-core AVX2 EPYC, one thread,
+/// (`TANDEM_BLOCK_PREFETCH=N`, default 128; 0 turns it off). On a 2-core AVX2 EPYC, one thread,
 /// gemma3-270m decode: 0 ahead 19.5-20.3 tok/s, 8 28-32, 32 27-30, 64 30.6-33.3, 128 32.5; qwen2.5-coder-0.5b:
-/// 8 15.6, 32 15.1, 64 18.4, 128 17.9.
+/// 8 15.6, 32 15.1, 64 18.4, 128 17.9. The random 0.8B hybrid in Q8_0 (rows of 1,024-3,584
+/// values, a 248,320-row LM head) wants further: 64 ahead 7.2-8.5 tok/s (1 thread) / 14.1-17.2
+/// (2), 128 10.6-11.0 / 19.2-20.7, 256 12.5 (1), where gemma3-270m stays within its noise (1
+/// thread 31-35 either way, 2 threads 55-58 against 58-60).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn block_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("TANDEM_BLOCK_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(64))
+    *N.get_or_init(|| std::env::var("TANDEM_BLOCK_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128))
 }
 
 /// The same for the Q6K pair kernel, in blocks of a column pair (`TANDEM_Q6K_PREFETCH=N`,
