@@ -344,7 +344,7 @@ mod tests {
     fn q8k_quantiser_equals_candles() {
         type Quantise = unsafe fn(&[f32], &mut [Q8]);
         let kinds: Vec<(&str, Quantise)> = [
-            ("avx512", q8k::available() as bool, q8k::quantize_row as Quantise),
+            ("avx512", q8k::available(), q8k::quantize_row as Quantise),
             ("avx2", q8k::available_avx2(), q8k::quantize_row_avx2 as Quantise),
         ]
         .into_iter()

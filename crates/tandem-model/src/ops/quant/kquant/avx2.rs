@@ -161,6 +161,8 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
                     let a = q8[r].add(8 * g) as *const i32;
                     [_mm256_set1_epi32(a.read_unaligned()), _mm256_set1_epi32(a.add(1).read_unaligned())]
                 });
+                // `i` indexes `part` and picks the half `h`.
+                #[allow(clippy::needless_range_loop)]
                 for i in 0..H {
                     let h = h0 + i;
                     let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);

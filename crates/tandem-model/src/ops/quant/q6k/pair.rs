@@ -57,7 +57,7 @@ unsafe fn tile<const R: usize>(w0: *const Q6, w1: *const Q6, a: *const Q8, nb: u
     // one after another and the next pair after them, so past a column's end it runs on into
     // the pairs this thread reads next). Past the matrix's end it fetches nothing useful; a
     // prefetch never faults.
-    let (mut pq, mut pr) = if nb > 0 { (ahead / nb, ahead % nb) } else { (0, 0) };
+    let (mut pq, mut pr) = ahead.checked_div(nb).map_or((0, 0), |q| (q, ahead % nb));
     for b in 0..nb {
         if ahead > 0 {
             // The two columns' blocks `ahead` on (210 bytes each), into L2, as the K-quant
