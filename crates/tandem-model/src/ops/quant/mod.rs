@@ -64,38 +64,63 @@ pub use blocks::{BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantType, WeightBl
 pub use kquant::KQuantMatrix;
 pub use matrix::GgmlMatrix;
 
+/// Whether this x86 CPU is an AMD one (cpuid vendor "AuthenticAMD"): the prefetch distances
+/// below were measured apart on Intel (Sapphire Rapids) and AMD (Zen 3, Zen 4) cores, and
+/// where they disagree the default follows the vendor.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_is_amd() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &v == b"AuthenticAMD"
+    })
+}
+
+/// A prefetch distance: `TANDEM_*_PREFETCH` where set (0 turns it off), else the default.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_setting(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// How many tiles ahead of the one being read the CPU K-quant tile kernels prefetch (into L2)
-/// in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`, default 1; 0 off, for comparisons).
-/// One ahead took qwen2.5-coder-1.5b Q4_K_M's decode up 16-18% on the 2-core machine
-/// (2026-12-04, beside llama.cpp: docs/PERFORMANCE.md); 2-16 ahead measured 3-5% slower: the
-/// hardware prefetcher alone leaves the core waiting at each tile's start.
+/// in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`; 0 off). Default 1 on Intel, 0 on AMD.
+/// Sapphire Rapids, qwen2.5-coder-1.5b Q4_K_M decode: one ahead +16-18%, 2-16 ahead 3-5% below
+/// one (the hardware prefetcher alone leaves the core waiting at each tile's start). Zen 4 the
+/// other way round, 1 thread: off 21.4-22.3 tok/s, 1 ahead 15.3, 4 ahead 17.5, 8 ahead 18.7
+/// (issued across the superblock's sub-block loop instead of in one burst, 4 ahead gained 5% on
+/// one thread and lost 5% on two). Zen 3 follows the vendor's default unmeasured.
+/// (docs/PERFORMANCE.md.)
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn kernel_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("TANDEM_KQ_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(1))
+    *N.get_or_init(|| prefetch_setting("TANDEM_KQ_PREFETCH", if cpu_is_amd() { 0 } else { 1 }))
 }
 
 /// The blocks ahead of each column that the 32-value block kernels prefetch in one-row calls
-/// (`TANDEM_BLOCK_PREFETCH=N`, default 128; 0 turns it off). On a 2-core AVX2 EPYC, one thread,
-/// gemma3-270m decode: 0 ahead 19.5-20.3 tok/s, 8 28-32, 32 27-30, 64 30.6-33.3, 128 32.5; qwen2.5-coder-0.5b:
-/// 8 15.6, 32 15.1, 64 18.4, 128 17.9. The random 0.8B hybrid in Q8_0 (rows of 1,024-3,584
-/// values, a 248,320-row LM head) wants further: 64 ahead 7.2-8.5 tok/s (1 thread) / 14.1-17.2
-/// (2), 128 10.6-11.0 / 19.2-20.7, 256 12.5 (1), where gemma3-270m stays within its noise (1
-/// thread 31-35 either way, 2 threads 55-58 against 58-60).
+/// (`TANDEM_BLOCK_PREFETCH=N`, default 1024, about 20-35 KB of a column's stream; 0 turns it
+/// off). Zen 4, 1 thread, decode tok/s at 128 / 256 / 512 / 1024 / 2048 blocks ahead: random
+/// 0.8B hybrid Q8_0 17.7 / 25.0 / 25.5 / 28.4 / 28.0; qwen2.5-coder-0.5b 29.3 / 36.3 / 36.9 /
+/// 37.4 / 36.7; SmolLM2 (128 / 1024) 92 / 147-158; gemma3-270m 45 / 68-74. On Zen 3 the
+/// hybrid rose from 64 to 256 ahead (7.2-8.5, 10.6-11.0, 12.5 tok/s), gemma3-270m was flat.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn block_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("TANDEM_BLOCK_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128))
+    *N.get_or_init(|| prefetch_setting("TANDEM_BLOCK_PREFETCH", 1024))
 }
 
 /// The same for the Q6K pair kernel, in blocks of a column pair (`TANDEM_Q6K_PREFETCH=N`,
-/// default 8): its two 210-byte streams a pair start anew every 1,260 bytes on 1,536-wide rows,
-/// so it wants to run further ahead than the tiles (coder-1.5b Q4_K_M, 1 thread: 1 ahead 11.5
-/// tok/s, 4 12.4, 8 12.8-12.9, 12-32 12.8).
+/// default 32): its two 210-byte streams a pair start anew every 1,260 bytes on 1,536-wide rows,
+/// so it wants to run further ahead than the tiles. coder-1.5b Q4_K_M, 1 thread: Sapphire
+/// Rapids 1 ahead 11.5 tok/s, 4 12.4, 8 12.8-12.9, 12-32 12.8; Zen 4 0 ahead 13.4, 4 17.0,
+/// 8 20.0, 16 22.6-22.8, 32 22.5-23.4, 64 21.7-22.6, 128 23.2.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn pair_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("TANDEM_Q6K_PREFETCH").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
+    *N.get_or_init(|| prefetch_setting("TANDEM_Q6K_PREFETCH", 32))
 }
 
 /// candle's `BlockQ8K::from_float` of `row` into `out` (the AVX-512 copy in [`q6k`] where the
