@@ -150,22 +150,29 @@ fn greedy_speculation_is_lossless_in_every_weight_format() {
 /// decoding (one row per step), alone and in a batch.
 #[test]
 fn greedy_speculation_is_lossless_on_q4k_weights() {
-    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4K);
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4K, false);
+}
+
+/// The same with the embedding table tied to the LM head in Q4_K: the table is packed once
+/// as tiles (`Embedding::KQuant`), lookups dequantise them and the head runs on the kernel.
+#[test]
+fn greedy_speculation_is_lossless_on_a_tied_q4k_table() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4K, true);
 }
 
 /// The same with Q3_K weights (our kernel's Q3K tiles on the CPU).
 #[test]
 fn greedy_speculation_is_lossless_on_q3k_weights() {
-    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q3K);
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q3K, false);
 }
 
 /// The same with Q2_K weights (our kernel's Q2K tiles on the CPU).
 #[test]
 fn greedy_speculation_is_lossless_on_q2k_weights() {
-    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q2K);
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q2K, false);
 }
 
-fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType) {
+fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType, tied: bool) {
     use tandem_model::arch::qwen_hybrid::random::preset;
     use tandem_model::arch::qwen_hybrid::random_gguf::export_random;
     use tandem_model::arch::qwen_hybrid::HybridConfig;
@@ -175,6 +182,7 @@ fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType) {
         hidden_size: 256,
         intermediate_size: 256,
         mtp_layers: 1,
+        tie_word_embeddings: tied,
         ..preset("tiny").expect("preset")
     };
     let dir = tempfile::tempdir().expect("tempdir");
@@ -189,7 +197,7 @@ fn lossless_on_kquant_weights(dtype: candle_core::quantized::GgmlDType) {
     let plain = EngineHandle::start(load(), cache_off()).expect("engine");
     let want: Vec<Outcome> = ps.iter().map(|p| run(&plain, greedy(p.clone(), n))).collect();
     for method in [SpecMethod::Mtp, SpecMethod::Ngram] {
-        let what = format!("{dtype:?} hybrid {}", method.as_str());
+        let what = format!("{dtype:?} hybrid (tied {tied}) {}", method.as_str());
         // The prefix cache off in both: with it a hybrid's prompt is prefilled in other chunks
         // (checkpoint boundaries), which the chunked GDN form sums in another order, and 8-bit
         // activations turn such last-bit differences into 1e-3 ones in this random model.

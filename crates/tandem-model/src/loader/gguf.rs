@@ -75,12 +75,12 @@ impl GgufSource {
 
     /// A 2-D Q4_K / Q5_K (Q6_K: see [`crate::ops::quant::kquant::takes`]) tensor as a [`KQuantMatrix`] (packed straight from the mapped file)
     /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
-    fn kquant_matrix(&self, name: &str) -> Result<Option<KQuantMatrix>> {
+    fn kquant_matrix(&self, name: &str, head: bool) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         // Q6K stays on the Q6K pair kernel (`row_stable`) unless `TANDEM_KQUANT_Q6K=1`: ours
         // prefills faster but decodes slower (docs/PERFORMANCE.md), and an LM head, which only
         // ever multiplies one row per sequence, always stays there.
-        let takes = crate::ops::quant::kquant::takes(info.ggml_dtype, name == "output.weight");
+        let takes = crate::ops::quant::kquant::takes(info.ggml_dtype, head);
         let supported = takes && self.device.is_cpu();
         let ([n, k], true) = (info.shape.dims(), supported) else {
             return Ok(None);
@@ -114,7 +114,7 @@ impl WeightSource for GgufSource {
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(LinearWeight::Ggml(Arc::new(w)));
         }
-        if let Some(w) = self.kquant_matrix(name)? {
+        if let Some(w) = self.kquant_matrix(name, name == "output.weight")? {
             return Ok(LinearWeight::KQuant(Arc::new(w)));
         }
         let q = self.qtensor(name)?;
@@ -136,6 +136,13 @@ impl WeightSource for GgufSource {
     fn embedding(&self, name: &str) -> Result<Embedding> {
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(Embedding::Ggml(Arc::new(w)));
+        }
+        // A tied table (no `output.weight`) is the LM head too: K-quant tables that our kernel
+        // takes as a head are packed once and serve both (lookups dequantise the tiles).
+        if !self.has("output.weight") {
+            if let Some(w) = self.kquant_matrix(name, true)? {
+                return Ok(Embedding::KQuant(Arc::new(w)));
+            }
         }
         let q = self.qtensor(name)?;
         Ok(match q.dtype() {

@@ -180,6 +180,13 @@ impl WeightSource for Quantizing<'_> {
                         return Ok(Embedding::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?)));
                     }
                 }
+                // A tied table in a K-quant our kernel takes as a head: packed once for both uses.
+                let tied_kquant = self.is_head(name) && crate::ops::quant::kquant::takes(ty, true);
+                if let (true, true, [n, k]) = (dev.is_cpu(), tied_kquant, t.dims()) {
+                    if crate::ops::quant::kquant::available() {
+                        return Ok(Embedding::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?)));
+                    }
+                }
                 Embedding::Quantized(Arc::new(q))
             }
             Some(GgmlDType::F16) => Embedding::Dense(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?.to_device(dev)?),

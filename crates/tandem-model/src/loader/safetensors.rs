@@ -374,9 +374,7 @@ impl WeightSource for SafetensorsSource {
                 LinearWeight::Candle(QMatMul::TensorF16(t)) => Embedding::Dense(t.to_dtype(DType::F32)?),
                 // Lookups need rows: the effective weights, dense (the tied head then runs dense).
                 LinearWeight::Affine(a) => Embedding::Dense(a.dequantize()?.to_device(&self.device)?),
-                LinearWeight::KQuant(m) => {
-                    Embedding::Dense(Tensor::from_vec(m.dequantize(), (m.n(), m.k()), &self.device)?)
-                }
+                LinearWeight::KQuant(m) => Embedding::KQuant(m),
             });
         }
         Ok(Embedding::Dense(self.load(name)?))

@@ -203,6 +203,9 @@ pub enum Embedding {
     /// Q4_1 / Q5_0 / Q5_1 on the CPU: rows dequantised on lookup, and the same blocks serve
     /// as a tied LM head.
     Ggml(Arc<GgmlMatrix>),
+    /// Q2K / Q4K / Q5K on a CPU with our K-quant kernel: rows dequantised from the packed
+    /// tiles on lookup, and the tiles serve as a tied LM head.
+    KQuant(Arc<KQuantMatrix>),
     Dense(Tensor),
 }
 
@@ -212,6 +215,7 @@ impl Embedding {
         Ok(match self {
             Embedding::Quantized(q) => q.shape().dims2()?,
             Embedding::Ggml(w) => (w.n(), w.k()),
+            Embedding::KQuant(w) => (w.n(), w.k()),
             Embedding::Dense(t) => t.dims2()?,
         })
     }
@@ -231,18 +235,8 @@ impl Embedding {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(candle_core::DType::F32)?,
-            Embedding::Ggml(w) => {
-                let ids = ids.flatten_all()?.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
-                let k = w.k();
-                let mut out = vec![0f32; ids.len() * k];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
-                    if id as usize >= w.n() {
-                        return Err(ModelError::Input(format!("token id {id} is outside the embedding table")));
-                    }
-                    w.dequantize_row(id as usize, row);
-                }
-                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)?
-            }
+            Embedding::Ggml(w) => lookup(ids, w.n(), w.k(), |id, row| w.dequantize_row(id, row))?,
+            Embedding::KQuant(w) => lookup(ids, w.n(), w.k(), |id, row| w.dequantize_row(id, row))?,
             Embedding::Dense(t) => t.index_select(ids, 0)?,
         })
     }
@@ -252,10 +246,25 @@ impl Embedding {
         let weight = match self {
             Embedding::Quantized(q) => LinearWeight::Candle(QMatMul::from_arc(q.clone())?),
             Embedding::Ggml(w) => LinearWeight::Ggml(w.clone()),
+            Embedding::KQuant(w) => LinearWeight::KQuant(w.clone()),
             Embedding::Dense(t) => LinearWeight::Candle(QMatMul::Tensor(t.clone())),
         };
         Ok(Linear { weight, bias: None })
     }
+}
+
+/// The rows `ids` of an `n x k` table that `row(id, out)` dequantises, as `[ids.len(), k]` f32
+/// on the CPU; an id outside the table is an input error.
+fn lookup(ids: &Tensor, n: usize, k: usize, row: impl Fn(usize, &mut [f32])) -> Result<Tensor> {
+    let ids = ids.flatten_all()?.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
+    let mut out = vec![0f32; ids.len() * k];
+    for (&id, o) in ids.iter().zip(out.chunks_exact_mut(k)) {
+        if id as usize >= n {
+            return Err(ModelError::Input(format!("token id {id} is outside the embedding table")));
+        }
+        row(id as usize, o);
+    }
+    Ok(Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)?)
 }
 
 /// See [`WeightSource::stacked_experts`].

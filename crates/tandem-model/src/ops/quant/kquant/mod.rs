@@ -224,34 +224,38 @@ impl KQuantMatrix {
 
     /// The weights as f32, `[n, k]` row-major.
     pub fn dequantize(&self) -> Vec<f32> {
-        let nb = self.k / QK_K;
         let mut out = vec![0f32; self.n * self.k];
         for (row, o) in out.chunks_exact_mut(self.k).enumerate() {
-            let (ct, c) = (row / COLS, row % COLS);
-            if !self.six.is_empty() {
-                sub16_weights(&self.six[ct * nb..(ct + 1) * nb], c, o);
-                continue;
-            }
-            if !self.three.is_empty() {
-                sub16_weights(&self.three[ct * nb..(ct + 1) * nb], c, o);
-                continue;
-            }
-            if !self.two.is_empty() {
-                for (b, t) in self.two[ct * nb..(ct + 1) * nb].iter().enumerate() {
-                    for i in 0..QK_K {
-                        o[b * QK_K + i] = tile2::weight(t, c, i);
-                    }
-                }
-                continue;
-            }
-            for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
-                let h = self.high.get(ct * nb + b);
-                for i in 0..QK_K {
-                    o[b * QK_K + i] = tile::weight(t, h, c, i);
-                }
-            }
+            self.dequantize_row(row, o);
         }
         out
+    }
+
+    /// Row `row` (< `n`) of the weights as f32 into `o` (`k` values): the values candle's
+    /// dequantisation of the file's blocks gives (an embedding lookup from the packed tiles).
+    pub fn dequantize_row(&self, row: usize, o: &mut [f32]) {
+        let nb = self.k / QK_K;
+        let (ct, c) = (row / COLS, row % COLS);
+        if !self.six.is_empty() {
+            return sub16_weights(&self.six[ct * nb..(ct + 1) * nb], c, o);
+        }
+        if !self.three.is_empty() {
+            return sub16_weights(&self.three[ct * nb..(ct + 1) * nb], c, o);
+        }
+        if !self.two.is_empty() {
+            for (b, t) in self.two[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                for i in 0..QK_K {
+                    o[b * QK_K + i] = tile2::weight(t, c, i);
+                }
+            }
+            return;
+        }
+        for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
+            let h = self.high.get(ct * nb + b);
+            for i in 0..QK_K {
+                o[b * QK_K + i] = tile::weight(t, h, c, i);
+            }
+        }
     }
 
     /// `y = x · Wᵀ` for `x` `[..., k]` f32 on the CPU.

@@ -116,6 +116,31 @@ fn product_matches_candles_matmul() {
     }
 }
 
+/// A tied table packed as tiles (`Embedding::KQuant`): a lookup gives the rows candle's
+/// embedding of the file's blocks gives, bit for bit; an id past the table is an input error;
+/// as the LM head it is the kernel's product.
+#[test]
+fn packed_embedding_rows_equal_candles_lookup() {
+    use crate::loader::Embedding;
+    use std::sync::Arc;
+    for dt in TYPES {
+        let (n, k) = (37, 512);
+        let (bytes, q) = matrix(dt, n, k, 5 + k as u64);
+        let w = Arc::new(KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap());
+        let ids = Tensor::new(&[0u32, 36, 5, 16, 5, 15], &Device::Cpu).unwrap();
+        let ours = Embedding::KQuant(w.clone()).forward(&ids).unwrap();
+        let candle = Embedding::Quantized(Arc::new(q)).forward(&ids).unwrap();
+        assert_eq!(ours.dims(), &[6, k]);
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours), bits(&candle), "{dt:?}");
+        let bad = Tensor::new(&[3u32, 37], &Device::Cpu).unwrap();
+        assert!(Embedding::KQuant(w.clone()).forward(&bad).is_err(), "{dt:?}: id 37 of 37 rows");
+        let x = Tensor::from_vec(random(3 * k, 9), (3, k), &Device::Cpu).unwrap();
+        let head = Embedding::KQuant(w.clone()).as_linear().unwrap().forward(&x).unwrap();
+        assert_eq!(bits(&head), bits(&w.forward(&x).unwrap()), "{dt:?}: the head is the kernel");
+    }
+}
+
 #[test]
 fn first_rows_and_bad_sizes() {
     for dt in TYPES {
