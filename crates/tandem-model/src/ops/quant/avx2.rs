@@ -204,10 +204,10 @@ macro_rules! row_step_offset {
             _mm256_setzero_si256()
         } else {
             let zero = _mm256_setzero_si256();
-            _mm256_sub_epi32(zero, _mm256_dpbusd_avx_epi32(zero, _mm256_set1_epi8(offset(<$B>::TYPE)), qy))
+            _mm256_sub_epi32(zero, dpbusd256(zero, _mm256_set1_epi8(offset(<$B>::TYPE)), qy))
         };
         $(
-            let p = _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(start, $wu[$c], qy));
+            let p = _mm256_cvtepi32_ps(dpbusd256(start, $wu[$c], qy));
             $acc[$c] = _mm256_fmadd_ps(lane::<{ 2 * $c }>(prod), p, $acc[$c]);
         )+
     }};
@@ -397,18 +397,36 @@ pub(super) mod plain {
 /// The same with AVX-VNNI's `vpdpbusd` for the integer sums (bit-identical results).
 pub(super) mod vnni {
     kernels!("avx2,fma,f16c,avxvnni", dot_vnni, false);
+
+    /// AVX-VNNI's (VEX) `vpdpbusd` on 256 bits.
+    #[inline]
+    #[target_feature(enable = "avx2,avxvnni")]
+    unsafe fn dpbusd256(src: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(src, a, b)
+    }
 }
 
-/// [`vnni`] compiled with AVX-512 VL/BW as well: the same 256-bit instructions (so the same
-/// bits), but 32 vector registers, enough for tiles of 4 rows x 4 columns.
+/// [`vnni`] for AVX-512 CPUs: the same 256-bit `vpdpbusd`, EVEX-encoded (AVX-512 VNNI + VL:
+/// Ice Lake, Sapphire Rapids and AMD Zen 4 / 5 have it, while Zen 4 and the Xeons before
+/// Sapphire Rapids lack the VEX form), so the same bits, with 32 vector registers, enough for
+/// tiles of 4 rows x 4 columns.
 pub(super) mod vnni_wide {
-    kernels!("avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw", dot_vnni, true);
+    kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni", dot_vnni, true);
+
+    /// AVX-512 VNNI's (EVEX) `vpdpbusd` on 256 bits.
+    #[inline]
+    #[target_feature(enable = "avx512vl,avx512vnni")]
+    unsafe fn dpbusd256(src: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(src, a, b)
+    }
 }
 
-/// Whether this CPU can run [`vnni_wide`].
+/// Whether this CPU can run [`vnni_wide`] (and [`super::avx512`]): AVX2, FMA, F16C and
+/// AVX-512 F / VL / BW / VNNI; AVX-VNNI is not needed.
 pub(super) fn wide_detected() -> bool {
-    detected(true)
+    detected(false)
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
 }

@@ -20,13 +20,13 @@ use super::blocks::{QuantType, WeightBlock};
 
 /// Whether this CPU can run [`matmul_cols`].
 pub(super) fn detected() -> bool {
-    super::avx2::wide_detected() && is_x86_feature_detected!("avx512vnni")
+    super::avx2::wide_detected()
 }
 
 /// The weights of two 16-byte nibble arrays: bytes 0..16 the low nibbles of `a`, 16..32 its
 /// high nibbles, then the same for `b`.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn nibbles_pair(a: *const u8, b: *const u8) -> __m512i {
     let (qa, qb) = (load16(a), load16(b));
     let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set_m128i(qa, qa)), _mm256_set_m128i(qb, qb));
@@ -36,7 +36,7 @@ unsafe fn nibbles_pair(a: *const u8, b: *const u8) -> __m512i {
 
 /// The fifth bits of two blocks (the little-endian `u32`s at `a` and `b`) as a byte mask.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn high_mask(a: *const u8, b: *const u8) -> __mmask64 {
     let ha = _mm_cvtsi128_si32(load16(a)) as u32 as u64;
     let hb = _mm_cvtsi128_si32(load16(b)) as u32 as u64;
@@ -46,7 +46,7 @@ unsafe fn high_mask(a: *const u8, b: *const u8) -> __mmask64 {
 /// Columns `a` and `b` of one block as 64 unsigned bytes `w + o` (`a` in the low half), as
 /// [`super::avx2`]'s `unpack_unsigned` gives each. No load leaves its block.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn unpack_pair<B: WeightBlock>(a: *const B, b: *const B) -> __m512i {
     let (a, b) = (a as *const u8, b as *const u8);
     let bit5 = _mm512_set1_epi8(0x10);
@@ -76,7 +76,7 @@ macro_rules! tile {
         /// row (rows `nb` blocks apart); `y`: the output for (first row, first column), rows
         /// `n` apart.
         #[inline]
-        #[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         unsafe fn $name<B: WeightBlock>(
             w: *const B,
             a: *const Q8Block,
@@ -166,7 +166,7 @@ tile!(tile_1x2, [0]);
 /// One row against eight columns (two groups of four, each as [`tile_1x2`]): decode, where
 /// nothing is shared across rows, gets twice the independent work per block.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn tile_1x8<B: WeightBlock>(w: *const B, a: *const Q8Block, st: *const __m256i, nb: usize, y: *mut f32) {
     let col = |c: usize| w.wrapping_add(c * nb);
     let mut wp = [[col(0), col(1)], [col(2), col(3)], [col(4), col(5)], [col(6), col(7)]];
@@ -177,7 +177,17 @@ unsafe fn tile_1x8<B: WeightBlock>(w: *const B, a: *const Q8Block, st: *const __
         _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
     ];
     let (mut ab, mut sp) = (a, st);
+    // One row: the weights come slower than they are used; each column's stream is fetched
+    // `ahead` blocks on into L2 (on into the columns that follow in memory), as the AVX2
+    // kernels' one-row tiles do. Read once, outside the loop.
+    let ahead = super::block_prefetch();
     for _ in 0..nb {
+        if ahead > 0 {
+            for p in &wp {
+                _mm_prefetch::<_MM_HINT_T1>(p[0].wrapping_add(ahead) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(p[1].wrapping_add(ahead) as *const i8);
+            }
+        }
         let qy = _mm512_broadcast_i64x4(_mm256_lddqu_si256(ab as *const __m256i));
         let da = _mm512_set1_ps((*ab).d);
         let start = if B::HAS_MIN { _mm512_setzero_si512() } else { _mm512_broadcast_i64x4(_mm256_load_si256(sp)) };
@@ -219,12 +229,12 @@ const ACT_BYTES: usize = std::mem::size_of::<Q8Block>() + 32;
 /// past the last multiple of 4 on [`super::avx2::vnni_wide`].
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX-VNNI, AVX2, FMA and F16C ([`detected`]);
+/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C ([`detected`]);
 /// `w` holds `n` rows and `a` `m` rows of `nb` blocks; `y` must be valid for writes at
 /// `r * n + c` for every `r < m`, `c` in `cols`, with no other thread accessing those
 /// elements meanwhile.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) unsafe fn matmul_cols<B: WeightBlock>(
     w: &[B],
     nb: usize,
@@ -267,7 +277,7 @@ pub(super) fn with_starts<R>(ty: QuantType, a: &[Q8Block], f: impl FnOnce(&[Star
 
 /// `out[i]` = each lane's `-o · Σ y` over its four bytes of block `a[i]`: where `vpdpbusd` of
 /// the unsigned weights `w + o` starts, so that it ends at `Σ w · y`.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn starts(o: i8, a: &[Q8Block], out: &mut Vec<Start>) {
     out.clear();
     out.reserve(a.len());
@@ -290,7 +300,7 @@ pub(super) struct Start([i32; 8]);
 
 /// [`matmul_cols`] with the blocks' starts at `st` (`m * nb`, unused for types with a minimum).
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni,avx512f,avx512vl,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn matmul_tiles<B: WeightBlock>(
     w: &[B],
     nb: usize,

@@ -7,7 +7,7 @@
 //! * [`reference`]: the plain dot products;
 //! * `avx2`: the AVX2 + FMA + F16C kernels, with an AVX-VNNI variant (signed weights offset
 //!   to unsigned instead of ggml's sign trick: the same integers) and that variant built for
-//!   AVX-512's 32 registers (x86_64, picked at run time);
+//!   AVX-512's 32 registers with the EVEX `vpdpbusd` (x86_64, picked at run time);
 //! * `avx512`: AVX-512 VNNI, two weight columns per 512-bit register (each half one column's
 //!   AVX2 chain: the same bits, half the instructions per column);
 //! * `neon`: the aarch64 kernels (NEON, with `sdot` where the CPU has `dotprod`), in the
@@ -141,8 +141,9 @@ pub enum Kernel {
     Avx2,
     /// [`Kernel::Avx2`] with AVX-VNNI for the integer dot products (same results).
     AvxVnni,
-    /// AVX-512 VNNI: two weight columns per 512-bit register, each with [`Kernel::AvxVnni`]'s
-    /// arithmetic (same results).
+    /// AVX-512 F / BW / VL / VNNI (no AVX-VNNI needed: Zen 4 and Ice Lake have none): two
+    /// weight columns per 512-bit register, each with [`Kernel::AvxVnni`]'s arithmetic (same
+    /// results).
     Avx512Vnni,
     /// NEON (aarch64): integer sums by `smull` / `sadalp`, f32 in [`reference`]'s order (the
     /// reference's bits).
