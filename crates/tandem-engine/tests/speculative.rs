@@ -160,6 +160,13 @@ fn greedy_speculation_is_lossless_on_a_tied_q4k_table() {
     lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4K, true);
 }
 
+/// Q8_0 weights of whole superblocks, the table tied: on an AVX-512 VNNI CPU our Q8_0 tiles
+/// (`kquant::tile8`) for every matrix and the LM head; elsewhere the block kernels.
+#[test]
+fn greedy_speculation_is_lossless_on_q8_0_tiles() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q8_0, true);
+}
+
 /// The same with Q3_K weights (our kernel's Q3K tiles on the CPU).
 #[test]
 fn greedy_speculation_is_lossless_on_q3k_weights() {

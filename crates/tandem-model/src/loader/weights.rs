@@ -203,7 +203,7 @@ pub enum Embedding {
     /// Q4_1 / Q5_0 / Q5_1 on the CPU: rows dequantised on lookup, and the same blocks serve
     /// as a tied LM head.
     Ggml(Arc<GgmlMatrix>),
-    /// Q2K / Q4K / Q5K on a CPU with our K-quant kernel: rows dequantised from the packed
+    /// Q2K / Q4K / Q5K / Q8_0 on a CPU with our K-quant kernel: rows dequantised from the packed
     /// tiles on lookup, and the tiles serve as a tied LM head.
     KQuant(Arc<KQuantMatrix>),
     Dense(Tensor),

@@ -19,6 +19,7 @@ pub mod tile;
 pub mod tile2;
 pub mod tile3;
 pub mod tile6;
+pub mod tile8;
 
 pub use grouped::{matmul_grouped, Job};
 
@@ -38,6 +39,7 @@ use tile::{HighBits, Tile, COLS, QK_K};
 use tile2::Tile2;
 use tile3::Tile3;
 use tile6::{Sub16, Tile6};
+use tile8::Tile8;
 
 /// A Q4K, Q5K or Q6K weight matrix of `n` output rows by `k` inputs, packed for
 /// [`KQuantMatrix::forward`].
@@ -54,6 +56,8 @@ pub struct KQuantMatrix {
     three: Vec<Tile3>,
     /// Q2K tiles (empty otherwise).
     two: Vec<Tile2>,
+    /// Q8_0 tiles (empty otherwise; AVX-512 only, see [`takes`]).
+    eight: Vec<Tile8>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
@@ -64,7 +68,10 @@ impl std::fmt::Debug for KQuantMatrix {
 
 /// Whether [`KQuantMatrix`] takes weights of this type.
 pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K)
+    matches!(
+        dtype,
+        GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8_0
+    )
 }
 
 /// Whether this CPU runs our K-quant kernel (AVX-512 F/BW/VNNI, or AVX2 + FMA + F16C). `TANDEM_QUANT_KERNEL=candle`
@@ -87,14 +94,34 @@ pub fn available() -> bool {
 /// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q2K,
 /// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
 /// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
-/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`].
+/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`], Q8_0 where
+/// [`q8_tiles`] (the caller checks `k` is a multiple of 256).
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
     supports(dtype)
         && match dtype {
             GgmlDType::Q6K => !head && q6k_layers(),
             GgmlDType::Q3K => !head,
+            GgmlDType::Q8_0 => q8_tiles(),
             _ => true,
         }
+}
+
+/// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
+/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
+/// another (`ours`: the row-major block kernels, `candle`: candle's).
+pub fn q8_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let other = std::env::var("TANDEM_Q8_KERNEL").is_ok_and(|v| v == "ours" || v == "candle");
+            available() && simd() == Some(Simd::Avx512) && !other
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The instruction sets of the kernel.
@@ -152,14 +179,23 @@ impl KQuantMatrix {
             GgmlDType::Q6K => tile6::BLOCK6_BYTES,
             GgmlDType::Q3K => tile3::BLOCK3_BYTES,
             GgmlDType::Q2K => tile2::BLOCK2_BYTES,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K)"),
+            GgmlDType::Q8_0 => tile8::STRETCH8_BYTES,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K, Q8_0)"),
         };
         let want = n * (k / QK_K) * block;
         if bytes.len() != want {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
-        let empty =
-            Self { n, k, tiles: Vec::new(), high: Vec::new(), six: Vec::new(), three: Vec::new(), two: Vec::new() };
+        let empty = Self {
+            n,
+            k,
+            tiles: Vec::new(),
+            high: Vec::new(),
+            six: Vec::new(),
+            three: Vec::new(),
+            two: Vec::new(),
+            eight: Vec::new(),
+        };
         Ok(match dtype {
             GgmlDType::Q4K => Self { tiles: tile::pack(bytes, n, k), ..empty },
             GgmlDType::Q5K => {
@@ -168,6 +204,7 @@ impl KQuantMatrix {
             }
             GgmlDType::Q3K => Self { three: tile3::pack3(bytes, n, k), ..empty },
             GgmlDType::Q2K => Self { two: tile2::pack2(bytes, n, k), ..empty },
+            GgmlDType::Q8_0 => Self { eight: tile8::pack8(bytes, n, k), ..empty },
             _ => Self { six: tile6::pack6(bytes, n, k), ..empty },
         })
     }
@@ -180,6 +217,8 @@ impl KQuantMatrix {
             GgmlDType::Q3K
         } else if !self.two.is_empty() {
             GgmlDType::Q2K
+        } else if !self.eight.is_empty() {
+            GgmlDType::Q8_0
         } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
@@ -219,6 +258,7 @@ impl KQuantMatrix {
             six: self.six[..cut(self.six.len())].to_vec(),
             three: self.three[..cut(self.three.len())].to_vec(),
             two: self.two[..cut(self.two.len())].to_vec(),
+            eight: self.eight[..cut(self.eight.len())].to_vec(),
         }
     }
 
@@ -246,6 +286,14 @@ impl KQuantMatrix {
             for (b, t) in self.two[ct * nb..(ct + 1) * nb].iter().enumerate() {
                 for i in 0..QK_K {
                     o[b * QK_K + i] = tile2::weight(t, c, i);
+                }
+            }
+            return;
+        }
+        if !self.eight.is_empty() {
+            for (b, t) in self.eight[ct * nb..(ct + 1) * nb].iter().enumerate() {
+                for i in 0..QK_K {
+                    o[b * QK_K + i] = tile8::weight(t, c, i);
                 }
             }
             return;
@@ -309,6 +357,14 @@ impl KQuantMatrix {
     ) {
         let nb = self.k / QK_K;
         for r in 0..m {
+            if !self.eight.is_empty() {
+                let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
+                for col in 0..self.n {
+                    let range = (col / COLS) * nb..(col / COLS + 1) * nb;
+                    y[r * self.n + col] = tile8::dot(&self.eight[range], col % COLS, &acts6);
+                }
+                continue;
+            }
             if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
@@ -345,6 +401,21 @@ impl KQuantMatrix {
         cols: usize,
     ) {
         let nb = self.k / QK_K;
+        if !self.eight.is_empty() {
+            if simd == Simd::Avx512 {
+                return avx512::rows8::<R>(self.eight[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
+            }
+            // Not loaded this way without the AVX-512 kernel ([`q8_tiles`]); the reference's
+            // arithmetic all the same.
+            for (r, row) in rows.iter().enumerate() {
+                let q8 = std::slice::from_raw_parts(row.q8 as *const candle_core::quantized::k_quants::BlockQ8K, nb);
+                let acts6: Vec<tile6::Act6<'_>> = q8.iter().map(act6).collect();
+                for c in 0..cols {
+                    *out.add(r * ldo + c) = tile8::dot(&self.eight[ct * nb..(ct + 1) * nb], c, &acts6);
+                }
+            }
+            return;
+        }
         if simd == Simd::Avx2 {
             if !self.six.is_empty() {
                 avx2::rows6::<Tile6, R>(self.six[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);

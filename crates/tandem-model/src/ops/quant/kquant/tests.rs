@@ -1,7 +1,7 @@
 //! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
 //! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
 //! against candle's own matmul of the same type (within quantisation noise); every test for
-//! every type (Q2K .. Q6K).
+//! every type (Q2K .. Q6K, Q8_0).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -20,7 +20,8 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlDType; 5] = [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
+const TYPES: [GgmlDType; 6] =
+    [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K, GgmlDType::Q8_0];
 
 /// A random `[n, k]` matrix of `dt` as candle quantises it: its GGUF bytes and the candle tensor.
 fn matrix(dt: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, QTensor) {
@@ -131,7 +132,9 @@ fn packed_embedding_rows_equal_candles_lookup() {
         let ours = Embedding::KQuant(w.clone()).forward(&ids).unwrap();
         let candle = Embedding::Quantized(Arc::new(q)).forward(&ids).unwrap();
         assert_eq!(ours.dims(), &[6, k]);
-        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: &Tensor| {
+            t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
         assert_eq!(bits(&ours), bits(&candle), "{dt:?}");
         let bad = Tensor::new(&[3u32, 37], &Device::Cpu).unwrap();
         assert!(Embedding::KQuant(w.clone()).forward(&bad).is_err(), "{dt:?}: id 37 of 37 rows");
@@ -155,11 +158,11 @@ fn first_rows_and_bad_sizes() {
         assert!(w.forward(&x).is_err());
         assert_eq!(w.dtype(), dt);
     }
-    assert!(KQuantMatrix::from_bytes(GgmlDType::Q8_0, 40, 256, &[0; 40 * 8 * 34]).is_err());
+    assert!(KQuantMatrix::from_bytes(GgmlDType::Q4_0, 40, 256, &[0; 40 * 8 * 18]).is_err());
 }
 
 /// The largest integer sums a kernel can meet: every weight value at its type's maximum (Q4K
-/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3) against activations of -127 (a row of equal values): the
+/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127) against activations of -127 (a row of equal values): the
 /// AVX2 kernel's i16 partial sums are at their bound here, and must still equal the reference.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -178,7 +181,12 @@ fn largest_sums_equal_the_reference() {
         let (mut bytes, _) = matrix(dt, n, k, 5);
         let block = bytes.len() / (n * k / QK_K);
         for blk in bytes.chunks_exact_mut(block) {
-            blk[value_bytes(dt)].fill(0xFF);
+            if dt == GgmlDType::Q8_0 {
+                // Eight `block_q8_0`s a stretch: d, then 32 signed values each.
+                blk.chunks_exact_mut(34).for_each(|b| b[2..].fill(0x7F));
+            } else {
+                blk[value_bytes(dt)].fill(0xFF);
+            }
         }
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let mut x = vec![1.0f32; m * k];
