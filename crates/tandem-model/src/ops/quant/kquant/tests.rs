@@ -103,8 +103,14 @@ fn product_matches_candles_matmul() {
         let ours = w.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let candle =
             QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // candle quantises the activations as we do (Q8K) for every K-quant; for Q8_0 only in
+        // its x86 tiles: elsewhere (aarch64) per 32-value block, as ggml does, which rounds
+        // them differently, so there both are only near each other as each is near the f32
+        // product below (1-2% of the largest output).
+        let largest = candle.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
-            assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{dt:?} element {i}: {a} against candle's {b}");
+            let tol = if dt == GgmlDType::Q8_0 { 0.02 * largest } else { 1e-3 * (1.0 + b.abs()) };
+            assert!((a - b).abs() <= tol, "{dt:?} element {i}: {a} against candle's {b}");
         }
         // And both near the f32 product of the dequantised weights (activation rounding only).
         let wd = Tensor::from_vec(w.dequantize(), (n, k), &Device::Cpu).unwrap();
