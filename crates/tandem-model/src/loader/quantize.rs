@@ -131,6 +131,29 @@ impl<'a> Quantizing<'a> {
     }
 }
 
+/// The CPU kernel of our own that a matrix `q` quantised to `ty` (`dims` `[n, k]`) runs on,
+/// as a GGUF of this type would get it: the block kernels, else the K-quant tiles where
+/// `kquant_head` is given (whether the matrix is an LM head); `None`: candle's `QMatMul`.
+fn own_kernel(
+    q: &candle_core::quantized::QTensor,
+    ty: GgmlDType,
+    dims: &[usize],
+    dev: &Device,
+    kquant_head: Option<bool>,
+) -> Result<Option<LinearWeight>> {
+    let (true, [n, k]) = (dev.is_cpu(), dims) else { return Ok(None) };
+    if let Some(qt) = QuantType::from_ggml(ty) {
+        if !Kernel::candle_only() && prefers_own_kernel(qt, *n, *k) {
+            return Ok(Some(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?))));
+        }
+    }
+    let takes = kquant_head.is_some_and(|head| crate::ops::quant::kquant::takes(ty, head));
+    if takes && crate::ops::quant::kquant::available() {
+        return Ok(Some(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?))));
+    }
+    Ok(None)
+}
+
 impl WeightSource for Quantizing<'_> {
     fn has(&self, name: &str) -> bool {
         self.inner.has(name)
@@ -148,17 +171,8 @@ impl WeightSource for Quantizing<'_> {
             }
             Some(ty) => {
                 let q = quantise_onto(&t, ty, PIECE, dev)?;
-                // On the CPU the kernels a GGUF of this type would get.
-                if let (true, Some(qt), [n, k]) = (dev.is_cpu(), QuantType::from_ggml(ty), t.dims()) {
-                    if !Kernel::candle_only() && prefers_own_kernel(qt, *n, *k) {
-                        return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?)));
-                    }
-                }
-                let takes = crate::ops::quant::kquant::takes(ty, self.is_head(name));
-                if let (true, true, [n, k]) = (dev.is_cpu(), takes, t.dims()) {
-                    if crate::ops::quant::kquant::available() {
-                        return Ok(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?)));
-                    }
+                if let Some(w) = own_kernel(&q, ty, t.dims(), dev, Some(self.is_head(name)))? {
+                    return Ok(w);
                 }
                 QMatMul::from_arc(Arc::new(q))?
             }
@@ -175,19 +189,12 @@ impl WeightSource for Quantizing<'_> {
         Ok(match ty {
             Some(ty) if !matches!(ty, GgmlDType::F16 | GgmlDType::BF16) => {
                 let q = quantise_onto(&t, ty, PIECE, dev)?;
-                if let (true, Some(qt), [n, k]) = (dev.is_cpu(), QuantType::from_ggml(ty), t.dims()) {
-                    if !Kernel::candle_only() && prefers_own_kernel(qt, *n, *k) {
-                        return Ok(Embedding::Ggml(Arc::new(GgmlMatrix::from_bytes(qt, *n, *k, &q.data()?)?)));
-                    }
+                // K-quant tiles only for a tied table (packed once for both uses).
+                match own_kernel(&q, ty, t.dims(), dev, self.is_head(name).then_some(true))? {
+                    Some(LinearWeight::Ggml(m)) => Embedding::Ggml(m),
+                    Some(LinearWeight::KQuant(m)) => Embedding::KQuant(m),
+                    _ => Embedding::Quantized(Arc::new(q)),
                 }
-                // A tied table in a K-quant our kernel takes as a head: packed once for both uses.
-                let tied_kquant = self.is_head(name) && crate::ops::quant::kquant::takes(ty, true);
-                if let (true, true, [n, k]) = (dev.is_cpu(), tied_kquant, t.dims()) {
-                    if crate::ops::quant::kquant::available() {
-                        return Ok(Embedding::KQuant(Arc::new(KQuantMatrix::from_bytes(ty, *n, *k, &q.data()?)?)));
-                    }
-                }
-                Embedding::Quantized(Arc::new(q))
             }
             Some(GgmlDType::F16) => Embedding::Dense(t.to_dtype(DType::F16)?.to_dtype(DType::F32)?.to_device(dev)?),
             Some(GgmlDType::BF16) => Embedding::Dense(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?.to_device(dev)?),

@@ -282,28 +282,14 @@ impl KQuantMatrix {
         if !self.three.is_empty() {
             return sub16_weights(&self.three[ct * nb..(ct + 1) * nb], c, o);
         }
+        let at = |b: usize| ct * nb + b;
         if !self.two.is_empty() {
-            for (b, t) in self.two[ct * nb..(ct + 1) * nb].iter().enumerate() {
-                for i in 0..QK_K {
-                    o[b * QK_K + i] = tile2::weight(t, c, i);
-                }
-            }
-            return;
+            return values_into(o, nb, |b, i| tile2::weight(&self.two[at(b)], c, i));
         }
         if !self.eight.is_empty() {
-            for (b, t) in self.eight[ct * nb..(ct + 1) * nb].iter().enumerate() {
-                for i in 0..QK_K {
-                    o[b * QK_K + i] = tile8::weight(t, c, i);
-                }
-            }
-            return;
+            return values_into(o, nb, |b, i| tile8::weight(&self.eight[at(b)], c, i));
         }
-        for (b, t) in self.tiles[ct * nb..(ct + 1) * nb].iter().enumerate() {
-            let h = self.high.get(ct * nb + b);
-            for i in 0..QK_K {
-                o[b * QK_K + i] = tile::weight(t, h, c, i);
-            }
-        }
+        values_into(o, nb, |b, i| tile::weight(&self.tiles[at(b)], self.high.get(at(b)), c, i));
     }
 
     /// `y = x · Wᵀ` for `x` `[..., k]` f32 on the CPU.
@@ -357,19 +343,13 @@ impl KQuantMatrix {
     ) {
         let nb = self.k / QK_K;
         for r in 0..m {
-            if !self.eight.is_empty() {
+            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() || !self.eight.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = tile8::dot(&self.eight[range], col % COLS, &acts6);
-                }
-                continue;
-            }
-            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() {
-                let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
-                for col in 0..self.n {
-                    let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = if !self.two.is_empty() {
+                    y[r * self.n + col] = if !self.eight.is_empty() {
+                        tile8::dot(&self.eight[range], col % COLS, &acts6)
+                    } else if !self.two.is_empty() {
                         tile2::dot(&self.two[range], col % COLS, &acts6)
                     } else if self.three.is_empty() {
                         tile6::dot(&self.six[range], col % COLS, &acts6)
@@ -484,6 +464,15 @@ impl KQuantMatrix {
                 }
             }
         });
+    }
+}
+
+/// `o[b * 256 + i] = weight(b, i)` for the `nb` superblocks of one column.
+fn values_into(o: &mut [f32], nb: usize, weight: impl Fn(usize, usize) -> f32) {
+    for b in 0..nb {
+        for i in 0..QK_K {
+            o[b * QK_K + i] = weight(b, i);
+        }
     }
 }
 
