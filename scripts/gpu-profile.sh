@@ -4,7 +4,9 @@
 # TANDEM_PROFILE_DECODE) and writes one CSV row per kernel launch; a summary per kernel name
 # (count, total microseconds, share) goes to $OUT/profile-*.md.
 #   CASES="9b:q8_0 9b:bf16 0.8b:q8_0" bash scripts/gpu-profile.sh
-# DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`).
+# DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`). MODE=prefill
+# captures one timed prefill of PROMPT (default 512) tokens instead (TANDEM_PROFILE_PREFILL).
+# A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
@@ -13,12 +15,18 @@ mkdir -p "$res" /tmp/tg
 gpu_unpack tandem
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for c in ${CASES:-9b:q8_0}; do
-  p=${c%%:*}; t=${c##*:}
+  if [ "${c#*=}" != "$c" ]; then p=${c%%=*}; t=file; model=(-m "${c#*=}")
+  else p=${c%%:*}; t=${c##*:}; model=(--random-hybrid "$p" --random-dtype "$t"); fi
+  if [ "${MODE:-decode}" = prefill ]; then
+    t=$t-pp${PROMPT:-512}; what=(env TANDEM_PROFILE_PREFILL=1); run=(-p "${PROMPT:-512}" -g 1)
+  else
+    what=(env TANDEM_PROFILE_DECODE="${PROFILE_STEPS:-1}"); run=(-p 1 -g 6)
+  fi
   tag=$p-$t${DEPTH:+-d$DEPTH}
   csv=/tmp/tg/ncu-$tag.csv
-  TANDEM_PROFILE_DECODE=${PROFILE_STEPS:-1} timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
-    --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
-    -p 1 -g 6 -r 1 ${DEPTH:+-d $DEPTH} > "$csv" 2> /tmp/tg/ncu.err
+  "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda "${model[@]}" \
+    "${run[@]}" -r 1 ${DEPTH:+-d $DEPTH} > "$csv" 2> /tmp/tg/ncu.err
   echo "ncu $tag rc=$? ($(wc -l < "$csv") lines)"
   python3 - "$csv" "$p" "$t${DEPTH:+ at depth $DEPTH}" > "$res/profile-$tag.md" <<'PY'
 import csv, sys, collections
@@ -40,5 +48,5 @@ print("| kernel | launches | us | share |\n|---|---|---|---|")
 for n, (c, us) in sorted(by.items(), key=lambda x: -x[1][1]):
     print(f"| {n} | {c} | {us:.1f} | {100*us/tot:.1f}% |")
 PY
-  head -25 "$res/profile-$p-$t.md"; tail -3 /tmp/tg/ncu.err
+  head -25 "$res/profile-$tag.md"; tail -3 /tmp/tg/ncu.err
 done

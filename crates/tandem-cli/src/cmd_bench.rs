@@ -208,12 +208,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 // A GPU runs asynchronously: the untimed depth prefill must be done before the
                 // clock starts, and the timed one before it stops.
                 device.synchronize()?;
+                // `TANDEM_PROFILE_PREFILL=1`: the profiler captures the first repetition's timed
+                // prefill (for `ncu --profile-from-start off`, as TANDEM_PROFILE_DECODE below).
+                let profile = pp.is_empty() && std::env::var("TANDEM_PROFILE_PREFILL").is_ok_and(|v| v == "1");
+                if profile {
+                    tandem_model::device::profiler_capture(&device, true);
+                }
                 let t = Instant::now();
                 for piece in prompt.chunks(chunk) {
                     let mut chunks = [SeqChunk { tokens: piece, cache: &mut cache, logits: LogitsWanted::Last }];
                     model.forward(&mut chunks)?;
                 }
                 device.synchronize()?;
+                if profile {
+                    tandem_model::device::profiler_capture(&device, false);
+                }
                 pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
             }
             // Decode after `depth` tokens of context (none by default, as llama-bench's tg test).

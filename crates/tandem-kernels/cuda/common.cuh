@@ -16,20 +16,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// An int of magnitude below 2^22 as a float: the exact value __int2float_rn gives, from an
-// integer add into the mantissa of 1.5 * 2^23 and one float subtraction, where the conversion
-// unit runs at 16 a clock per SM on sm_80 / sm_90 (an eighth of the float units' rate): the
-// integer GEMMs' chains convert one dot product per output and 32-value block, and were bound
-// by those conversions.
-__device__ __forceinline__ float i2f_small(int i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.f); }
-
-// The same for |i| < 2^24: the multiple of 2048 at or below i and the rest, each converted
-// exactly, added exactly (i itself is a float).
-__device__ __forceinline__ float i2f_24(int i) {
-    const int lo = i & 2047;
-    return __fadd_rn(__fmul_rn(i2f_small((i - lo) >> 11), 2048.f), i2f_small(lo));
-}
-
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 // Asynchronous 16-byte global -> shared copies (sm_80+), committed in groups; a warp waits for

@@ -40,8 +40,7 @@ __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__us
 
 // The chain's per-sub-block terms.
 __device__ __forceinline__ float kq_f_min(int isum, float dsc, float dm, float dxv, float dxsv) {
-    // q4_k / q5_k: |isum| <= 32 * 31 * 128 < 2^22, so i2f_small is exact.
-    return __fmaf_rn(i2f_small(isum), __fmul_rn(dsc, dxv), -__fmul_rn(dm, dxsv));
+    return __fmaf_rn(__int2float_rn(isum), __fmul_rn(dsc, dxv), -__fmul_rn(dm, dxsv));
 }
 // A q4_k / q5_k weight sub-block's factors: dsc = d * sc, dm = dmin * m.
 __device__ __forceinline__ void kq_factors(int sc, int mn, float d, float dmin, float* dsc, float* dm) {
@@ -49,8 +48,7 @@ __device__ __forceinline__ void kq_factors(int sc, int mn, float d, float dmin, 
     *dm = __fmul_rn(dmin, __int2float_rn(mn));
 }
 __device__ __forceinline__ float kq_f6(int isum, float d, float dxv) {
-    // q6_k: two 16-value sums (|sum| <= 16 * 32 * 127) times int8 scales: |isum| < 2^24.
-    return __fmul_rn(i2f_24(isum), __fmul_rn(d, dxv));
+    return __fmul_rn(__int2float_rn(isum), __fmul_rn(d, dxv));
 }
 
 // Word i (values 4i .. 4i + 3) of sub-block j's codes, from a staged superblock: int8 values

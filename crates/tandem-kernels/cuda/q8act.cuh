@@ -21,8 +21,7 @@ __device__ __forceinline__ int8_t quant_block(float v, float* d) {
 // * (dw * dx), rounded as written (the scale product first, then one fused multiply-add).
 __device__ __forceinline__ float chain_scale(float dw, float dxv) { return __fmul_rn(dw, dxv); }
 __device__ __forceinline__ float chain_fma(float acc, int isum, float scale) {
-    // |isum| <= 32 * 128 * 127 < 2^22: i2f_small is exact.
-    return fmaf(i2f_small(isum), scale, acc);
+    return fmaf(__int2float_rn(isum), scale, acc);
 }
 __device__ __forceinline__ float chain_step(float acc, int isum, float dw, float dxv) {
     return chain_fma(acc, isum, chain_scale(dw, dxv));
