@@ -3,8 +3,11 @@
 //
 // gdn_conv_silu: causal depthwise conv + SiLU. x [t, ch], state_in [K-1, ch] (oldest first),
 //   w [ch, K]; y [t, ch], state_out [K-1, ch]; lanes (when non-null) [t, K-1, ch]: the conv
-//   state after each position (speculative verify). One thread per channel, the window in
-//   registers, products summed in tap order like the CPU kernel.
+//   state after each position (speculative verify). A thread per channel and tile of
+//   CONV_TILE tokens (grid.y), the window in registers, products summed in tap order like the
+//   CPU kernel; an output depends on inputs only (no recurrence), so a tile starts from the
+//   inputs before it (or state_in) and every tile's outputs have the bits of one long walk. The
+//   last tile writes state_out (a buffer of its own: tiles before it still read state_in).
 // gdn_delta: the gated delta rule token by token. q, k [t, nk, dk] (q normalised and scaled),
 //   v [t, nv, dv], beta, g [t, nv], state_in [nv, dk, dv]; o [t, nv, dv], state_out; lanes
 //   (when non-null) [t, nv, dk, dv]. Per v-head h (k-head h / (nv / nk)):
@@ -22,21 +25,25 @@
 #include "common.cuh"
 
 #define MAXK 8
+#define CONV_TILE 16
 
+// Tokens [i0, i1) of channel c; `last`: this range ends the call, so it writes state_out.
 __device__ __forceinline__ void conv_silu(float* __restrict__ y, float* __restrict__ state_out,
                                           float* __restrict__ lanes, const float* __restrict__ x,
-                                          const float* __restrict__ state_in, const float* __restrict__ w, int t,
-                                          int ch, int K, size_t ldx) {
+                                          const float* __restrict__ state_in, const float* __restrict__ w, int i0,
+                                          int i1, bool last, int ch, int K, size_t ldx) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int hist = K - 1;
     float win[MAXK], wc[MAXK];
 #pragma unroll
     for (int j = 0; j < MAXK; j++) {
-        win[j] = (j < hist) ? state_in[(size_t)j * ch + c] : 0.f;
+        // input i0 - hist + j: from x, or (before the call's first token) from state_in
+        const int at = i0 - hist + j;
+        win[j] = (j < hist) ? (at >= 0 ? x[(size_t)at * ldx + c] : state_in[(size_t)(at + hist) * ch + c]) : 0.f;
         wc[j] = (j < K) ? w[(size_t)c * K + j] : 0.f;
     }
-    for (int i = 0; i < t; i++) {
+    for (int i = i0; i < i1; i++) {
         // window = the K - 1 previous inputs, then x_i
         float xi = x[(size_t)i * ldx + c];
         float acc = 0.f;
@@ -56,14 +63,19 @@ __device__ __forceinline__ void conv_silu(float* __restrict__ y, float* __restri
             for (int j = 0; j < hist; j++) lanes[((size_t)i * hist + j) * ch + c] = win[j];
         }
     }
-    for (int j = 0; j < hist; j++) state_out[(size_t)j * ch + c] = win[j];
+    if (last) {
+        for (int j = 0; j < hist; j++) state_out[(size_t)j * ch + c] = win[j];
+    }
 }
 
 extern "C" __global__ void gdn_conv_silu(float* __restrict__ y, float* __restrict__ state_out,
                                          float* __restrict__ lanes, const float* __restrict__ x,
                                          const float* __restrict__ state_in, const float* __restrict__ w, int t,
                                          int ch, int K) {
-    conv_silu(y, state_out, lanes, x, state_in, w, t, ch, K, (size_t)ch);
+    const int i0 = blockIdx.y * CONV_TILE;
+    if (i0 >= t && t > 0) return;
+    const int i1 = min(t, i0 + CONV_TILE);
+    conv_silu(y, state_out, lanes, x, state_in, w, i0, i1, i1 == t, ch, K, (size_t)ch);
 }
 
 // Sequence s of a batch (see the batched kernels at the end): its first token and token count
@@ -100,7 +112,7 @@ extern "C" __global__ void gdn_conv_silu_batch(float* __restrict__ y, float* __r
     const float* state_in = reinterpret_cast<const float*>(meta[B + 1 + s]);
     float* out = state_out ? state_out + s * hist : reinterpret_cast<float*>(meta[3 * B + 1 + s]);
     conv_silu(y + t0 * ch, out, batch_lanes(lanes, meta, meta_lanes, B, s, 0, t0, hist), x + t0 * (size_t)ldx,
-              state_in, w, t, ch, K, (size_t)ldx);
+              state_in, w, 0, t, true, ch, K, (size_t)ldx);
 }
 
 template <int MAXDK>

@@ -9,8 +9,9 @@
 //   substitution, U = T diag(beta) V, W = T diag(beta e^gam) K and the causal intra-chunk
 //   scores P = tril(q_i.k_j e^(gam_i - gam_j)). Scratch (per v-head, token-major): qn, kn
 //   [nv, t, dk], w [nv, t, dk], uu [nv, t, dv], gam [nv, t], p [nv, chunks, C, C].
-// gdn_wy_state: one block per (v-head, 32 value columns), chunks in order. The state slice
-//   S [dk, 32] lives in shared memory; per chunk V' = U - W S, o = e^gam (Q S) + P V' (before
+// gdn_wy_state: one block of WY_WARPS warps per (v-head, 32 value columns), chunks in order
+//   (a lane per column, the chunk's rows and the state's rows dealt to the warps). The state
+//   slice S [dk, 32] lives in shared memory; per chunk V' = U - W S, o = e^gam (Q S) + P V' (before
 //   the norm, into o_raw [t, nv, dv]), S <- e^gam_last S + sum_m e^(gam_last - gam_m) k_m V'_m.
 // gdn_gated_norm: the gated RMSNorm of the output, norm(o) * w * silu(z), one warp per
 //   (token, v-head); z's tokens are ldz floats apart.
@@ -157,9 +158,11 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 #define WY_COLS 32
+#define WY_WARPS 16            // a chunk's rows per warp: WY_C / WY_WARPS
+#define WY_RPW (WY_C / WY_WARPS)
 
 // Dynamic shared memory: S [dk][WY_COLS], V' [WY_C][WY_COLS] (40 KB at dk = 256).
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(WY_WARPS * 32)
     gdn_wy_state(float* __restrict__ o_raw, float* __restrict__ state_out, const float* __restrict__ qn,
                  const float* __restrict__ kn, const float* __restrict__ w, const float* __restrict__ uu,
                  const float* __restrict__ gam, const float* __restrict__ p, const float* __restrict__ state_in,
@@ -189,13 +192,13 @@ extern "C" __global__ void __launch_bounds__(128)
         // e^(gam_last - gam_m), read in step c (after the barrier below)
         for (int m = threadIdx.x; m < C; m += blockDim.x) ek[m] = expf(last - gh[t0 + m]);
         // a. V' = U - W S and o = e^gam Q S for this warp's rows, four at a time
-        float o_acc[WY_C / 4];
+        float o_acc[WY_RPW];
 #pragma unroll
-        for (int q = 0; q < WY_C / 4; q += 4) {
+        for (int q = 0; q < WY_RPW; q += 4) {
             float v[4], oo[4], e[4];
 #pragma unroll
             for (int x = 0; x < 4; x++) {
-                const int r = warp + 4 * (q + x);
+                const int r = warp + WY_WARPS * (q + x);
                 v[x] = (r < C && live) ? uc[(size_t)r * dv + col] : 0.f;
                 oo[x] = 0.f;
                 e[x] = r < C ? expf(gh[t0 + r]) : 0.f;
@@ -204,14 +207,14 @@ extern "C" __global__ void __launch_bounds__(128)
                 const float s = S[i * WY_COLS + lane];
 #pragma unroll
                 for (int x = 0; x < 4; x++) {
-                    const int r = min(warp + 4 * (q + x), C - 1);
+                    const int r = min(warp + WY_WARPS * (q + x), C - 1);
                     v[x] -= wc[(size_t)r * dk + i] * s;
                     oo[x] += (e[x] * qc[(size_t)r * dk + i]) * s;
                 }
             }
 #pragma unroll
             for (int x = 0; x < 4; x++) {
-                const int r = warp + 4 * (q + x);
+                const int r = warp + WY_WARPS * (q + x);
                 if (r < C) vp[r * WY_COLS + lane] = v[x];
                 o_acc[q + x] = oo[x];
             }
@@ -219,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(128)
         __syncthreads();
         // b. o += P V' (causal), then out
 #pragma unroll
-        for (int q = 0; q < WY_C / 4; q++) {
-            const int r = warp + 4 * q;
+        for (int q = 0; q < WY_RPW; q++) {
+            const int r = warp + WY_WARPS * q;
             if (r < C) {
                 float acc = o_acc[q];
                 for (int m = 0; m <= r; m++) acc += pc[r * WY_C + m] * vp[m * WY_COLS + lane];

@@ -37,6 +37,9 @@
 #define QG_WD (QG_WQ + QG_BN * QG_WS)             // [QG_BN][QG_WF] weight scales
 #define QG_BYTES (QG_WD + QG_BN * QG_WF * 4)
 
+// LC: the segment length when known at compile time (8: every k of 2048+), 0 when not; with it
+// the staging loops' index arithmetic is by constants.
+template <int LC>
 __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                              const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
     extern __shared__ __align__(16) uint8_t qg_smem[];
@@ -50,7 +53,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     const int wcol = (warp & 1) * 32, wrow = (warp >> 1) * 16;
     const int row0 = blockIdx.x * QG_BM, col0 = blockIdx.y * QG_BN;
     const int nb = k >> 5;
-    const int L = min(8, max(1, nb / 8));
+    const int L = LC ? LC : min(8, max(1, nb / 8));
     const int nseg = nb / L;
     // 16-byte pieces of a column's window: the segment starts up to 14 bytes into it.
     const int pieces = (L * QG_BLOCK + 14 + 15) >> 4;
@@ -63,7 +66,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     // Where segment s of column c starts: its byte offset in W, and in its staged window.
     auto seg_off = [&](int c, int s) { return (long long)c * rb + (long long)s * L * QG_BLOCK; };
     auto load = [&](int s, int buf) {
-        for (int i = threadIdx.x; i < QG_BN * pieces; i += blockDim.x) {
+        for (int i = threadIdx.x; i < QG_BN * pieces; i += 256) {
             const int r = i / pieces, c = i - r * pieces;
             const int col = col0 + r;
             if (col < n) {
@@ -73,7 +76,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         }
         // Per row: 2 L pieces of codes, then L scales.
         const int per = 3 * L;
-        for (int i = threadIdx.x; i < QG_BM * per; i += blockDim.x) {
+        for (int i = threadIdx.x; i < QG_BM * per; i += 256) {
             const int r = i / per, c = i - r * per;
             const int row = row0 + r;
             if (row >= m) continue;
@@ -88,7 +91,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     // The staged segment of every column into aligned codes and float scales (a (column,
     // block) pair per thread and turn).
     auto unpack = [&](int s, int buf) {
-        for (int t = threadIdx.x; t < QG_BN * L; t += blockDim.x) {
+        for (int t = threadIdx.x; t < QG_BN * L; t += 256) {
             const int c = t / L, j = t - c * L;
             const uint8_t* blk = raw(buf) + c * QG_ST + (int)(seg_off(col0 + c, s) & 15) + j * QG_BLOCK;
             uint32_t v[8];
@@ -194,5 +197,8 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
 
 extern "C" __global__ void __launch_bounds__(256, 2)
     qgemm64_q8_0(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k, long long rb) {
-    qgemm64_q8_0_body(y, xq, dx, w, m, n, k, rb);
+    if (k >= 2048)
+        qgemm64_q8_0_body<8>(y, xq, dx, w, m, n, k, rb);
+    else
+        qgemm64_q8_0_body<0>(y, xq, dx, w, m, n, k, rb);
 }

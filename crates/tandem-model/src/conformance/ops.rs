@@ -199,7 +199,7 @@ fn attn_case(
 
 fn gdn_conv(dev: &Device, out: &mut Vec<Check>) {
     for (ch, k, t, lanes) in
-        [(96, 4, 1, false), (96, 4, 7, true), (6144, 4, 64, false), (6144, 4, 5, true), (40, 2, 3, true)]
+        [(96, 4, 1, false), (96, 4, 7, true), (6144, 4, 64, false), (6144, 4, 5, true), (40, 2, 3, true), (8192, 4, 100, true)]
     {
         let shape = format!("ch{ch} k{k} t{t}{}", if lanes { " lanes" } else { "" });
         push(out, "gdn_conv", shape.clone(), "f32", conv_case(dev, ch, k, t, lanes, &shape));
@@ -233,6 +233,26 @@ fn conv_case(dev: &Device, ch: usize, k: usize, t: usize, lanes: bool, shape: &s
     one("gdn_conv", &|| gdn::device::conv_silu(&xt, &stt, &wt, lanes))?;
     if !dev.is_cpu() {
         one("gdn_conv portable", &|| gdn::portable::conv_silu(&xt, &stt, &wt, lanes))?;
+    }
+    if t > 1 {
+        // The call cut in two (the state carried between them) gives the same bits: on CUDA the
+        // long call runs in token tiles, each starting from the inputs before it.
+        let cut = t.min(17) - 1;
+        let e = (|| -> Result<f32> {
+            let (y, _, l) = gdn::device::conv_silu(&xt, &stt, &wt, lanes)?;
+            let (y1, s1, l1) = gdn::device::conv_silu(&xt.narrow(0, 0, cut)?, &stt, &wt, lanes)?;
+            let (y2, s2, l2) = gdn::device::conv_silu(&xt.narrow(0, cut, t - cut)?, &s1, &wt, lanes)?;
+            let (_, s, _) = gdn::device::conv_silu(&xt, &stt, &wt, false)?;
+            let mut same = Tensor::cat(&[&y1, &y2], 0)?.flatten_all()?.to_vec1::<f32>()?
+                == y.flatten_all()?.to_vec1::<f32>()?
+                && s.flatten_all()?.to_vec1::<f32>()? == s2.flatten_all()?.to_vec1::<f32>()?;
+            if let (Some(l), Some(l1), Some(l2)) = (l, l1, l2) {
+                same &= Tensor::cat(&[&l1, &l2], 0)?.flatten_all()?.to_vec1::<f32>()? == l.flatten_all()?.to_vec1::<f32>()?;
+            }
+            Ok(if same { 0.0 } else { 1.0 })
+        })();
+        let e = e?;
+        checks.push(Check::new("gdn_conv cut", shape.into(), "f32", e, Judge::Exact, 0.0));
     }
     Ok(checks)
 }

@@ -16,6 +16,8 @@ const MODULE: &str = "tandem_gdn_chunked";
 const WY_C: usize = 64;
 /// Value columns per block of the state pass (`WY_COLS`).
 const WY_COLS: usize = 32;
+/// Warps per block of the state pass (`WY_WARPS`).
+const WY_WARPS: u32 = 16;
 
 /// See [`super::step::step_reference_chunked`]: from the conv output `u` `[t, 2 nk dk + nv dv]`,
 /// the gate `z` `[t, nv dv]` and the raw `b`, `a` `[t, nv]`, the normed output `[t, nv dv]` and
@@ -83,7 +85,7 @@ pub fn step_chunked(
     bl.arg(&ti).arg(&nvi).arg(&dki).arg(&dvi);
     let cfg = LaunchConfig {
         grid_dim: (nv as u32, dv.div_ceil(WY_COLS) as u32, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (WY_WARPS * 32, 1, 1),
         shared_mem_bytes: ((dk + WY_C) * WY_COLS * 4) as u32,
     };
     // SAFETY: arguments in gdn_wy_state's order; o_raw holds t*nv*dv, next nv*dk*dv; shared
