@@ -13,10 +13,14 @@
 //   columns x 16 rows (two m16 column tiles x two n8 row tiles each). Segment by segment: the
 //   64 columns' blocks (the 16-byte aligned window around each column's L blocks) and the 64
 //   rows' codes and scales come into shared memory by cp.async, the next segment's while this
-//   one is computed; the block then copies the weight codes into 4-byte aligned rows and the
-//   block scales into floats once, and each warp runs one int8 mma.sync (m16n8k32) per block and
-//   tile pair, and the chain on its 64 outputs. Needs k a multiple of 256 (nb a multiple of 8:
-//   every segment whole, at least eight of them), rows 16-byte aligned (the host checks).
+//   one is computed (for k of 2048 and more, where a segment is 8 blocks = 272 bytes and starts
+//   16-byte aligned, each warp copies 8 columns and 8 rows, four lanes to each, with addresses
+//   kept across segments: about half the instructions a segment of the generic staging takes,
+//   which was as many as the mma loop's); the block then copies the weight codes into 4-byte
+//   aligned rows and the block scales into floats once, and each warp runs one int8 mma.sync
+//   (m16n8k32) per block and tile pair, and the chain on its 64 outputs. Needs k a multiple of
+//   256 (nb a multiple of 8: every segment whole, at least eight of them), rows 16-byte aligned
+//   (the host checks).
 //   Dynamic shared memory: QG_BYTES (97,568 bytes; the host asks for the same), two blocks an SM.
 #include "q8act.cuh"
 #include "kquant.cuh"
@@ -103,6 +107,46 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         }
     };
 
+    // With L = 8 (LC == 8) a segment is 272 bytes, a multiple of 16, and rows are 16-byte
+    // aligned (the host checks), so every column's segment starts 16-byte aligned and is 17
+    // whole pieces ending inside W: no window shift, no cut copy. Each warp stages 8 weight
+    // columns and 8 activation rows, four lanes to a column or row, every lane keeping its
+    // column's and row's addresses across segments (pieces lane & 3, + 4, ...).
+    const int lr = warp * 8 + (lane >> 2), lp = lane & 3;
+    const bool wcol_ok = col0 + lr < n, xrow_ok = row0 + lr < m;
+    const uint8_t* wsrc = w + (size_t)min(col0 + lr, n - 1) * rb + lp * 16;
+    const int8_t* xsrc = xq + (size_t)min(row0 + lr, m - 1) * k + lp * 16;
+    const float* dsrc = dx + (size_t)min(row0 + lr, m - 1) * nb + lp * 4;
+    auto load8 = [&](int s, int buf) {
+        if (wcol_ok) {
+            const uint8_t* src = wsrc + (size_t)s * 272;
+            uint8_t* dst = raw(buf) + lr * QG_ST + lp * 16;
+#pragma unroll
+            for (int q = 0; q < 4; q++) cp_async16(dst + q * 64, src + q * 64);
+            if (lp == 0) cp_async16(dst + 256, src + 256);
+        }
+        if (xrow_ok) {
+            const int8_t* src = xsrc + (size_t)s * 256;
+            uint8_t* dst = xcodes(buf) + lr * QG_WS + lp * 16;
+#pragma unroll
+            for (int q = 0; q < 4; q++) cp_async16(dst + q * 64, src + q * 64);
+            if (lp < 2) cp_async16(xscale(buf) + lr * QG_FS + lp * 4, dsrc + (size_t)s * 8);
+        }
+    };
+    auto unpack8 = [&](int buf) {
+#pragma unroll
+        for (int q = 0; q < QG_BN * 8 / 256; q++) {
+            const int t = threadIdx.x + 256 * q;
+            const int c = t >> 3, j = t & 7;
+            const uint8_t* blk = raw(buf) + c * QG_ST + j * QG_BLOCK;
+            uint32_t v[8];
+            lds_run<8>(blk + 2, v);
+            uint4* dst = reinterpret_cast<uint4*>(wq + c * QG_WS + j * 32);
+            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+            wd[c * QG_WF + j] = __half2float(*reinterpret_cast<const __half*>(blk));
+        }
+    };
     float acc[2][2][4], tot[2][2][4];
 #pragma unroll
     for (int rt = 0; rt < 2; rt++)
@@ -110,7 +154,10 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         for (int ct = 0; ct < 2; ct++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[rt][ct][e] = tot[rt][ct][e] = 0.f;
-    load(0, 0);
+    if constexpr (LC == 8)
+        load8(0, 0);
+    else
+        load(0, 0);
     cp_async_commit();
     // The walk: partial p over its segments p, p + 8, ...; then partial p + 1.
     int p = 0, s = 0;
@@ -118,11 +165,19 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         int np = p, ns = s + 8;
         const bool last_of_partial = ns >= nseg;
         if (last_of_partial) np = ns = p + 1;
-        if (i + 1 < nseg) load(ns, (i + 1) & 1);
+        if (i + 1 < nseg) {
+            if constexpr (LC == 8)
+                load8(ns, (i + 1) & 1);
+            else
+                load(ns, (i + 1) & 1);
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // segment s staged
-        unpack(s, i & 1);
+        if constexpr (LC == 8)
+            unpack8(i & 1);
+        else
+            unpack(s, i & 1);
         __syncthreads();  // and unpacked
         const uint8_t* xb = xcodes(i & 1);
         const float* xd = xscale(i & 1);
