@@ -161,12 +161,16 @@ extern "C" __global__ void __launch_bounds__(256)
 #define WY_WARPS 16            // a chunk's rows per warp: WY_C / WY_WARPS
 #define WY_RPW (WY_C / WY_WARPS)
 
-// Dynamic shared memory: S [dk][WY_COLS], V' [WY_C][WY_COLS] (40 KB at dk = 256).
-extern "C" __global__ void __launch_bounds__(WY_WARPS * 32)
-    gdn_wy_state(float* __restrict__ o_raw, float* __restrict__ state_out, const float* __restrict__ qn,
-                 const float* __restrict__ kn, const float* __restrict__ w, const float* __restrict__ uu,
-                 const float* __restrict__ gam, const float* __restrict__ p, const float* __restrict__ state_in,
-                 int t, int nv, int dk, int dv) {
+// Dynamic shared memory: S [dk][WY_COLS], V' [WY_C][WY_COLS] (40 KB at dk = 256); STAGED
+// adds the chunk's W, Q and K rows [WY_C][dk] each (120 KB in all at dk = 128), copied in
+// once per chunk (coalesced) instead of every lane's loop reading them from global memory:
+// the same values in the same order, so the same bits.
+template <bool STAGED>
+__device__ __forceinline__ void wy_state_body(float* __restrict__ o_raw, float* __restrict__ state_out,
+                                              const float* __restrict__ qn, const float* __restrict__ kn,
+                                              const float* __restrict__ w, const float* __restrict__ uu,
+                                              const float* __restrict__ gam, const float* __restrict__ p,
+                                              const float* __restrict__ state_in, int t, int nv, int dk, int dv) {
     const int h = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int col = blockIdx.y * WY_COLS + lane;
@@ -186,6 +190,25 @@ extern "C" __global__ void __launch_bounds__(WY_WARPS * 32)
         const float* qc = qn + ((size_t)h * t + t0) * dk;
         const float* kc = kn + ((size_t)h * t + t0) * dk;
         const float* wc = w + ((size_t)h * t + t0) * dk;
+        if constexpr (STAGED) {
+            // The chunk's rows, [C][dk] each, into shared memory (dk a multiple of 4, rows
+            // contiguous and 16-byte aligned); the loops below index them as they would W, Q
+            // and K in global memory. The barrier after step c of the last chunk (or after the
+            // state's load) ordered every read of the previous chunk's rows before this.
+            float* sw = vp + WY_C * WY_COLS;
+            float* sq = sw + WY_C * dk;
+            float* sk = sq + WY_C * dk;
+            const int n4 = C * dk / 4;
+            for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+                reinterpret_cast<float4*>(sw)[i] = reinterpret_cast<const float4*>(wc)[i];
+                reinterpret_cast<float4*>(sq)[i] = reinterpret_cast<const float4*>(qc)[i];
+                reinterpret_cast<float4*>(sk)[i] = reinterpret_cast<const float4*>(kc)[i];
+            }
+            __syncthreads();
+            wc = sw;
+            qc = sq;
+            kc = sk;
+        }
         const float* uc = uu + ((size_t)h * t + t0) * dv;
         const float* pc = p + ((size_t)h * nchunks + c) * WY_C * WY_C;
         const float last = gh[t0 + C - 1];
@@ -246,6 +269,17 @@ extern "C" __global__ void __launch_bounds__(WY_WARPS * 32)
         for (int i = warp; i < dk; i += nwarps) state_out[sbase + (size_t)i * dv + col] = S[i * WY_COLS + lane];
     }
 }
+
+#define WY_STATE(name, STAGED)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(WY_WARPS * 32)                                                 \
+        name(float* __restrict__ o_raw, float* __restrict__ state_out, const float* __restrict__ qn,            \
+             const float* __restrict__ kn, const float* __restrict__ w, const float* __restrict__ uu,           \
+             const float* __restrict__ gam, const float* __restrict__ p, const float* __restrict__ state_in,    \
+             int t, int nv, int dk, int dv) {                                                                   \
+        wy_state_body<STAGED>(o_raw, state_out, qn, kn, w, uu, gam, p, state_in, t, nv, dk, dv);               \
+    }
+WY_STATE(gdn_wy_state, false)
+WY_STATE(gdn_wy_state_staged, true)
 
 extern "C" __global__ void __launch_bounds__(256)
     gdn_gated_norm(float* __restrict__ y, const float* __restrict__ o, const float* __restrict__ z,

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 
 use super::GdnDims;
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_gdn_chunked";
 /// The kernels' chunk length (`WY_C`), the same as the CPU's [`super::CHUNK`].
@@ -18,6 +18,23 @@ const WY_C: usize = 64;
 const WY_COLS: usize = 32;
 /// Warps per block of the state pass (`WY_WARPS`).
 const WY_WARPS: u32 = 16;
+
+/// Shared memory the state pass asks for: the state slice and V', plus the chunk's W, Q and K
+/// rows when staged (`gdn_chunked.cu`).
+fn wy_state_smem(dk: usize, staged: bool) -> u32 {
+    let rows = if staged { 3 * WY_C * dk } else { 0 };
+    ((dk + WY_C) * WY_COLS * 4 + rows * 4) as u32
+}
+
+/// Whether the state pass stages each chunk's W, Q and K rows in shared memory
+/// (`gdn_wy_state_staged`: the same bits as `gdn_wy_state`): where they fit in the 227 KB a
+/// block may have (key dims up to 128, Qwen3.5's and Qwen3-Next's) and dk is a multiple of 4.
+/// `TANDEM_GDN_WY=plain` keeps the rows in global memory.
+fn wy_staged(dk: usize) -> bool {
+    static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let plain = *PLAIN.get_or_init(|| std::env::var("TANDEM_GDN_WY").as_deref() == Ok("plain"));
+    !plain && dk.is_multiple_of(4) && wy_state_smem(dk, true) <= 227 * 1024
+}
 
 /// See [`super::step::step_reference_chunked`]: from the conv output `u` `[t, 2 nk dk + nv dv]`,
 /// the gate `z` `[t, nv dv]` and the raw `b`, `a` `[t, nv]`, the normed output `[t, nv dv]` and
@@ -75,22 +92,26 @@ pub fn step_chunked(
     unsafe { run(&mut bl, cfg, "gdn_wy_prep")? };
     drop(bl);
 
-    let f = dev.get_or_load_custom_func(
-        "gdn_wy_state",
-        MODULE,
-        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
-    )?;
+    let staged = wy_staged(dk);
+    let name = if staged { "gdn_wy_state_staged" } else { "gdn_wy_state" };
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
+    let smem = wy_state_smem(dk, staged);
+    if staged {
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+    }
     let mut bl = f.builder();
     bl.arg(&o_raw).arg(&next).arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm).arg(&sv);
     bl.arg(&ti).arg(&nvi).arg(&dki).arg(&dvi);
     let cfg = LaunchConfig {
         grid_dim: (nv as u32, dv.div_ceil(WY_COLS) as u32, 1),
         block_dim: (WY_WARPS * 32, 1, 1),
-        shared_mem_bytes: ((dk + WY_C) * WY_COLS * 4) as u32,
+        shared_mem_bytes: smem,
     };
-    // SAFETY: arguments in gdn_wy_state's order; o_raw holds t*nv*dv, next nv*dk*dv; shared
-    // memory holds the state slice (dk x 32) and V' (64 x 32), at most 40 KB.
-    unsafe { run(&mut bl, cfg, "gdn_wy_state")? };
+    // SAFETY: arguments in gdn_wy_state's order (the staged kernel's are the same); o_raw
+    // holds t*nv*dv, next nv*dk*dv; shared memory holds the state slice (dk x 32) and V'
+    // (64 x 32), and for the staged kernel the chunk's W, Q and K rows (3 x 64 x dk, dk a
+    // multiple of 4: wy_staged checks), as wy_state_smem computes.
+    unsafe { run(&mut bl, cfg, name)? };
     drop(bl);
 
     let rows = t * nv;
