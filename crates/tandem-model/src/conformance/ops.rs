@@ -198,9 +198,14 @@ fn attn_case(
 // ---- GDN -------------------------------------------------------------------------------
 
 fn gdn_conv(dev: &Device, out: &mut Vec<Check>) {
-    for (ch, k, t, lanes) in
-        [(96, 4, 1, false), (96, 4, 7, true), (6144, 4, 64, false), (6144, 4, 5, true), (40, 2, 3, true), (8192, 4, 100, true)]
-    {
+    for (ch, k, t, lanes) in [
+        (96, 4, 1, false),
+        (96, 4, 7, true),
+        (6144, 4, 64, false),
+        (6144, 4, 5, true),
+        (40, 2, 3, true),
+        (8192, 4, 100, true),
+    ] {
         let shape = format!("ch{ch} k{k} t{t}{}", if lanes { " lanes" } else { "" });
         push(out, "gdn_conv", shape.clone(), "f32", conv_case(dev, ch, k, t, lanes, &shape));
     }
@@ -246,7 +251,8 @@ fn conv_case(dev: &Device, ch: usize, k: usize, t: usize, lanes: bool, shape: &s
                 == y.flatten_all()?.to_vec1::<f32>()?
                 && s.flatten_all()?.to_vec1::<f32>()? == s2.flatten_all()?.to_vec1::<f32>()?;
             if let (Some(l), Some(l1), Some(l2)) = (l, l1, l2) {
-                same &= Tensor::cat(&[&l1, &l2], 0)?.flatten_all()?.to_vec1::<f32>()? == l.flatten_all()?.to_vec1::<f32>()?;
+                same &= Tensor::cat(&[&l1, &l2], 0)?.flatten_all()?.to_vec1::<f32>()?
+                    == l.flatten_all()?.to_vec1::<f32>()?;
             }
             Ok(if same { 0.0 } else { 1.0 })
         })();

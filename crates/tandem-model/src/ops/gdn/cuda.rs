@@ -58,9 +58,10 @@ pub fn conv_silu(x: &Tensor, state: &Tensor, w: &Tensor, lanes: bool) -> Result<
     };
     b.arg(&xv).arg(&sv).arg(&wv).arg(&ti).arg(&chi).arg(&ki);
     // A block per 128 channels and tile of CONV_TILE tokens (gdn.cu), at least one.
-    let tiles = u32::try_from(t.div_ceil(CONV_TILE).max(1))
-        .map_err(|_| ModelError::Input(format!("gdn conv: {t} tokens")))?;
-    let cfg = LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, tiles, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let tiles =
+        u32::try_from(t.div_ceil(CONV_TILE).max(1)).map_err(|_| ModelError::Input(format!("gdn conv: {t} tokens")))?;
+    let cfg =
+        LaunchConfig { grid_dim: (ch.div_ceil(128) as u32, tiles, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: arguments in gdn_conv_silu's order; y holds t*ch, next hist*ch (a fresh buffer,
     // not the state read), lanes t*hist*ch.
     unsafe { run(&mut b, cfg, "gdn_conv_silu")? };

@@ -94,7 +94,8 @@ pub fn step_chunked(
 
     let staged = wy_staged(dk);
     let name = if staged { "gdn_wy_state_staged" } else { "gdn_wy_state" };
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
+    let f =
+        dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
     let smem = wy_state_smem(dk, staged);
     if staged {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
