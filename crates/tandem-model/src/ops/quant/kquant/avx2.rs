@@ -17,8 +17,9 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
+use super::tile50::Tile50;
 use super::tile6::Sub16;
-use super::x86::{ahead, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs these kernels.
 pub fn available() -> bool {
@@ -212,6 +213,67 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
             acc[i][r] = _mm256_fmadd_ps(tt[i][r], da, acc[i][r]);
             acc[i][r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[i][r]);
         }
+    }
+}
+
+/// [`rows`] for Q5_0 tiles ([`Tile50`]), as [`super::avx512::rows50`], half by half: per
+/// 32-value block the integer sum from `-16 · Σ a`, two groups at a time in i16 (at most
+/// 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`.
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows50<const R: usize>(
+    tiles: *const Tile50,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let ahead = ahead50::<R>();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..cols.div_ceil(HALF) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
+            let da: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps((blk[r] as *const f32).read_unaligned()));
+            for s in 0..8 {
+                let mut isum: [__m256i; R] = std::array::from_fn(|r| {
+                    let sums = blk[r].add(Q8_BSUMS + 4 * s) as *const i16;
+                    _mm256_set1_epi32(-16 * (sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32))
+                });
+                for g0 in [4 * s, 4 * s + 2] {
+                    let mut part = [_mm256_setzero_si256(); R];
+                    for g in g0..g0 + 2 {
+                        let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                        let lo = add_under(_mm256_and_si256(w, m4), (t.high.0[2 * g] >> (32 * h)) as u32, sixteen);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                        let hi = add_under(hi, (t.high.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
+                        for r in 0..R {
+                            let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
+                            let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
+                            let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+                            part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
+                        }
+                    }
+                    for r in 0..R {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+                    }
+                }
+                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
+                for r in 0..R {
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da[r]), acc[r]);
+                }
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
     }
 }
 

@@ -137,15 +137,16 @@ pub fn q8_tiles() -> bool {
     }
 }
 
-/// Whether Q5_0 matrices load as [`tile50::Tile50`]s: on CPUs that run the AVX-512 kernel,
-/// unless `TANDEM_Q5_0_TILES=0` keeps them on the row-major block kernels (ggml's order).
+/// Whether Q5_0 matrices load as [`tile50::Tile50`]s: on CPUs that run the kernel (AVX-512
+/// VNNI or AVX2), unless `TANDEM_Q5_0_TILES=0` keeps them on the row-major block kernels
+/// (ggml's order).
 pub fn q50_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| {
             let off = std::env::var("TANDEM_Q5_0_TILES").as_deref() == Ok("0");
-            available() && simd() == Some(Simd::Avx512) && !off
+            available() && !off
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -463,19 +464,11 @@ impl KQuantMatrix {
     ) {
         let nb = self.nb();
         if !self.five0.is_empty() {
-            if simd == Simd::Avx512 {
-                return avx512::rows50::<R>(self.five0[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
-            }
-            // Not loaded this way without the AVX-512 kernel ([`q50_tiles`]); the reference's
-            // arithmetic all the same.
-            for (r, row) in rows.iter().enumerate() {
-                let q8 = std::slice::from_raw_parts(row.q8 as *const candle_core::quantized::k_quants::BlockQ8K, nb);
-                let acts6: Vec<tile6::Act6<'_>> = q8.iter().map(act6).collect();
-                for c in 0..cols {
-                    *out.add(r * ldo + c) = tile50::dot(&self.five0[ct * nb..(ct + 1) * nb], c, &acts6);
-                }
-            }
-            return;
+            let tiles = self.five0[ct * nb..].as_ptr();
+            return match simd {
+                Simd::Avx512 => avx512::rows50::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<R>(tiles, nb, rows, out, ldo, cols),
+            };
         }
         if !self.eight.is_empty() {
             if simd == Simd::Avx512 {
