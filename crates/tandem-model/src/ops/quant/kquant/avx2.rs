@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
-use super::tile50::Tile50;
+use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
@@ -242,12 +242,10 @@ pub unsafe fn rows50<const R: usize>(
                 prefetch_next!(tiles, b, nb, ahead);
             }
             let t = &*tiles.add(b);
-            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
-            let da: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps((blk[r] as *const f32).read_unaligned()));
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             for s in 0..8 {
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
-                    let sums = blk[r].add(Q8_BSUMS + 4 * s) as *const i16;
-                    _mm256_set1_epi32(-16 * (sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32))
+                    _mm256_set1_epi32(-16 * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });
                 for g0 in [4 * s, 4 * s + 2] {
                     let mut part = [_mm256_setzero_si256(); R];
@@ -257,7 +255,7 @@ pub unsafe fn rows50<const R: usize>(
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
                         let hi = add_under(hi, (t.high.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
                         for r in 0..R {
-                            let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
+                            let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
                             let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
                             let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
                             part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
@@ -269,7 +267,8 @@ pub unsafe fn rows50<const R: usize>(
                 }
                 let d = half_f32(t.d[s].as_ptr().add(h * HALF));
                 for r in 0..R {
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da[r]), acc[r]);
+                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
                 }
             }
         }

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
-use super::tile50::Tile50;
+use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
 use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
@@ -92,14 +92,12 @@ pub unsafe fn rows50<const R: usize>(
     for b in 0..nb {
         prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
-        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
-        let da: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps((blk[r] as *const f32).read_unaligned()));
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         for s in 0..8 {
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                let sums = blk[r].add(Q8_BSUMS + 4 * s) as *const i16;
-                let sum = sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32;
+                let sum = (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned();
                 even[r] = _mm512_set1_epi32(-16 * sum);
             }
             for g in 4 * s..4 * s + 4 {
@@ -109,15 +107,16 @@ pub unsafe fn rows50<const R: usize>(
                 let lo = _mm512_mask_add_epi8(lo, t.high.0[2 * g], lo, sixteen);
                 let hi = _mm512_mask_add_epi8(hi, t.high.0[2 * g + 1], hi, sixteen);
                 for r in 0..R {
-                    let a = blk[r].add(Q8_QS + 8 * g) as *const i32;
+                    let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
                     even[r] = _mm512_dpbusd_epi32(even[r], lo, _mm512_set1_epi32(a.read_unaligned()));
                     odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(a.add(1).read_unaligned()));
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_load_si256(t.d[s].as_ptr() as *const __m256i));
             for r in 0..R {
+                let da = _mm512_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
                 let i = _mm512_add_epi32(even[r], odd[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da), acc[r]);
             }
         }
     }

@@ -380,57 +380,57 @@ impl KQuantMatrix {
         if m == 0 {
             return;
         }
-        let nb = self.nb();
-        let padded;
-        let x = if nb * QK_K == self.k {
-            x
-        } else {
-            // Rows padded with zeros to whole superblocks (Q5_0 of k = 896, ...): the padding's
-            // weights are 0 with d = 0, and zeros leave the row's Q8K scales as they are.
-            let kp = nb * QK_K;
-            let mut p = vec![0f32; m * kp];
-            for (dst, src) in p.chunks_exact_mut(kp).zip(x.chunks_exact(self.k)) {
-                dst[..self.k].copy_from_slice(src);
-            }
-            padded = p;
-            &padded[..]
-        };
-        let (q8, bsum) = quantize(x, m, nb);
+        let acts = self.acts(x, m);
         #[cfg(target_arch = "x86_64")]
         if available() {
             if let Some(simd) = simd() {
                 // SAFETY: the CPU has `simd` (checked by `simd`); sizes are asserted above and
-                // in `quantize`.
-                unsafe { self.matmul_simd(simd, &q8, &bsum, m, y) };
+                // in `acts`.
+                unsafe { self.matmul_simd(simd, &acts, m, y) };
                 return;
             }
         }
-        self.matmul_reference(&q8, &bsum, m, y);
+        self.matmul_reference(&acts, m, y);
     }
 
-    /// The plain per-element products ([`tile::dot`]).
-    fn matmul_reference(
-        &self,
-        q8: &[candle_core::quantized::k_quants::BlockQ8K],
-        bsum: &[[u32; 4]],
-        m: usize,
-        y: &mut [f32],
-    ) {
+    /// Whether the kernel reads activations quantised per 32-value block ([`tile50::Act50`]:
+    /// Q5_0 tiles) rather than Q8K superblocks.
+    fn per_block_acts(&self) -> bool {
+        !self.five0.is_empty()
+    }
+
+    /// `x` (`m` rows of `k`) quantised as this matrix's kernel reads it.
+    fn acts(&self, x: &[f32], m: usize) -> Acts {
+        if self.per_block_acts() {
+            Acts::Block(tile50::quantize_rows(x, m, self.k))
+        } else {
+            let (q8, bsum) = quantize(x, m, self.nb());
+            Acts::Q8K(q8, bsum)
+        }
+    }
+
+    /// The plain per-element products ([`tile::dot`] and its siblings).
+    fn matmul_reference(&self, acts: &Acts, m: usize, y: &mut [f32]) {
         let nb = self.nb();
+        let (q8, bsum) = match acts {
+            Acts::Q8K(q8, bsum) => (&q8[..], &bsum[..]),
+            Acts::Block(a) => {
+                for r in 0..m {
+                    for col in 0..self.n {
+                        let range = (col / COLS) * nb..(col / COLS + 1) * nb;
+                        y[r * self.n + col] = tile50::dot(&self.five0[range], col % COLS, &a[r * nb..(r + 1) * nb]);
+                    }
+                }
+                return;
+            }
+        };
         for r in 0..m {
-            if !self.six.is_empty()
-                || !self.three.is_empty()
-                || !self.two.is_empty()
-                || !self.eight.is_empty()
-                || !self.five0.is_empty()
-            {
+            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() || !self.eight.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
                     y[r * self.n + col] = if !self.eight.is_empty() {
                         tile8::dot(&self.eight[range], col % COLS, &acts6)
-                    } else if !self.five0.is_empty() {
-                        tile50::dot(&self.five0[range], col % COLS, &acts6)
                     } else if !self.two.is_empty() {
                         tile2::dot(&self.two[range], col % COLS, &acts6)
                     } else if self.three.is_empty() {
@@ -509,18 +509,16 @@ impl KQuantMatrix {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn matmul_simd(
-        &self,
-        simd: Simd,
-        q8: &[candle_core::quantized::k_quants::BlockQ8K],
-        bsum: &[[u32; 4]],
-        m: usize,
-        y: &mut [f32],
-    ) {
+    unsafe fn matmul_simd(&self, simd: Simd, acts: &Acts, m: usize, y: &mut [f32]) {
         use super::matrix::{for_column_chunks, OutPtr};
         let (n, nb) = (self.n, self.nb());
         let out = OutPtr(y.as_mut_ptr());
-        let row_ptr = |r: usize| x86::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
+        let row_ptr = |r: usize| match acts {
+            Acts::Q8K(q8, bsum) => {
+                x86::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() }
+            }
+            Acts::Block(a) => x86::RowPtr { q8: a[r * nb..].as_ptr() as *const u8, bsum: std::ptr::null() },
+        };
         let max_rows = if simd == Simd::Avx2 { avx2::MAX_ROWS } else { 8 };
         let block = (ROW_BLOCK_BYTES / (nb * 292)).max(8) / 8 * 8;
         let threads = crate::ops::cpu_threads::threads();
@@ -554,6 +552,14 @@ impl KQuantMatrix {
             }
         });
     }
+}
+
+/// Activation rows quantised for a [`KQuantMatrix`]'s kernel: candle's Q8K superblocks and
+/// their sub-block sums (every type but Q5_0), or ggml's per-block quantisation laid out by
+/// stretch ([`tile50::Act50`], Q5_0).
+enum Acts {
+    Q8K(Vec<candle_core::quantized::k_quants::BlockQ8K>, Vec<[u32; 4]>),
+    Block(Vec<tile50::Act50>),
 }
 
 /// `o[b * 256 + i] = weight(b, i)` for the `nb` superblocks of one column.

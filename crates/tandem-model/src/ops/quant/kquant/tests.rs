@@ -57,14 +57,14 @@ fn kernel_equals_reference_bit_for_bit() {
         let (bytes, _) = matrix(dt, n, k, 11 * n as u64 + k as u64);
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let x = random(m * k, 3 + m as u64);
-        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let acts = w.acts(&x, m);
         let mut plain = vec![f32::NAN; m * n];
-        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        w.matmul_reference(&acts, m, &mut plain);
         let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
         for &simd in &kernels {
             let mut fast = vec![f32::NAN; m * n];
             // SAFETY: the CPU has `simd` (filtered above).
-            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            unsafe { w.matmul_simd(simd, &acts, m, &mut fast) };
             let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
             assert_eq!(fb, pb, "{dt:?} [{n}, {k}] x {m} rows, {simd:?}");
         }
@@ -202,14 +202,14 @@ fn largest_sums_equal_the_reference() {
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let mut x = vec![1.0f32; m * k];
         x[2 * k..3 * k].fill(-3.0);
-        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let acts = w.acts(&x, m);
         let mut plain = vec![f32::NAN; m * n];
-        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        w.matmul_reference(&acts, m, &mut plain);
         assert!(plain.iter().all(|v| v.is_finite() && *v != 0.0), "{dt:?}: {plain:?}");
         for &simd in &kernels {
             let mut fast = vec![f32::NAN; m * n];
             // SAFETY: the CPU has `simd` (filtered above).
-            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            unsafe { w.matmul_simd(simd, &acts, m, &mut fast) };
             let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
             let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
             assert_eq!(fb, pb, "{dt:?}, {simd:?}");
@@ -232,15 +232,29 @@ fn q5_0_rows_of_any_length() {
         let x = random(m * k, k as u64);
         let mut got = vec![f32::NAN; m * n];
         w.matmul(&x, m, &mut got);
-        // The reference on the rows padded by hand.
-        let (nb, kp) = (k.div_ceil(QK_K), k.div_ceil(QK_K) * QK_K);
-        let mut xp = vec![0f32; m * kp];
-        for (d, s) in xp.chunks_exact_mut(kp).zip(x.chunks_exact(k)) {
-            d[..k].copy_from_slice(s);
+        // The reference on the same activations (padded to whole stretches by `acts`), and the
+        // activations are ggml's per-block quantisation of each row.
+        let acts = w.acts(&x, m);
+        let Acts::Block(a) = &acts else { panic!("Q5_0 takes per-block activations") };
+        let nb = k.div_ceil(QK_K);
+        for r in 0..m {
+            let mut blocks = vec![crate::ops::quant::activation::Q8Block::ZERO; k / 32];
+            crate::ops::quant::activation::quantize_row_scalar(&x[r * k..(r + 1) * k], &mut blocks);
+            for (i, b) in blocks.iter().enumerate() {
+                let st = &a[r * nb + i / 8];
+                assert_eq!(
+                    (st.d[i % 8], &st.qs[32 * (i % 8)..32 * (i % 8) + 32]),
+                    (b.d, &b.qs[..]),
+                    "row {r} block {i}"
+                );
+                assert_eq!(st.sums[i % 8], b.qs.iter().map(|&q| q as i32).sum::<i32>());
+            }
+            for i in k / 32..8 * nb {
+                assert_eq!((a[r * nb + i / 8].d[i % 8], a[r * nb + i / 8].sums[i % 8]), (0.0, 0), "padding");
+            }
         }
-        let (q8, bsum) = quantize(&xp, m, nb);
         let mut plain = vec![f32::NAN; m * n];
-        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        w.matmul_reference(&acts, m, &mut plain);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&plain), "[{n}, {k}]: kernel against reference");
         for r in [0, 4, 10] {

@@ -8,8 +8,11 @@
 //! [`super::tile`]'s interleaved nibbles, the fifth in a [`HighBits`] plane (the byte masks
 //! under which the kernel adds 16), and each block's f16 `d`: 2,816 bytes for 16 x 256 values.
 //! The unsigned value `q` (0..31) stands for the weight `d · (q − 16)`; the `−16` comes off
-//! as `16 · Σ a` from the activation row's sums. Activations are Q8K rows (one `d` per 256
-//! values), as for every K-quant here.
+//! as `16 · Σ a` from the activation row's sums. Activations are quantised per 32-value block
+//! as ggml quantises them for its Q5_0 dot product (`quantize_row_q8_0`: `d_a = amax / 127`
+//! through f16, [`super::super::activation`]), laid out a stretch at a time as [`Act50`]: one
+//! scale per 256 values (the other K-quants' Q8K rows) lost too much on Gemma's outlier
+//! activations (gemma3-270m left llama.cpp's greedy tokens at a decisive position).
 //!
 //! Rows whose length is not a multiple of 256 (qwen2.5's 896) are padded to whole stretches:
 //! the missing blocks hold `q = 16` with `d = 0`, whose integer sum is exactly 0, and the
@@ -21,14 +24,13 @@
 //!
 //! ```text
 //! i   = Σ_{j<32} q_j · a_j  −  16 · Σ_{j<32} a_j      (exact, i32)
-//! acc = fma(f32(i), d_s · D, acc)                     (from acc = +0.0)
+//! acc = fma(f32(i), d_s · d_a,s, acc)                 (from acc = +0.0)
 //! ```
 //!
 //! `|i| ≤ 32 · 31 · 128`, so `f32(i)` is exact; the kernel ([`super::avx512::rows50`]) and the
 //! reference ([`dot`]) give the same bits, and a row's result never depends on the call.
 
 use super::tile::{bits4, interleave, nibble, nibbles8, HighBits, COLS, QK_K};
-use super::tile6::Act6;
 
 /// Bytes of one GGUF `block_q5_0`: `d` (f16), 32 fifth bits (`qh`, little-endian u32), 16
 /// bytes of nibbles (value `j` low, `j + 16` high).
@@ -106,9 +108,54 @@ pub fn weight(t: &Tile50, c: usize, i: usize) -> f32 {
     half::f16::from_bits(t.d[i / 32][c]).to_f32() * (t.value(c, i) as i32 - 16) as f32
 }
 
-/// The reference: column `c` of the stretches `tiles` against one row's Q8K superblocks (in
-/// the order of the module docs).
-pub fn dot(tiles: &[Tile50], c: usize, acts: &[Act6<'_>]) -> f32 {
+/// One 256-value stretch of an activation row as the Q5_0 kernels read it: each 32-value
+/// block's scale (ggml's f16-rounded `d`, as f32), the values, each block's value sum.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Act50 {
+    pub d: [f32; 8],
+    pub qs: [i8; QK_K],
+    pub sums: [i32; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<Act50>() == 320);
+
+/// Byte offsets in an [`Act50`] (for the kernels).
+pub const ACT50_BYTES: usize = 320;
+pub const ACT50_QS: usize = 32;
+pub const ACT50_SUMS: usize = 288;
+
+/// `m` rows of `k` values (`k` a multiple of 32) as `m · ceil(k / 256)` stretches, each row
+/// padded with zero blocks (`d = 0`, values 0) to whole stretches; ggml's quantiser on the
+/// CPU's best kernel (the scalar one gives the same bits).
+pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> Vec<Act50> {
+    use super::super::activation::{quantize_row, Q8Block};
+    let nb = k.div_ceil(QK_K);
+    let zero = Act50 { d: [0.0; 8], qs: [0; QK_K], sums: [0; 8] };
+    let mut out = vec![zero; m * nb];
+    let one = |row: &[f32], acts: &mut [Act50]| {
+        let mut blocks = vec![Q8Block::ZERO; k / 32];
+        quantize_row(super::super::Kernel::best(), row, &mut blocks);
+        for (i, b) in blocks.iter().enumerate() {
+            let a = &mut acts[i / 8];
+            let s = i % 8;
+            a.d[s] = b.d;
+            a.qs[32 * s..32 * s + 32].copy_from_slice(&b.qs);
+            a.sums[s] = b.qs.iter().map(|&q| q as i32).sum();
+        }
+    };
+    if m >= 4 && rayon::current_num_threads() > 1 && crate::ops::cpu_threads::limit() > 1 {
+        use rayon::prelude::*;
+        out.par_chunks_exact_mut(nb).zip(x.par_chunks_exact(k)).for_each(|(a, row)| one(row, a));
+    } else {
+        out.chunks_exact_mut(nb).zip(x.chunks_exact(k)).for_each(|(a, row)| one(row, a));
+    }
+    out
+}
+
+/// The reference: column `c` of the stretches `tiles` against one row's stretches (in the
+/// order of the module docs).
+pub fn dot(tiles: &[Tile50], c: usize, acts: &[Act50]) -> f32 {
     let mut acc = 0f32;
     for (t, a) in tiles.iter().zip(acts) {
         for s in 0..8 {
@@ -116,8 +163,8 @@ pub fn dot(tiles: &[Tile50], c: usize, acts: &[Act6<'_>]) -> f32 {
             for j in 32 * s..32 * s + 32 {
                 i += t.value(c, j) as i32 * a.qs[j] as i32;
             }
-            i -= 16 * (a.bsums[2 * s] as i32 + a.bsums[2 * s + 1] as i32);
-            let scale = half::f16::from_bits(t.d[s][c]).to_f32() * a.d;
+            i -= 16 * a.sums[s];
+            let scale = half::f16::from_bits(t.d[s][c]).to_f32() * a.d[s];
             acc = (i as f32).mul_add(scale, acc);
         }
     }
