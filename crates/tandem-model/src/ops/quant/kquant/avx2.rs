@@ -19,6 +19,7 @@ use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
 use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
+use super::tile8::Tile8;
 use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs these kernels.
@@ -213,6 +214,57 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
             acc[i][r] = _mm256_fmadd_ps(tt[i][r], da, acc[i][r]);
             acc[i][r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[i][r]);
         }
+    }
+}
+
+/// [`rows`] for Q8_0 tiles ([`Tile8`]), as [`super::avx512::rows8`], half by half. The
+/// stored `w + 128` would overflow `vpmaddubsw`'s i16 pairs, so each group's weights are
+/// taken back to signed and multiplied as `|w|` (unsigned, at most 128) by the activations
+/// under `w`'s sign (`vpsignb`): a pair is at most 2 · 128 · 127 = 32,512, widened at once;
+/// the block's sum is `Σ w · a`, the integer `dpbusd` gives after its `-128 · Σ a`.
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows8<const R: usize>(
+    tiles: *const Tile8,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let ahead = ahead::<R>();
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..cols.div_ceil(HALF) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+            for s in 0..8 {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for g in 8 * s..8 * s + 8 {
+                    let w =
+                        _mm256_xor_si256(_mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i), flip);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for r in 0..R {
+                        let a = _mm256_set1_epi32((blk[r].add(ACT50_QS + 4 * g) as *const i32).read_unaligned());
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
+                    }
+                }
+                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
+                for r in 0..R {
+                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
+                }
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
     }
 }
 

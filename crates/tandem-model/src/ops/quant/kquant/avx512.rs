@@ -22,7 +22,7 @@ pub fn available() -> bool {
 
 /// [`rows`] for Q8_0 tiles ([`Tile8`]): per 32-value block, eight `dpbusd`s (two chains a
 /// row, so one row is not held up by their latency) started at `-128 · Σ a`, then one
-/// multiply-add by `d_s · D` ([`super::tile8::dot`]'s order).
+/// multiply-add by `d_s · d_a,s` ([`super::tile8::dot`]'s order).
 ///
 /// # Safety
 /// As [`rows`].
@@ -40,14 +40,12 @@ pub unsafe fn rows8<const R: usize>(
     for b in 0..nb {
         prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
-        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
-        let da: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps((blk[r] as *const f32).read_unaligned()));
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         for s in 0..8 {
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                let sums = blk[r].add(Q8_BSUMS + 4 * s) as *const i16;
-                let sum = sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32;
+                let sum = (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned();
                 even[r] = _mm512_set1_epi32(-128 * sum);
             }
             for q in 0..4 {
@@ -55,15 +53,16 @@ pub unsafe fn rows8<const R: usize>(
                 let w0 = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
                 let w1 = _mm512_load_si512(t.qs.as_ptr().add(64 * g + 64) as *const __m512i);
                 for r in 0..R {
-                    let a = blk[r].add(Q8_QS + 4 * g) as *const i32;
+                    let a = blk[r].add(ACT50_QS + 4 * g) as *const i32;
                     even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(a.read_unaligned()));
                     odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(a.add(1).read_unaligned()));
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_load_si256(t.d[s].as_ptr() as *const __m256i));
             for r in 0..R {
+                let da = _mm512_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
                 let i = _mm512_add_epi32(even[r], odd[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da), acc[r]);
             }
         }
     }

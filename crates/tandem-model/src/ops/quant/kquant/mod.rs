@@ -58,7 +58,7 @@ pub struct KQuantMatrix {
     three: Vec<Tile3>,
     /// Q2K tiles (empty otherwise).
     two: Vec<Tile2>,
-    /// Q8_0 tiles (empty otherwise; AVX-512 only, see [`takes`]).
+    /// Q8_0 tiles (empty otherwise; see [`takes`]).
     eight: Vec<Tile8>,
     /// Q5_0 tiles (empty otherwise; AVX-512 only, see [`takes`]); rows of any multiple of 32
     /// values, padded to whole stretches ([`tile50`]).
@@ -121,7 +121,10 @@ pub fn takes(dtype: GgmlDType, head: bool) -> bool {
 
 /// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
 /// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
-/// another (`ours`: the row-major block kernels, `candle`: candle's).
+/// another (`ours`: the row-major block kernels, `candle`: candle's). The AVX2 build of the
+/// tiles (`avx2::rows8`) measured no faster than the AVX2 block kernels (Zen 4 forced to AVX2,
+/// random 0.8B hybrid Q8_0: pp256 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), so AVX2 CPUs
+/// keep those; it serves `TANDEM_KQUANT_SIMD=avx2`.
 pub fn q8_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -396,7 +399,7 @@ impl KQuantMatrix {
     /// Whether the kernel reads activations quantised per 32-value block ([`tile50::Act50`]:
     /// Q5_0 tiles) rather than Q8K superblocks.
     fn per_block_acts(&self) -> bool {
-        !self.five0.is_empty()
+        !self.five0.is_empty() || !self.eight.is_empty()
     }
 
     /// `x` (`m` rows of `k`) quantised as this matrix's kernel reads it.
@@ -416,22 +419,25 @@ impl KQuantMatrix {
             Acts::Q8K(q8, bsum) => (&q8[..], &bsum[..]),
             Acts::Block(a) => {
                 for r in 0..m {
+                    let row = &a[r * nb..(r + 1) * nb];
                     for col in 0..self.n {
                         let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                        y[r * self.n + col] = tile50::dot(&self.five0[range], col % COLS, &a[r * nb..(r + 1) * nb]);
+                        y[r * self.n + col] = if self.eight.is_empty() {
+                            tile50::dot(&self.five0[range], col % COLS, row)
+                        } else {
+                            tile8::dot(&self.eight[range], col % COLS, row)
+                        };
                     }
                 }
                 return;
             }
         };
         for r in 0..m {
-            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() || !self.eight.is_empty() {
+            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = if !self.eight.is_empty() {
-                        tile8::dot(&self.eight[range], col % COLS, &acts6)
-                    } else if !self.two.is_empty() {
+                    y[r * self.n + col] = if !self.two.is_empty() {
                         tile2::dot(&self.two[range], col % COLS, &acts6)
                     } else if self.three.is_empty() {
                         tile6::dot(&self.six[range], col % COLS, &acts6)
@@ -471,19 +477,11 @@ impl KQuantMatrix {
             };
         }
         if !self.eight.is_empty() {
-            if simd == Simd::Avx512 {
-                return avx512::rows8::<R>(self.eight[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
-            }
-            // Not loaded this way without the AVX-512 kernel ([`q8_tiles`]); the reference's
-            // arithmetic all the same.
-            for (r, row) in rows.iter().enumerate() {
-                let q8 = std::slice::from_raw_parts(row.q8 as *const candle_core::quantized::k_quants::BlockQ8K, nb);
-                let acts6: Vec<tile6::Act6<'_>> = q8.iter().map(act6).collect();
-                for c in 0..cols {
-                    *out.add(r * ldo + c) = tile8::dot(&self.eight[ct * nb..(ct + 1) * nb], c, &acts6);
-                }
-            }
-            return;
+            let tiles = self.eight[ct * nb..].as_ptr();
+            return match simd {
+                Simd::Avx512 => avx512::rows8::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows8::<R>(tiles, nb, rows, out, ldo, cols),
+            };
         }
         if simd == Simd::Avx2 {
             if !self.six.is_empty() {

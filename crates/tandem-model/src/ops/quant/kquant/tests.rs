@@ -170,7 +170,7 @@ fn first_rows_and_bad_sizes() {
 }
 
 /// The largest integer sums a kernel can meet: every weight value at its type's maximum (Q4K
-/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127, Q5_0 31) against activations of -127 (a row of equal values): the
+/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127 and -128, Q5_0 31) against activations of -127 (a row of equal values): the
 /// AVX2 kernel's i16 partial sums are at their bound here, and must still equal the reference.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -190,8 +190,11 @@ fn largest_sums_equal_the_reference() {
         let block = bytes.len() / (n * k / QK_K);
         for blk in bytes.chunks_exact_mut(block) {
             if dt == GgmlDType::Q8_0 {
-                // Eight `block_q8_0`s a stretch: d, then 32 signed values each.
-                blk.chunks_exact_mut(34).for_each(|b| b[2..].fill(0x7F));
+                // Eight `block_q8_0`s a stretch: d, then 32 signed values each; every other
+                // block at -128 (the AVX2 kernel's |w| = 128 under the sign).
+                for (i, b) in blk.chunks_exact_mut(34).enumerate() {
+                    b[2..].fill(if i % 2 == 0 { 0x7F } else { 0x80 });
+                }
             } else if dt == GgmlDType::Q5_0 {
                 // Eight `block_q5_0`s: d, then the fifth bits and the nibbles (q = 31).
                 blk.chunks_exact_mut(22).for_each(|b| b[2..].fill(0xFF));
