@@ -167,6 +167,13 @@ fn greedy_speculation_is_lossless_on_q8_0_tiles() {
     lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q8_0, true);
 }
 
+/// The same with Q5_0 weights (our kernel's Q5_0 tiles on x86 with AVX-512 VNNI or AVX2, the
+/// block kernels elsewhere).
+#[test]
+fn greedy_speculation_is_lossless_on_q5_0_tiles() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q5_0, false);
+}
+
 /// The same with Q3_K weights (our kernel's Q3K tiles on the CPU).
 #[test]
 fn greedy_speculation_is_lossless_on_q3k_weights() {

@@ -85,7 +85,7 @@ impl GgufSource {
         let ([n, k], true) = (info.shape.dims(), supported) else {
             return Ok(None);
         };
-        if !crate::ops::quant::kquant::available() || !k.is_multiple_of(256) {
+        if !crate::ops::quant::kquant::available() || !crate::ops::quant::kquant::fits(info.ggml_dtype, *k) {
             return Ok(None);
         }
         Ok(Some(KQuantMatrix::from_bytes(info.ggml_dtype, *n, *k, self.tensor_bytes(name, info)?)?))
@@ -177,6 +177,11 @@ pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
     // float operation per block and column where our block kernels spend eight (Zen 4, random
     // 0.8B hybrid, 2 threads: pp512 256 tok/s against 203 on candle's tiles and 140 on ours,
     // tg64 31.8 against 25.6 and 33.5; 1 thread tg32 27.1 against 23.1 on ours).
+    // Q5_0 goes to the kernel's Q5_0 tiles (`kquant::tile50`, rows of any multiple of 32
+    // values) on the same CPUs, for the same reason.
+    if ty == QuantType::Q5_0 && crate::ops::quant::kquant::q50_tiles() {
+        return false;
+    }
     if ty == QuantType::Q8_0 {
         if k.is_multiple_of(256) && crate::ops::quant::kquant::q8_tiles() {
             return false;

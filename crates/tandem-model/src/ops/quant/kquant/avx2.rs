@@ -17,8 +17,10 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
+use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
-use super::x86::{ahead, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+use super::tile8::Tile8;
+use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs these kernels.
 pub fn available() -> bool {
@@ -212,6 +214,117 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
             acc[i][r] = _mm256_fmadd_ps(tt[i][r], da, acc[i][r]);
             acc[i][r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ms), dmin), da, acc[i][r]);
         }
+    }
+}
+
+/// [`rows`] for Q8_0 tiles ([`Tile8`]), as [`super::avx512::rows8`], half by half. The
+/// stored `w + 128` would overflow `vpmaddubsw`'s i16 pairs, so each group's weights are
+/// taken back to signed and multiplied as `|w|` (unsigned, at most 128) by the activations
+/// under `w`'s sign (`vpsignb`): a pair is at most 2 · 128 · 127 = 32,512, widened at once;
+/// the block's sum is `Σ w · a`, the integer `dpbusd` gives after its `-128 · Σ a`.
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows8<const R: usize>(
+    tiles: *const Tile8,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let ahead = ahead::<R>();
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..cols.div_ceil(HALF) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+            for s in 0..8 {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for g in 8 * s..8 * s + 8 {
+                    let w =
+                        _mm256_xor_si256(_mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i), flip);
+                    let aw = _mm256_sign_epi8(w, w);
+                    for r in 0..R {
+                        let a = _mm256_set1_epi32((blk[r].add(ACT50_QS + 4 * g) as *const i32).read_unaligned());
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
+                    }
+                }
+                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
+                for r in 0..R {
+                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
+                }
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+    }
+}
+
+/// [`rows`] for Q5_0 tiles ([`Tile50`]), as [`super::avx512::rows50`], half by half: per
+/// 32-value block the integer sum from `-16 · Σ a`, two groups at a time in i16 (at most
+/// 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`.
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn rows50<const R: usize>(
+    tiles: *const Tile50,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let ahead = ahead50::<R>();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..cols.div_ceil(HALF) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            if h == 0 {
+                prefetch_next!(tiles, b, nb, ahead);
+            }
+            let t = &*tiles.add(b);
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+            for s in 0..8 {
+                let mut isum: [__m256i; R] = std::array::from_fn(|r| {
+                    _mm256_set1_epi32(-16 * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
+                });
+                for g0 in [4 * s, 4 * s + 2] {
+                    let mut part = [_mm256_setzero_si256(); R];
+                    for g in g0..g0 + 2 {
+                        let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                        let lo = add_under(_mm256_and_si256(w, m4), (t.high.0[2 * g] >> (32 * h)) as u32, sixteen);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                        let hi = add_under(hi, (t.high.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
+                        for r in 0..R {
+                            let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
+                            let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
+                            let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
+                            part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
+                        }
+                    }
+                    for r in 0..R {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+                    }
+                }
+                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
+                for r in 0..R {
+                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
+                }
+            }
+        }
+        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
     }
 }
 

@@ -8,9 +8,10 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
+use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
-use super::x86::{ahead, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -21,7 +22,7 @@ pub fn available() -> bool {
 
 /// [`rows`] for Q8_0 tiles ([`Tile8`]): per 32-value block, eight `dpbusd`s (two chains a
 /// row, so one row is not held up by their latency) started at `-128 · Σ a`, then one
-/// multiply-add by `d_s · D` ([`super::tile8::dot`]'s order).
+/// multiply-add by `d_s · d_a,s` ([`super::tile8::dot`]'s order).
 ///
 /// # Safety
 /// As [`rows`].
@@ -39,14 +40,12 @@ pub unsafe fn rows8<const R: usize>(
     for b in 0..nb {
         prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
-        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
-        let da: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps((blk[r] as *const f32).read_unaligned()));
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         for s in 0..8 {
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                let sums = blk[r].add(Q8_BSUMS + 4 * s) as *const i16;
-                let sum = sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32;
+                let sum = (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned();
                 even[r] = _mm512_set1_epi32(-128 * sum);
             }
             for q in 0..4 {
@@ -54,15 +53,69 @@ pub unsafe fn rows8<const R: usize>(
                 let w0 = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
                 let w1 = _mm512_load_si512(t.qs.as_ptr().add(64 * g + 64) as *const __m512i);
                 for r in 0..R {
-                    let a = blk[r].add(Q8_QS + 4 * g) as *const i32;
+                    let a = blk[r].add(ACT50_QS + 4 * g) as *const i32;
                     even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(a.read_unaligned()));
                     odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(a.add(1).read_unaligned()));
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_load_si256(t.d[s].as_ptr() as *const __m256i));
             for r in 0..R {
+                let da = _mm512_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
                 let i = _mm512_add_epi32(even[r], odd[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da[r]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da), acc[r]);
+            }
+        }
+    }
+    store(&acc, out, ldo, cols);
+}
+
+/// [`rows`] for Q5_0 tiles ([`Tile50`]): per 32-value block, the four groups' nibbles with
+/// the fifth bits added as 16 under byte masks, eight `dpbusd`s (two chains a row) started at
+/// `-16 · Σ a`, then one multiply-add by `d_s · D` ([`super::tile50::dot`]'s order).
+///
+/// # Safety
+/// As [`rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn rows50<const R: usize>(
+    tiles: *const Tile50,
+    nb: usize,
+    rows: &[RowPtr; R],
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let ahead = ahead50::<R>();
+    for b in 0..nb {
+        prefetch_next!(tiles, b, nb, ahead);
+        let t = &*tiles.add(b);
+        let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+        for s in 0..8 {
+            let mut even = [_mm512_setzero_si512(); R];
+            let mut odd = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                let sum = (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned();
+                even[r] = _mm512_set1_epi32(-16 * sum);
+            }
+            for g in 4 * s..4 * s + 4 {
+                let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                let lo = _mm512_mask_add_epi8(lo, t.high.0[2 * g], lo, sixteen);
+                let hi = _mm512_mask_add_epi8(hi, t.high.0[2 * g + 1], hi, sixteen);
+                for r in 0..R {
+                    let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
+                    even[r] = _mm512_dpbusd_epi32(even[r], lo, _mm512_set1_epi32(a.read_unaligned()));
+                    odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(a.add(1).read_unaligned()));
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_load_si256(t.d[s].as_ptr() as *const __m256i));
+            for r in 0..R {
+                let da = _mm512_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                let i = _mm512_add_epi32(even[r], odd[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, da), acc[r]);
             }
         }
     }

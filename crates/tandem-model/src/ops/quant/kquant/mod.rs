@@ -14,10 +14,12 @@
 //! for bit, by `vpmaddubsw` where the other has `vpdpbusd`) ([`available`]); elsewhere the
 //! loader keeps candle's `QMatMul`.
 
+mod acts;
 mod grouped;
 pub mod tile;
 pub mod tile2;
 pub mod tile3;
+pub mod tile50;
 pub mod tile6;
 pub mod tile8;
 
@@ -35,9 +37,11 @@ mod x86;
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
+use acts::{act, act6, quantize, Acts};
 use tile::{HighBits, Tile, COLS, QK_K};
 use tile2::Tile2;
 use tile3::Tile3;
+use tile50::Tile50;
 use tile6::{Sub16, Tile6};
 use tile8::Tile8;
 
@@ -56,8 +60,11 @@ pub struct KQuantMatrix {
     three: Vec<Tile3>,
     /// Q2K tiles (empty otherwise).
     two: Vec<Tile2>,
-    /// Q8_0 tiles (empty otherwise; AVX-512 only, see [`takes`]).
+    /// Q8_0 tiles (empty otherwise; see [`takes`]).
     eight: Vec<Tile8>,
+    /// Q5_0 tiles (empty otherwise; AVX-512 only, see [`takes`]); rows of any multiple of 32
+    /// values, padded to whole stretches ([`tile50`]).
+    five0: Vec<Tile50>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
@@ -70,7 +77,13 @@ impl std::fmt::Debug for KQuantMatrix {
 pub fn supports(dtype: GgmlDType) -> bool {
     matches!(
         dtype,
-        GgmlDType::Q2K | GgmlDType::Q3K | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K | GgmlDType::Q8_0
+        GgmlDType::Q2K
+            | GgmlDType::Q3K
+            | GgmlDType::Q4K
+            | GgmlDType::Q5K
+            | GgmlDType::Q6K
+            | GgmlDType::Q8_0
+            | GgmlDType::Q5_0
     )
 }
 
@@ -95,20 +108,25 @@ pub fn available() -> bool {
 /// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
 /// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
 /// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`], Q8_0 where
-/// [`q8_tiles`] (the caller checks `k` is a multiple of 256).
+/// [`q8_tiles`] (the caller checks `k` is a multiple of 256), Q5_0 where [`q50_tiles`] (any `k`
+/// that is a multiple of 32: [`fits`]).
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
     supports(dtype)
         && match dtype {
             GgmlDType::Q6K => !head && q6k_layers(),
             GgmlDType::Q3K => !head,
             GgmlDType::Q8_0 => q8_tiles(),
+            GgmlDType::Q5_0 => q50_tiles(),
             _ => true,
         }
 }
 
 /// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
 /// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
-/// another (`ours`: the row-major block kernels, `candle`: candle's).
+/// another (`ours`: the row-major block kernels, `candle`: candle's). The AVX2 build of the
+/// tiles (`avx2::rows8`) measured no faster than the AVX2 block kernels (Zen 4 forced to AVX2,
+/// random 0.8B hybrid Q8_0: pp256 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), so AVX2 CPUs
+/// keep those; it serves `TANDEM_KQUANT_SIMD=avx2`.
 pub fn q8_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -122,6 +140,30 @@ pub fn q8_tiles() -> bool {
     {
         false
     }
+}
+
+/// Whether Q5_0 matrices load as [`tile50::Tile50`]s: on CPUs that run the kernel (AVX-512
+/// VNNI or AVX2), unless `TANDEM_Q5_0_TILES=0` keeps them on the row-major block kernels
+/// (ggml's order).
+pub fn q50_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let off = std::env::var("TANDEM_Q5_0_TILES").as_deref() == Ok("0");
+            available() && !off
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether a `dtype` matrix with rows of `k` values can be packed: whole superblocks, or for
+/// Q5_0 whole 32-value blocks (padded to superblocks).
+pub fn fits(dtype: GgmlDType, k: usize) -> bool {
+    k > 0 && if dtype == GgmlDType::Q5_0 { k.is_multiple_of(32) } else { k.is_multiple_of(QK_K) }
 }
 
 /// The instruction sets of the kernel.
@@ -170,8 +212,9 @@ const ROW_BLOCK_BYTES: usize = 256 * 1024;
 impl KQuantMatrix {
     /// From a GGUF tensor's bytes: `n` rows of `k / 256` blocks of `dtype` (Q2K .. Q6K).
     pub fn from_bytes(dtype: GgmlDType, n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
-        if k == 0 || !k.is_multiple_of(QK_K) || n == 0 {
-            candle_core::bail!("{dtype:?} matrix [{n}, {k}]: k must be a positive multiple of {QK_K}");
+        if !fits(dtype, k) || n == 0 {
+            let unit = if dtype == GgmlDType::Q5_0 { 32 } else { QK_K };
+            candle_core::bail!("{dtype:?} matrix [{n}, {k}]: k must be a positive multiple of {unit}");
         }
         let block = match dtype {
             GgmlDType::Q4K => tile::BLOCK_BYTES,
@@ -180,9 +223,10 @@ impl KQuantMatrix {
             GgmlDType::Q3K => tile3::BLOCK3_BYTES,
             GgmlDType::Q2K => tile2::BLOCK2_BYTES,
             GgmlDType::Q8_0 => tile8::STRETCH8_BYTES,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K, Q8_0)"),
+            GgmlDType::Q5_0 => tile50::BLOCK50_BYTES * QK_K / 32,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K, Q8_0, Q5_0)"),
         };
-        let want = n * (k / QK_K) * block;
+        let want = n * k * block / QK_K;
         if bytes.len() != want {
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: expected {want} bytes, got {}", bytes.len());
         }
@@ -195,6 +239,7 @@ impl KQuantMatrix {
             three: Vec::new(),
             two: Vec::new(),
             eight: Vec::new(),
+            five0: Vec::new(),
         };
         Ok(match dtype {
             GgmlDType::Q4K => Self { tiles: tile::pack(bytes, n, k), ..empty },
@@ -205,6 +250,7 @@ impl KQuantMatrix {
             GgmlDType::Q3K => Self { three: tile3::pack3(bytes, n, k), ..empty },
             GgmlDType::Q2K => Self { two: tile2::pack2(bytes, n, k), ..empty },
             GgmlDType::Q8_0 => Self { eight: tile8::pack8(bytes, n, k), ..empty },
+            GgmlDType::Q5_0 => Self { five0: tile50::pack50(bytes, n, k), ..empty },
             _ => Self { six: tile6::pack6(bytes, n, k), ..empty },
         })
     }
@@ -219,6 +265,8 @@ impl KQuantMatrix {
             GgmlDType::Q2K
         } else if !self.eight.is_empty() {
             GgmlDType::Q8_0
+        } else if !self.five0.is_empty() {
+            GgmlDType::Q5_0
         } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
@@ -244,10 +292,16 @@ impl KQuantMatrix {
         self.k
     }
 
+    /// Superblocks (stretches of 256 values) per row: the last one padded where `k` is not a
+    /// multiple of 256 (Q5_0).
+    fn nb(&self) -> usize {
+        self.k.div_ceil(QK_K)
+    }
+
     /// The first `n` rows (at most [`Self::n`]).
     pub fn first_rows(&self, n: usize) -> Self {
         let n = n.clamp(1, self.n);
-        let nb = self.k / QK_K;
+        let nb = self.nb();
         let t = n.div_ceil(COLS) * nb;
         let cut = |len: usize| t.min(len);
         Self {
@@ -259,6 +313,7 @@ impl KQuantMatrix {
             three: self.three[..cut(self.three.len())].to_vec(),
             two: self.two[..cut(self.two.len())].to_vec(),
             eight: self.eight[..cut(self.eight.len())].to_vec(),
+            five0: self.five0[..cut(self.five0.len())].to_vec(),
         }
     }
 
@@ -274,7 +329,15 @@ impl KQuantMatrix {
     /// Row `row` (< `n`) of the weights as f32 into `o` (`k` values): the values candle's
     /// dequantisation of the file's blocks gives (an embedding lookup from the packed tiles).
     pub fn dequantize_row(&self, row: usize, o: &mut [f32]) {
-        let nb = self.k / QK_K;
+        let nb = self.nb();
+        if nb * QK_K != self.k {
+            // Padded stretches (Q5_0): the whole stretches, then the row's own values.
+            let mut whole = vec![0f32; nb * QK_K];
+            let (ct, c) = (row / COLS, row % COLS);
+            values_into(&mut whole, nb, |b, i| tile50::weight(&self.five0[ct * nb + b], c, i));
+            o.copy_from_slice(&whole[..self.k]);
+            return;
+        }
         let (ct, c) = (row / COLS, row % COLS);
         if !self.six.is_empty() {
             return sub16_weights(&self.six[ct * nb..(ct + 1) * nb], c, o);
@@ -288,6 +351,9 @@ impl KQuantMatrix {
         }
         if !self.eight.is_empty() {
             return values_into(o, nb, |b, i| tile8::weight(&self.eight[at(b)], c, i));
+        }
+        if !self.five0.is_empty() {
+            return values_into(o, nb, |b, i| tile50::weight(&self.five0[at(b)], c, i));
         }
         values_into(o, nb, |b, i| tile::weight(&self.tiles[at(b)], self.high.get(at(b)), c, i));
     }
@@ -319,37 +385,61 @@ impl KQuantMatrix {
         if m == 0 {
             return;
         }
-        let nb = self.k / QK_K;
-        let (q8, bsum) = quantize(x, m, nb);
+        let acts = self.acts(x, m);
         #[cfg(target_arch = "x86_64")]
         if available() {
             if let Some(simd) = simd() {
                 // SAFETY: the CPU has `simd` (checked by `simd`); sizes are asserted above and
-                // in `quantize`.
-                unsafe { self.matmul_simd(simd, &q8, &bsum, m, y) };
+                // in `acts`.
+                unsafe { self.matmul_simd(simd, &acts, m, y) };
                 return;
             }
         }
-        self.matmul_reference(&q8, &bsum, m, y);
+        self.matmul_reference(&acts, m, y);
     }
 
-    /// The plain per-element products ([`tile::dot`]).
-    fn matmul_reference(
-        &self,
-        q8: &[candle_core::quantized::k_quants::BlockQ8K],
-        bsum: &[[u32; 4]],
-        m: usize,
-        y: &mut [f32],
-    ) {
-        let nb = self.k / QK_K;
+    /// Whether the kernel reads activations quantised per 32-value block ([`tile50::Act50`]:
+    /// Q5_0 tiles) rather than Q8K superblocks.
+    fn per_block_acts(&self) -> bool {
+        !self.five0.is_empty() || !self.eight.is_empty()
+    }
+
+    /// `x` (`m` rows of `k`) quantised as this matrix's kernel reads it.
+    fn acts(&self, x: &[f32], m: usize) -> Acts {
+        if self.per_block_acts() {
+            Acts::Block(tile50::quantize_rows(x, m, self.k))
+        } else {
+            let (q8, bsum) = quantize(x, m, self.nb());
+            Acts::Q8K(q8, bsum)
+        }
+    }
+
+    /// The plain per-element products ([`tile::dot`] and its siblings).
+    fn matmul_reference(&self, acts: &Acts, m: usize, y: &mut [f32]) {
+        let nb = self.nb();
+        let (q8, bsum) = match acts {
+            Acts::Q8K(q8, bsum) => (&q8[..], &bsum[..]),
+            Acts::Block(a) => {
+                for r in 0..m {
+                    let row = &a[r * nb..(r + 1) * nb];
+                    for col in 0..self.n {
+                        let range = (col / COLS) * nb..(col / COLS + 1) * nb;
+                        y[r * self.n + col] = if self.eight.is_empty() {
+                            tile50::dot(&self.five0[range], col % COLS, row)
+                        } else {
+                            tile8::dot(&self.eight[range], col % COLS, row)
+                        };
+                    }
+                }
+                return;
+            }
+        };
         for r in 0..m {
-            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() || !self.eight.is_empty() {
+            if !self.six.is_empty() || !self.three.is_empty() || !self.two.is_empty() {
                 let acts6: Vec<tile6::Act6<'_>> = (0..nb).map(|b| act6(&q8[r * nb + b])).collect();
                 for col in 0..self.n {
                     let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                    y[r * self.n + col] = if !self.eight.is_empty() {
-                        tile8::dot(&self.eight[range], col % COLS, &acts6)
-                    } else if !self.two.is_empty() {
+                    y[r * self.n + col] = if !self.two.is_empty() {
                         tile2::dot(&self.two[range], col % COLS, &acts6)
                     } else if self.three.is_empty() {
                         tile6::dot(&self.six[range], col % COLS, &acts6)
@@ -380,21 +470,20 @@ impl KQuantMatrix {
         ldo: usize,
         cols: usize,
     ) {
-        let nb = self.k / QK_K;
+        let nb = self.nb();
+        if !self.five0.is_empty() {
+            let tiles = self.five0[ct * nb..].as_ptr();
+            return match simd {
+                Simd::Avx512 => avx512::rows50::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<R>(tiles, nb, rows, out, ldo, cols),
+            };
+        }
         if !self.eight.is_empty() {
-            if simd == Simd::Avx512 {
-                return avx512::rows8::<R>(self.eight[ct * nb..].as_ptr(), nb, rows, out, ldo, cols);
-            }
-            // Not loaded this way without the AVX-512 kernel ([`q8_tiles`]); the reference's
-            // arithmetic all the same.
-            for (r, row) in rows.iter().enumerate() {
-                let q8 = std::slice::from_raw_parts(row.q8 as *const candle_core::quantized::k_quants::BlockQ8K, nb);
-                let acts6: Vec<tile6::Act6<'_>> = q8.iter().map(act6).collect();
-                for c in 0..cols {
-                    *out.add(r * ldo + c) = tile8::dot(&self.eight[ct * nb..(ct + 1) * nb], c, &acts6);
-                }
-            }
-            return;
+            let tiles = self.eight[ct * nb..].as_ptr();
+            return match simd {
+                Simd::Avx512 => avx512::rows8::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows8::<R>(tiles, nb, rows, out, ldo, cols),
+            };
         }
         if simd == Simd::Avx2 {
             if !self.six.is_empty() {
@@ -420,18 +509,16 @@ impl KQuantMatrix {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn matmul_simd(
-        &self,
-        simd: Simd,
-        q8: &[candle_core::quantized::k_quants::BlockQ8K],
-        bsum: &[[u32; 4]],
-        m: usize,
-        y: &mut [f32],
-    ) {
+    unsafe fn matmul_simd(&self, simd: Simd, acts: &Acts, m: usize, y: &mut [f32]) {
         use super::matrix::{for_column_chunks, OutPtr};
-        let (n, nb) = (self.n, self.k / QK_K);
+        let (n, nb) = (self.n, self.nb());
         let out = OutPtr(y.as_mut_ptr());
-        let row_ptr = |r: usize| x86::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() };
+        let row_ptr = |r: usize| match acts {
+            Acts::Q8K(q8, bsum) => {
+                x86::RowPtr { q8: q8[r * nb..].as_ptr() as *const u8, bsum: bsum[r * nb..].as_ptr() }
+            }
+            Acts::Block(a) => x86::RowPtr { q8: a[r * nb..].as_ptr() as *const u8, bsum: std::ptr::null() },
+        };
         let max_rows = if simd == Simd::Avx2 { avx2::MAX_ROWS } else { 8 };
         let block = (ROW_BLOCK_BYTES / (nb * 292)).max(8) / 8 * 8;
         let threads = crate::ops::cpu_threads::threads();
@@ -483,55 +570,4 @@ fn sub16_weights<T: Sub16>(tiles: &[T], c: usize, o: &mut [f32]) {
             o[b * QK_K + i] = tile6::weight(t, c, i);
         }
     }
-}
-
-/// One activation superblock for [`tile::dot`].
-fn act(q: &candle_core::quantized::k_quants::BlockQ8K, bsum: [u32; 4]) -> tile::Act<'_> {
-    // SAFETY: `BlockQ8K` is `repr(C)` { d: f32, qs: [i8; 256], bsums: [i16; 16] } (asserted in
-    // `q6k`); read through its bytes since the fields are crate-private.
-    let p = q as *const _ as *const u8;
-    unsafe {
-        tile::Act {
-            d: (p as *const f32).read_unaligned(),
-            qs: std::slice::from_raw_parts(p.add(4) as *const i8, QK_K),
-            bsum,
-        }
-    }
-}
-
-/// One activation superblock for [`tile6::dot`]: `d`, the values and the 16-value sums.
-fn act6(q: &candle_core::quantized::k_quants::BlockQ8K) -> tile6::Act6<'_> {
-    let a = act(q, [0; 4]);
-    // SAFETY: as in `act`: the 16 i16 sums sit at byte 260 of the block.
-    let bsums = unsafe { ((q as *const _ as *const u8).add(260) as *const [i16; 16]).read_unaligned() };
-    tile6::Act6 { d: a.d, qs: a.qs, bsums }
-}
-
-/// The rows of `x` as candle's `BlockQ8K`s (the same bytes as its `from_float`, in parallel for
-/// prefill) and the sub-block sums of each.
-fn quantize(x: &[f32], m: usize, nb: usize) -> (Vec<candle_core::quantized::k_quants::BlockQ8K>, Vec<[u32; 4]>) {
-    use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
-    let k = nb * QK_K;
-    let mut q8 = vec![BlockQ8K::zeros(); m * nb];
-    let mut bsum = vec![[0u32; 4]; m * nb];
-    let one = |row: &[f32], q: &mut [BlockQ8K], s: &mut [[u32; 4]]| {
-        super::q6k_quantize_q8k(row, q);
-        for (qb, w) in q.iter().zip(s.iter_mut()) {
-            // SAFETY: as in `act`: the 16 i16 sums sit at byte 260 of the block.
-            let sums = unsafe { ((qb as *const BlockQ8K as *const u8).add(260) as *const [i16; 16]).read_unaligned() };
-            *w = tile::bsum_words(&sums);
-        }
-    };
-    if m >= 4 && rayon::current_num_threads() > 1 && crate::ops::cpu_threads::limit() > 1 {
-        use rayon::prelude::*;
-        q8.par_chunks_exact_mut(nb)
-            .zip(bsum.par_chunks_exact_mut(nb))
-            .zip(x.par_chunks_exact(k))
-            .for_each(|((q, s), row)| one(row, q, s));
-    } else {
-        for ((q, s), row) in q8.chunks_exact_mut(nb).zip(bsum.chunks_exact_mut(nb)).zip(x.chunks_exact(k)) {
-            one(row, q, s);
-        }
-    }
-    (q8, bsum)
 }

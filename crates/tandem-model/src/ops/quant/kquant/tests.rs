@@ -1,7 +1,7 @@
 //! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
 //! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
 //! against candle's own matmul of the same type (within quantisation noise); every test for
-//! every type (Q2K .. Q6K, Q8_0).
+//! every type (Q2K .. Q6K, Q8_0, Q5_0; Q5_0 also on rows padded to whole superblocks).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -20,8 +20,8 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlDType; 6] =
-    [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K, GgmlDType::Q8_0];
+const TYPES: [GgmlDType; 7] =
+    [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::Q5_0];
 
 /// A random `[n, k]` matrix of `dt` as candle quantises it: its GGUF bytes and the candle tensor.
 fn matrix(dt: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, QTensor) {
@@ -57,14 +57,14 @@ fn kernel_equals_reference_bit_for_bit() {
         let (bytes, _) = matrix(dt, n, k, 11 * n as u64 + k as u64);
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let x = random(m * k, 3 + m as u64);
-        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let acts = w.acts(&x, m);
         let mut plain = vec![f32::NAN; m * n];
-        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        w.matmul_reference(&acts, m, &mut plain);
         let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
         for &simd in &kernels {
             let mut fast = vec![f32::NAN; m * n];
             // SAFETY: the CPU has `simd` (filtered above).
-            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            unsafe { w.matmul_simd(simd, &acts, m, &mut fast) };
             let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
             assert_eq!(fb, pb, "{dt:?} [{n}, {k}] x {m} rows, {simd:?}");
         }
@@ -109,7 +109,9 @@ fn product_matches_candles_matmul() {
         // product below (1-2% of the largest output).
         let largest = candle.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
-            let tol = if dt == GgmlDType::Q8_0 { 0.02 * largest } else { 1e-3 * (1.0 + b.abs()) };
+            // Q5_0: candle quantises the activations per 32-value block (ggml's Q8_0).
+            let block_acts = matches!(dt, GgmlDType::Q8_0 | GgmlDType::Q5_0);
+            let tol = if block_acts { 0.02 * largest } else { 1e-3 * (1.0 + b.abs()) };
             assert!((a - b).abs() <= tol, "{dt:?} element {i}: {a} against candle's {b}");
         }
         // And both near the f32 product of the dequantised weights (activation rounding only).
@@ -168,7 +170,7 @@ fn first_rows_and_bad_sizes() {
 }
 
 /// The largest integer sums a kernel can meet: every weight value at its type's maximum (Q4K
-/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127) against activations of -127 (a row of equal values): the
+/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127 and -128, Q5_0 31) against activations of -127 (a row of equal values): the
 /// AVX2 kernel's i16 partial sums are at their bound here, and must still equal the reference.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -188,8 +190,14 @@ fn largest_sums_equal_the_reference() {
         let block = bytes.len() / (n * k / QK_K);
         for blk in bytes.chunks_exact_mut(block) {
             if dt == GgmlDType::Q8_0 {
-                // Eight `block_q8_0`s a stretch: d, then 32 signed values each.
-                blk.chunks_exact_mut(34).for_each(|b| b[2..].fill(0x7F));
+                // Eight `block_q8_0`s a stretch: d, then 32 signed values each; every other
+                // block at -128 (the AVX2 kernel's |w| = 128 under the sign).
+                for (i, b) in blk.chunks_exact_mut(34).enumerate() {
+                    b[2..].fill(if i % 2 == 0 { 0x7F } else { 0x80 });
+                }
+            } else if dt == GgmlDType::Q5_0 {
+                // Eight `block_q5_0`s: d, then the fifth bits and the nibbles (q = 31).
+                blk.chunks_exact_mut(22).for_each(|b| b[2..].fill(0xFF));
             } else {
                 blk[value_bytes(dt)].fill(0xFF);
             }
@@ -197,17 +205,72 @@ fn largest_sums_equal_the_reference() {
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let mut x = vec![1.0f32; m * k];
         x[2 * k..3 * k].fill(-3.0);
-        let (q8, bsum) = quantize(&x, m, k / QK_K);
+        let acts = w.acts(&x, m);
         let mut plain = vec![f32::NAN; m * n];
-        w.matmul_reference(&q8, &bsum, m, &mut plain);
+        w.matmul_reference(&acts, m, &mut plain);
         assert!(plain.iter().all(|v| v.is_finite() && *v != 0.0), "{dt:?}: {plain:?}");
         for &simd in &kernels {
             let mut fast = vec![f32::NAN; m * n];
             // SAFETY: the CPU has `simd` (filtered above).
-            unsafe { w.matmul_simd(simd, &q8, &bsum, m, &mut fast) };
+            unsafe { w.matmul_simd(simd, &acts, m, &mut fast) };
             let fb: Vec<u32> = fast.iter().map(|v| v.to_bits()).collect();
             let pb: Vec<u32> = plain.iter().map(|v| v.to_bits()).collect();
             assert_eq!(fb, pb, "{dt:?}, {simd:?}");
         }
     }
+}
+
+/// Q5_0 rows of any multiple of 32 values (qwen2.5's 896): padded to whole superblocks, the
+/// packing still keeps every weight, the kernel gives the reference's bits on the padded rows,
+/// rows do not depend on the call, and the product is near the f32 one.
+#[test]
+fn q5_0_rows_of_any_length() {
+    let dt = GgmlDType::Q5_0;
+    for (n, k) in [(17, 32), (5, 96), (40, 896), (3, 1056)] {
+        let (bytes, q) = matrix(dt, n, k, 3 * k as u64 + n as u64);
+        let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
+        let candle = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(w.dequantize(), candle, "[{n}, {k}] weights");
+        let m = 11;
+        let x = random(m * k, k as u64);
+        let mut got = vec![f32::NAN; m * n];
+        w.matmul(&x, m, &mut got);
+        // The reference on the same activations (padded to whole stretches by `acts`), and the
+        // activations are ggml's per-block quantisation of each row.
+        let acts = w.acts(&x, m);
+        let Acts::Block(a) = &acts else { panic!("Q5_0 takes per-block activations") };
+        let nb = k.div_ceil(QK_K);
+        for r in 0..m {
+            let mut blocks = vec![crate::ops::quant::activation::Q8Block::ZERO; k / 32];
+            crate::ops::quant::activation::quantize_row_scalar(&x[r * k..(r + 1) * k], &mut blocks);
+            for (i, b) in blocks.iter().enumerate() {
+                let st = &a[r * nb + i / 8];
+                assert_eq!(
+                    (st.d[i % 8], &st.qs[32 * (i % 8)..32 * (i % 8) + 32]),
+                    (b.d, &b.qs[..]),
+                    "row {r} block {i}"
+                );
+                assert_eq!(st.sums[i % 8], b.qs.iter().map(|&q| q as i32).sum::<i32>());
+            }
+            for i in k / 32..8 * nb {
+                assert_eq!((a[r * nb + i / 8].d[i % 8], a[r * nb + i / 8].sums[i % 8]), (0.0, 0), "padding");
+            }
+        }
+        let mut plain = vec![f32::NAN; m * n];
+        w.matmul_reference(&acts, m, &mut plain);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&plain), "[{n}, {k}]: kernel against reference");
+        for r in [0, 4, 10] {
+            let mut one = vec![0f32; n];
+            w.matmul(&x[r * k..(r + 1) * k], 1, &mut one);
+            assert_eq!(bits(&one), bits(&got[r * n..(r + 1) * n]), "[{n}, {k}]: row {r} alone");
+        }
+        let exact: Vec<f32> =
+            (0..m * n).map(|i| (0..k).map(|j| x[(i / n) * k + j] * candle[(i % n) * k + j]).sum::<f32>()).collect();
+        let scale = exact.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (i, (a, b)) in got.iter().zip(&exact).enumerate() {
+            assert!((a - b).abs() <= 0.02 * scale, "[{n}, {k}] element {i}: {a} against f32 {b}");
+        }
+    }
+    assert!(KQuantMatrix::from_bytes(dt, 4, 48, &[0; 4 * 22]).is_err(), "48 is not a multiple of 32");
 }

@@ -6,22 +6,25 @@
 //!
 //! A [`Tile8`] holds the values as unsigned bytes `w + 128` (the sign bit flipped) and each
 //! block's `d` as the file's f16: 4,352 bytes for 16 x 256 values, 8.5 bits a value as in the
-//! file. Activations are Q8K rows (one `d` per 256 values, 16-value sums), as for the other
-//! K-quants, so the `+128` comes off as `128 · Σ a` from the row's sums.
+//! file. Activations are quantised per 32-value block as ggml does for its Q8_0 dot product
+//! ([`super::tile50::Act50`], as for the Q5_0 tiles: llama.cpp's own activation rounding), so
+//! the `+128` comes off as `128 · Σ a` from the block's sum.
 //!
-//! Per (row, column), with `a` the row's Q8K values and `D` its superblock scale, in order
-//! over superblocks and within each over its eight blocks `s`:
+//! Per (row, column), with `a` the row's values and `d_a,s` block `s`'s scale, in order over
+//! stretches and within each over its eight blocks `s`:
 //!
 //! ```text
-//! i   = Σ_{j<32} (w_j + 128) · a_j  −  128 · Σ_{j<32} a_j      (exact, i32)
-//! acc = fma(f32(i), d_s · D, acc)                             (from acc = +0.0)
+//! i   = Σ_{j<32} (w_j + 128) · a_j  −  128 · Σ_{j<32} a_j      (exact, i32: Σ w_j · a_j)
+//! acc = fma(f32(i), d_s · d_a,s, acc)                         (from acc = +0.0)
 //! ```
 //!
-//! `|i| ≤ 32 · 128 · 128`, so `f32(i)` is exact; the kernels ([`super::avx512::rows8`]) and
-//! the reference ([`dot`]) give the same bits, and a row's result never depends on the call.
+//! `|i| ≤ 32 · 128 · 127`, so `f32(i)` is exact; the kernels ([`super::avx512::rows8`] by
+//! `dpbusd` on `w + 128`, [`super::avx2::rows8`] by `vpmaddubsw` on `|w|` and the activations
+//! under `w`'s sign) and the reference ([`dot`]) give the same bits, and a row's result never
+//! depends on the call.
 
 use super::tile::{pack_tiles, COLS, QK_K};
-use super::tile6::Act6;
+use super::tile50::Act50;
 
 /// Bytes of one GGUF `block_q8_0`: `d` (f16) and 32 signed values.
 pub const BLOCK8_BYTES: usize = 34;
@@ -74,9 +77,9 @@ pub fn weight(t: &Tile8, c: usize, i: usize) -> f32 {
     half::f16::from_bits(t.d[i / 32][c]).to_f32() * q as f32
 }
 
-/// The reference: column `c` of the superblocks `tiles` against one row's Q8K superblocks
-/// (in the order of the module docs).
-pub fn dot(tiles: &[Tile8], c: usize, acts: &[Act6<'_>]) -> f32 {
+/// The reference: column `c` of the superblocks `tiles` against one row's stretches (in the
+/// order of the module docs).
+pub fn dot(tiles: &[Tile8], c: usize, acts: &[Act50]) -> f32 {
     let mut acc = 0f32;
     for (t, a) in tiles.iter().zip(acts) {
         for s in 0..8 {
@@ -84,8 +87,8 @@ pub fn dot(tiles: &[Tile8], c: usize, acts: &[Act6<'_>]) -> f32 {
             for j in 32 * s..32 * s + 32 {
                 i += t.qs[64 * (j / 4) + 4 * c + j % 4] as i32 * a.qs[j] as i32;
             }
-            i -= 128 * (a.bsums[2 * s] as i32 + a.bsums[2 * s + 1] as i32);
-            let scale = half::f16::from_bits(t.d[s][c]).to_f32() * a.d;
+            i -= 128 * a.sums[s];
+            let scale = half::f16::from_bits(t.d[s][c]).to_f32() * a.d[s];
             acc = (i as f32).mul_add(scale, acc);
         }
     }

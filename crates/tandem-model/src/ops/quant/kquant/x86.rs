@@ -17,6 +17,16 @@ pub(super) fn ahead<const R: usize>() -> usize {
     }
 }
 
+/// [`ahead`] for the Q5_0 tiles: [`crate::ops::quant::q50_prefetch`].
+#[inline]
+pub(super) fn ahead50<const R: usize>() -> usize {
+    if R <= PREFETCH_ROWS {
+        crate::ops::quant::q50_prefetch()
+    } else {
+        0
+    }
+}
+
 /// Prefetches the cache lines of `items[b + ahead]` while item `b` is read; a macro, so that
 /// nothing is called in the loop. A column tile's superblocks lie one after another and the
 /// next tile's follow, so near a tile's end this fetches the start of the tile a thread reads
