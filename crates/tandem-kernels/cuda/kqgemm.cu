@@ -45,6 +45,7 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < (unsigned)L::BYTES) __trap();  // launched with too little shared memory
     }
+    if (blockDim.x != 256) __trap();  // the staging below gives each of 256 threads its share
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
     const int wcol = (warp & 1) * 32, wrow = (warp >> 1) * 16;
@@ -62,28 +63,33 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
     };
     // Where column c's superblock s starts in its staged window.
     auto win = [&](int c, int s) { return (int)(((long long)c * rb + (long long)s * BB) & 15); };
+    // Each thread's share of a stage, fixed for the whole call (256 threads): weight column
+    // t / 4's pieces t % 4, t % 4 + 4, ...; activation row t / 4's codes t % 4 (64 bytes, four
+    // pieces); and one piece of its scales (dx or dxs, half t % 2). Only the superblock moves
+    // the sources, so a stage is a few copies a thread (the general loops were a division and
+    // a branch a piece: a fifth of the instructions).
+    const int lr = threadIdx.x >> 2, lq = threadIdx.x & 3;
+    const bool wok = col0 + lr < n, xok = row0 + lr < m;
+    const long long wbase = (long long)(col0 + lr) * rb;
     auto load = [&](int s, int buf) {
         constexpr int pieces = ST / 16;
-        for (int i = threadIdx.x; i < KB_BN * pieces; i += blockDim.x) {
-            const int r = i / pieces, c = i - r * pieces;
-            const int col = col0 + r;
-            if (col < n) {
-                const long long off = (long long)col * rb + (long long)s * BB;
-                cp_async16_upto(raw(buf) + r * ST + c * 16, w + (size_t)(off - (off & 15)) + c * 16, end);
+        if (wok) {
+            const long long off = wbase + (long long)s * BB;
+            const uint8_t* src = w + (size_t)(off - (off & 15));
+            uint8_t* dst = raw(buf) + lr * ST;
+#pragma unroll
+            for (int c0 = 0; c0 < pieces; c0 += 4) {
+                const int c = c0 + lq;
+                if (c < pieces) cp_async16_upto(dst + c * 16, src + c * 16, end);
             }
         }
-        // Per row: 16 pieces of codes, then two of dx and two of dxs (eight floats each).
-        for (int i = threadIdx.x; i < KB_BM * 20; i += blockDim.x) {
-            const int r = i / 20, c = i - r * 20;
-            const int row = row0 + r;
-            if (row >= m) continue;
-            if (c < 16) {
-                cp_async16(xcodes(buf) + r * KB_WS + c * 16, xq + (size_t)row * k + (size_t)s * 256 + c * 16);
-            } else {
-                const int which = (c - 16) >> 1, half = (c - 16) & 1;
-                const float* src = (which ? dxs : dx) + (size_t)row * nb + (size_t)s * 8 + half * 4;
-                cp_async16(xscale(buf, which) + r * KB_FS + half * 4, src);
-            }
+        if (xok) {
+            uint8_t* dst = xcodes(buf) + lr * KB_WS + lq * 64;
+            const int8_t* src = xq + (size_t)(row0 + lr) * k + (size_t)s * 256 + lq * 64;
+#pragma unroll
+            for (int c = 0; c < 4; c++) cp_async16(dst + c * 16, src + c * 16);
+            const float* ssrc = ((lq >> 1) ? dxs : dx) + (size_t)(row0 + lr) * nb + s * 8 + (lq & 1) * 4;
+            cp_async16(xscale(buf, lq >> 1) + lr * KB_FS + (lq & 1) * 4, ssrc);
         }
     };
     // The staged superblock s of every column into codes and factors (a (column, sub-block)
