@@ -365,3 +365,141 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         }
     }
 }
+
+// tmmg_bf16_<NS>_<SS>: tmmg_bf16's tile, warps and chain (so its bits) with a deeper pipeline.
+// tmmg_bf16 stages one 32-value step at a time, one step ahead, two barriers a step: a step is
+// ~400 cycles of mma for the block, far less than a load's latency from memory, so the tensor
+// cores mostly waited. Here a stage holds SS steps (the next SS of the chain's order, wherever
+// its segments lie in k) and NS stages are in flight: the loads for stage j + NS - 1 are issued
+// as stage j starts, after the one barrier a stage. Dynamic shared memory:
+// NS * SS * (64 + 2 * 128) * 64 bytes (tmmg_smem_bytes on the host).
+template <int NS, int SS>
+__device__ __forceinline__ void tmmg_pipe(float* __restrict__ y, const uint4* __restrict__ xh,
+                                          const uint4* __restrict__ xl, const uint4* __restrict__ w, int m, int n,
+                                          int k) {
+    constexpr int WST = TG_BN * TG_PIECES, XST = TG_BM * TG_PIECES;  // uint4 a step: weights, a half
+    constexpr int STAGE = SS * (WST + 2 * XST);                          // uint4 a stage
+    extern __shared__ __align__(16) uint4 tg_smem[];
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (unsigned)(NS * STAGE * 16) || blockDim.x != 256) __trap();  // launched wrongly
+    }
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int wn = warp & 1, wm = warp >> 1;
+    const int row0 = blockIdx.x * TG_BM, col0 = blockIdx.y * TG_BN;
+    const int steps = k >> 5, k8 = k >> 3;
+    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
+    const int nseg = (steps + L - 1) / L;
+    // A stage's step slot s: weights [WST], hi [XST], lo [XST].
+    auto wsl = [&](int buf, int s) { return tg_smem + buf * STAGE + s * (WST + 2 * XST); };
+
+    // The producer: the next SS steps of the chain's order into buffer buf (fewer at the end;
+    // the consumer never reads a slot past the last step).
+    TgSteps li;
+    li.start(L, nseg, steps);
+    const int wc = tid >> 2, wp = tid & 3;
+    const bool wok = col0 + wc < n;
+    auto load = [&](int buf) {
+#pragma unroll
+        for (int s = 0; s < SS; s++) {
+            if (li.done()) break;
+            const int step = li.step();
+            li.next();
+            uint4* base = wsl(buf, s);
+            cp_async16_zfill(base + tid, w + (size_t)(wok ? col0 + wc : 0) * k8 + (size_t)step * 4 + wp, wok);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int idx = tid + h * 256;
+                const int row = row0 + (idx >> 2);
+                const bool ok = row < m;
+                const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)step * 4 + (idx & 3);
+                cp_async16_zfill(base + WST + idx, xh + off, ok);
+                cp_async16_zfill(base + WST + XST + idx, xl + off, ok);
+            }
+        }
+    };
+
+    float acc[2][4][4], tot[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[a][j][e] = 0.f, tot[a][j][e] = 0.f;
+
+#pragma unroll
+    for (int j = 0; j < NS - 1; j++) {
+        load(j);
+        cp_async_commit();
+    }
+    int q = 0;  // steps consumed, in the chain's order
+    for (int p = 0; p < TM_WARPS; p++) {
+        for (int seg = p; seg < nseg; seg += TM_WARPS) {
+            const int ns = min(L, steps - seg * L);
+            for (int i = 0; i < ns; i++, q++) {
+                const int slot = q % SS, stage = q / SS;
+                if (slot == 0) {
+                    cp_async_wait<NS - 2>();
+                    __syncthreads();  // stage landed; every warp is done with the buffer refilled next
+                    load((stage + NS - 1) % NS);
+                    cp_async_commit();
+                }
+                const uint4* ws = wsl(stage % NS, slot);
+                const uint4* hs = ws + WST;
+                const uint4* ls = hs + XST;
+                uint4 wa[2], wb[2];
+#pragma unroll
+                for (int a = 0; a < 2; a++) {
+                    const int c = wn * 32 + a * 16 + g;
+                    wa[a] = ws[c * TG_PIECES + t];
+                    wb[a] = ws[(c + 8) * TG_PIECES + t];
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int r = wm * 32 + j * 8 + g;
+                    const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
+#pragma unroll
+                    for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+                }
+            }
+        }
+        // Partition p's accumulator into the total (p = 0: the total is it), then from zero:
+        // tmmg_bf16's adds, empty partitions included.
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[a][j][e] = p == 0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
+                    acc[a][j][e] = 0.f;
+                }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int c = col0 + wn * 32 + a * 16 + g;
+            const int r = row0 + wm * 32 + j * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = c + (e >> 1) * 8, row = r + (e & 1);
+                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
+            }
+        }
+    }
+}
+
+#define TMMG_PIPE(NS, SS, MINB)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                                 \
+        tmmg_bf16_##NS##_##SS(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl, \
+                              const uint4* __restrict__ w, int m, int n, int k) {                           \
+        tmmg_pipe<NS, SS>(y, xh, xl, w, m, n, k);                                                           \
+    }
+
+TMMG_PIPE(4, 1, 2)  // 80 KB: two blocks an SM
+TMMG_PIPE(4, 2, 1)  // 160 KB
+TMMG_PIPE(6, 1, 1)  // 120 KB
