@@ -379,6 +379,10 @@ fn dense(dev: &Device, out: &mut Vec<Check>) {
             (3, 64, 16),
             (20, 72, 4096),
             (100, 96, 512),
+            // 7 steps of 32 (one-step segments, partitions of one step each: a pipelined bf16
+            // GEMM stage of two steps spans partitions) and 37 steps (segments of 4, the last short).
+            (70, 40, 224),
+            (24, 33, 1184),
         ] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32
