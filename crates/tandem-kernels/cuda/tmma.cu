@@ -262,6 +262,56 @@ struct TgSteps {
     }
 };
 
+// One step of a tmmg warp (32 rows x 32 columns) from staged weights ws, hi hs and lo ls.
+__device__ __forceinline__ void tg_step(float (&acc)[2][4][4], const uint4* ws, const uint4* hs, const uint4* ls,
+                                        int wn, int wm, int g, int t) {
+    uint4 wa[2], wb[2];
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+        const int c = wn * 32 + a * 16 + g;
+        wa[a] = ws[c * TG_PIECES + t];
+        wb[a] = ws[(c + 8) * TG_PIECES + t];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int r = wm * 32 + j * 8 + g;
+        const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
+#pragma unroll
+        for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+    }
+}
+
+// Partition p's accumulator into the total (p = 0: the total is it; empty partitions add
+// +0 too), then from zero.
+__device__ __forceinline__ void tg_fold(float (&acc)[2][4][4], float (&tot)[2][4][4], int p) {
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                tot[a][j][e] = p == 0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
+                acc[a][j][e] = 0.f;
+            }
+}
+
+__device__ __forceinline__ void tg_store(float* __restrict__ y, const float (&tot)[2][4][4], int row0, int col0,
+                                         int wn, int wm, int g, int t, int m, int n) {
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int c = col0 + wn * 32 + a * 16 + g;
+            const int r = row0 + wm * 32 + j * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = c + (e >> 1) * 8, row = r + (e & 1);
+                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256, 1)
     tmmg_bf16(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
                      const uint4* __restrict__ w, int m, int n, int k) {
@@ -322,48 +372,14 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 cp_async_commit();
                 cp_async_wait<1>();
                 __syncthreads();
-                uint4 wa[2], wb[2];
-#pragma unroll
-                for (int a = 0; a < 2; a++) {
-                    const int c = wn * 32 + a * 16 + g;
-                    wa[a] = ws[st][c * TG_PIECES + t];
-                    wb[a] = ws[st][(c + 8) * TG_PIECES + t];
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int r = wm * 32 + j * 8 + g;
-                    const uint4 bh = hs[st][r * TG_PIECES + t], bl = ls[st][r * TG_PIECES + t];
-#pragma unroll
-                    for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
-                }
+                tg_step(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
                 __syncthreads();
                 st ^= 1;
             }
         }
-        // Partition p's accumulator into the total (p = 0: the total is it), then from zero.
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    tot[a][j][e] = p == 0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
-                    acc[a][j][e] = 0.f;
-                }
+        tg_fold(acc, tot, p);
     }
-#pragma unroll
-    for (int a = 0; a < 2; a++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int c = col0 + wn * 32 + a * 16 + g;
-            const int r = row0 + wm * 32 + j * 8 + 2 * t;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = c + (e >> 1) * 8, row = r + (e & 1);
-                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
-            }
-        }
-    }
+    tg_store(y, tot, row0, col0, wn, wm, g, t, m, n);
 }
 
 // tmmg_bf16_<NS>_<SS>: tmmg_bf16's tile, warps and chain (so its bits) with a deeper pipeline.
@@ -447,50 +463,13 @@ __device__ __forceinline__ void tmmg_pipe(float* __restrict__ y, const uint4* __
                     cp_async_commit();
                 }
                 const uint4* ws = wsl(stage % NS, slot);
-                const uint4* hs = ws + WST;
-                const uint4* ls = hs + XST;
-                uint4 wa[2], wb[2];
-#pragma unroll
-                for (int a = 0; a < 2; a++) {
-                    const int c = wn * 32 + a * 16 + g;
-                    wa[a] = ws[c * TG_PIECES + t];
-                    wb[a] = ws[(c + 8) * TG_PIECES + t];
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int r = wm * 32 + j * 8 + g;
-                    const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
-#pragma unroll
-                    for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
-                }
+                tg_step(acc, ws, ws + WST, ws + WST + XST, wn, wm, g, t);
             }
         }
-        // Partition p's accumulator into the total (p = 0: the total is it), then from zero:
-        // tmmg_bf16's adds, empty partitions included.
-#pragma unroll
-        for (int a = 0; a < 2; a++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    tot[a][j][e] = p == 0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
-                    acc[a][j][e] = 0.f;
-                }
+        tg_fold(acc, tot, p);  // tmmg_bf16's adds, empty partitions included
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int a = 0; a < 2; a++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int c = col0 + wn * 32 + a * 16 + g;
-            const int r = row0 + wm * 32 + j * 8 + 2 * t;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = c + (e >> 1) * 8, row = r + (e & 1);
-                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
-            }
-        }
-    }
+    tg_store(y, tot, row0, col0, wn, wm, g, t, m, n);
 }
 
 #define TMMG_PIPE(NS, SS, MINB)                                                                              \
@@ -500,6 +479,6 @@ __device__ __forceinline__ void tmmg_pipe(float* __restrict__ y, const uint4* __
         tmmg_pipe<NS, SS>(y, xh, xl, w, m, n, k);                                                           \
     }
 
-TMMG_PIPE(4, 1, 2)  // 80 KB: two blocks an SM
+// (4, 1) with two blocks an SM spilled in the partition loop at 128 registers.
 TMMG_PIPE(4, 2, 1)  // 160 KB
 TMMG_PIPE(6, 1, 1)  // 120 KB
