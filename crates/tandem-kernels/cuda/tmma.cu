@@ -482,3 +482,4 @@ __device__ __forceinline__ void tmmg_pipe(float* __restrict__ y, const uint4* __
 // (4, 1) with two blocks an SM spilled in the partition loop at 128 registers.
 TMMG_PIPE(4, 2, 1)  // 160 KB
 TMMG_PIPE(6, 1, 1)  // 120 KB
+TMMG_PIPE(3, 1, 2)  // 60 KB: two blocks an SM

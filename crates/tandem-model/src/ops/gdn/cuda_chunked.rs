@@ -98,7 +98,10 @@ pub fn step_chunked(
         dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
     let smem = wy_state_smem(dk, staged);
     if staged {
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+        // The attribute is set once per device and kernel, so to the most any key dim may
+        // take (wy_staged admits up to 227 KB), not to this call's: a later call with a
+        // larger dk would be refused at launch (check-device caught that).
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, 227 * 1024)?;
     }
     let mut bl = f.builder();
     bl.arg(&o_raw).arg(&next).arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm).arg(&sv);

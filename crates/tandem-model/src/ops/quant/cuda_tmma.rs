@@ -40,13 +40,14 @@ fn gemm_min_rows() -> usize {
 
 /// The tiled kernel and its dynamic shared memory: `tmmg_bf16_<NS>_<SS>` (NS stages of SS
 /// 32-value steps in flight, `NS * SS * 20,480` bytes) or the older `tmmg_bf16` (one step
-/// ahead, static shared memory); `TANDEM_BF16_GEMM=old|4_2|6_1`. All give the same bits.
+/// ahead, static shared memory); `TANDEM_BF16_GEMM=old|4_2|6_1|3_1`. All give the same bits.
 fn gemm_kernel() -> (&'static str, u32) {
     static K: std::sync::OnceLock<(&'static str, u32)> = std::sync::OnceLock::new();
     *K.get_or_init(|| match std::env::var("TANDEM_BF16_GEMM").as_deref() {
-        Ok("old") => ("tmmg_bf16", 0),
+        Ok("4_2") => ("tmmg_bf16_4_2", 8 * 20_480),
         Ok("6_1") => ("tmmg_bf16_6_1", 6 * 20_480),
-        _ => ("tmmg_bf16_4_2", 8 * 20_480),
+        Ok("3_1") => ("tmmg_bf16_3_1", 3 * 20_480),
+        _ => ("tmmg_bf16", 0),
     })
 }
 
