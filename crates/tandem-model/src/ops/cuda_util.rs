@@ -170,21 +170,26 @@ pub(crate) fn write_host<T: DeviceRepr>(dst: &Tensor, src: &[T]) -> Result<()> {
 }
 
 /// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above
-/// the 48 KB default), once per device and kernel.
+/// the 48 KB default): set when a call first asks for more than the kernel was last allowed,
+/// so calls of different sizes (a GDN layer's key dim) each get what they need.
 pub(crate) fn allow_dynamic_shared(
     f: &impl std::ops::Deref<Target = CudaFunction>,
     key: String,
     name: &str,
     bytes: u32,
 ) -> Result<()> {
-    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    static DONE: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if done.contains(&key) {
+    let slot = done.iter().position(|(k, _)| *k == key);
+    if slot.is_some_and(|i| done[i].1 >= bytes) {
         return Ok(());
     }
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum as A;
     f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
         .map_err(|e| ModelError::Input(format!("{name}: cannot allow {bytes} bytes of shared memory: {e}")))?;
-    done.push(key);
+    match slot {
+        Some(i) => done[i].1 = bytes,
+        None => done.push((key, bytes)),
+    }
     Ok(())
 }

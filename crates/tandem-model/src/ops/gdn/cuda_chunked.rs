@@ -27,13 +27,15 @@ fn wy_state_smem(dk: usize, staged: bool) -> u32 {
 }
 
 /// Whether the state pass stages each chunk's W, Q and K rows in shared memory
-/// (`gdn_wy_state_staged`: the same bits as `gdn_wy_state`): where they fit in the 227 KB a
-/// block may have (key dims up to 128, Qwen3.5's and Qwen3-Next's) and dk is a multiple of 4.
-/// `TANDEM_GDN_WY=plain` keeps the rows in global memory.
+/// (`gdn_wy_state_staged`: the same bits as `gdn_wy_state`), with `TANDEM_GDN_WY=staged`,
+/// where they fit (220 KB, under the 227 KB a block may have: key dims up to 128) and dk is a
+/// multiple of 4. Off by default: it is checked at key dim 16 only, and its one timed run on
+/// the 9B shape failed at launch (PERFORMANCE.md, 2026-12-05); `gdn_wy_state` (16 warps, rows
+/// from global memory) is checked at every shape and measured.
 fn wy_staged(dk: usize) -> bool {
-    static PLAIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let plain = *PLAIN.get_or_init(|| std::env::var("TANDEM_GDN_WY").as_deref() == Ok("plain"));
-    !plain && dk.is_multiple_of(4) && wy_state_smem(dk, true) <= 227 * 1024
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("TANDEM_GDN_WY").as_deref() == Ok("staged"));
+    on && dk.is_multiple_of(4) && wy_state_smem(dk, true) <= 220 * 1024
 }
 
 /// See [`super::step::step_reference_chunked`]: from the conv output `u` `[t, 2 nk dk + nv dv]`,
@@ -98,10 +100,7 @@ pub fn step_chunked(
         dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
     let smem = wy_state_smem(dk, staged);
     if staged {
-        // The attribute is set once per device and kernel, so to the most any key dim may
-        // take (wy_staged admits up to 227 KB), not to this call's: a later call with a
-        // larger dk would be refused at launch (check-device caught that).
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, 227 * 1024)?;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
     }
     let mut bl = f.builder();
     bl.arg(&o_raw).arg(&next).arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm).arg(&sv);
