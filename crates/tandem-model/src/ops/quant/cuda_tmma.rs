@@ -40,7 +40,8 @@ fn gemm_min_rows() -> usize {
 
 /// The tiled kernel and its dynamic shared memory: `tmmg_bf16_<NS>_<SS>` (NS stages of SS
 /// 32-value steps in flight, `NS * SS * 20,480` bytes) or the older `tmmg_bf16` (one step
-/// ahead, static shared memory); `TANDEM_BF16_GEMM=old|4_2|6_1|3_1`. All give the same bits.
+/// ahead, static shared memory, two blocks an SM: the default, the fastest measured);
+/// `TANDEM_BF16_GEMM=4_2|6_1|3_1`. All give the same bits.
 fn gemm_kernel() -> (&'static str, u32) {
     static K: std::sync::OnceLock<(&'static str, u32)> = std::sync::OnceLock::new();
     *K.get_or_init(|| match std::env::var("TANDEM_BF16_GEMM").as_deref() {
