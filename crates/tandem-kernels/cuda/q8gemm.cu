@@ -92,18 +92,20 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
             }
         }
     };
-    // The staged segment of every column into aligned codes and float scales (a (column,
-    // block) pair per thread and turn).
+    // Block j of column c, staged at blk, into aligned codes and its float scale.
+    auto unpack_block = [&](int c, int j, const uint8_t* blk) {
+        uint32_t v[8];
+        lds_run<8>(blk + 2, v);
+        uint4* dst = reinterpret_cast<uint4*>(wq + c * QG_WS + j * 32);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+        wd[c * QG_WF + j] = __half2float(*reinterpret_cast<const __half*>(blk));
+    };
+    // The staged segment of every column (a (column, block) pair per thread and turn).
     auto unpack = [&](int s, int buf) {
         for (int t = threadIdx.x; t < QG_BN * L; t += 256) {
             const int c = t / L, j = t - c * L;
-            const uint8_t* blk = raw(buf) + c * QG_ST + (int)(seg_off(col0 + c, s) & 15) + j * QG_BLOCK;
-            uint32_t v[8];
-            lds_run<8>(blk + 2, v);
-            uint4* dst = reinterpret_cast<uint4*>(wq + c * QG_WS + j * 32);
-            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-            wd[c * QG_WF + j] = __half2float(*reinterpret_cast<const __half*>(blk));
+            unpack_block(c, j, raw(buf) + c * QG_ST + (int)(seg_off(col0 + c, s) & 15) + j * QG_BLOCK);
         }
     };
 
@@ -138,13 +140,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         for (int q = 0; q < QG_BN * 8 / 256; q++) {
             const int t = threadIdx.x + 256 * q;
             const int c = t >> 3, j = t & 7;
-            const uint8_t* blk = raw(buf) + c * QG_ST + j * QG_BLOCK;
-            uint32_t v[8];
-            lds_run<8>(blk + 2, v);
-            uint4* dst = reinterpret_cast<uint4*>(wq + c * QG_WS + j * 32);
-            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-            wd[c * QG_WF + j] = __half2float(*reinterpret_cast<const __half*>(blk));
+            unpack_block(c, j, raw(buf) + c * QG_ST + j * QG_BLOCK);
         }
     };
     float acc[2][2][4], tot[2][2][4];

@@ -38,20 +38,6 @@ fn gemm_min_rows() -> usize {
     })
 }
 
-/// The tiled kernel and its dynamic shared memory: `tmmg_bf16_<NS>_<SS>` (NS stages of SS
-/// 32-value steps in flight, `NS * SS * 20,480` bytes) or the older `tmmg_bf16` (one step
-/// ahead, static shared memory, two blocks an SM: the default, the fastest measured);
-/// `TANDEM_BF16_GEMM=4_2|6_1|3_1`. All give the same bits.
-fn gemm_kernel() -> (&'static str, u32) {
-    static K: std::sync::OnceLock<(&'static str, u32)> = std::sync::OnceLock::new();
-    *K.get_or_init(|| match std::env::var("TANDEM_BF16_GEMM").as_deref() {
-        Ok("4_2") => ("tmmg_bf16_4_2", 8 * 20_480),
-        Ok("6_1") => ("tmmg_bf16_6_1", 6 * 20_480),
-        Ok("3_1") => ("tmmg_bf16_3_1", 3 * 20_480),
-        _ => ("tmmg_bf16", 0),
-    })
-}
-
 /// Warps of a `tmv_bf16_*` block and the shared memory one segment takes (`tmma.cu`: `TM_WARPS`,
 /// `TV_STAGE`).
 const TV_WARPS: usize = 8;
@@ -135,22 +121,17 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     drop(b);
     drop(xv);
     drop(inputs);
-    let (name, smem) = gemm_kernel();
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
-    if smem > 0 {
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
-    }
+    let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
     let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))?;
     let mut b = f.builder();
     b.arg(&y).arg(&xh).arg(&xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
-    // SAFETY: arguments in tmmg_bf16*'s order; y holds m*n, xh and xl m*k bf16, W n bf16 rows of
-    // k values (`fits`); eight warps a block, the kernel's dynamic shared memory (allowed above;
-    // tmmg_bf16's is static).
-    unsafe { run(&mut b, cfg, name)? };
+    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in tmmg_bf16's order; y holds m*n, xh and xl m*k bf16, W n bf16 rows of
+    // k values (`fits`); eight warps a block, static shared memory (40 KB).
+    unsafe { run(&mut b, cfg, "tmmg_bf16")? };
     drop(b);
     Ok(tensor(y, &dev, (m, n)))
 }
