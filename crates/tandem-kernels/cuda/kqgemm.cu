@@ -1,6 +1,6 @@
 // The K-quant GEMM for calls of many rows (prefill chunks, big batches): y [m, n] f32 =
 // x [m, k] . W [n, k]^T with W in Q4_K / Q5_K / Q6_K rows and x quantised by kqmma.cu's
-// q8_quantize_rows_sums, on the chain kqmma.cu's header defines (the same bits as its GEMV
+// q8k_quantize_rows, on the chain kqmma.cu's header defines (the same bits as its GEMV
 // and small-tile GEMM for every row).
 //
 // qkgemm64_<t>: a block per KB_BN = 64 output columns x KB_BM = 64 rows, eight warps of 32
@@ -8,18 +8,19 @@
 //   superblock: the block's 64 weight rows (the 16-byte aligned windows around them) and its
 //   64 activation rows with their scales come into shared memory by cp.async, the next
 //   superblock's while this one is computed; the whole block then decodes the superblock once
-//   into int8 codes and per-sub-block factors (q4_k / q5_k: dsc = d sc, dm = dmin m; q6_k: the
-//   two 16-value scales and d), where kqmma.cu's GEMM decodes them per warp and use; and each
-//   warp runs int8 mma.sync (m16n8k32; m16n8k16 for q6_k's halves) on the decoded codes and
-//   the chain on its 64 outputs. Dynamic shared memory: KbLayout<KT>::BYTES (87,840 bytes for
-//   q4_k, 98,080 for q6_k; the host computes the same), two blocks an SM.
+//   into int8 codes and integer scales (q4_k / q5_k: each sub-block's scale and min, the mins
+//   packed as bytes, d and dmin; q6_k: the two 16-value scales and d), where kqmma.cu's GEMM
+//   decodes them per warp and use; and each warp runs int8 mma.sync (m16n8k32; m16n8k16 for
+//   q6_k's halves) on the decoded codes, the integer sums I (and M) of its 64 outputs, and
+//   their superblock terms. Dynamic shared memory: KbLayout<KT>::BYTES (80,416 bytes for q4_k,
+//   90,656 for q6_k; the host computes the same), two blocks an SM.
 #include "kquant.cuh"
 
 #define KB_BN 64
 #define KB_BM 64
 #define KB_WS 272  // bytes per decoded weight column and staged activation row: 256 codes + 16
-#define KB_FS 12   // floats per row of the activations' dx (and dxs): 8 sub-blocks + 4
-#define KB_WF 9    // float2 per column of the weights' factors: 8 sub-blocks + 1
+#define KB_XD 32   // bytes per row of a staged activation superblock's sums (16) and dx (4)
+#define KB_WF 9    // int2 per column of the weights' scales: 8 sub-blocks + 1
 
 template <int KT>
 struct KbLayout {
@@ -27,16 +28,17 @@ struct KbLayout {
     static constexpr int RAW_BYTES = KB_BN * ST + 16;              // a stage of raw superblocks
     static constexpr int RAW = 0;                                  // [2][RAW_BYTES]
     static constexpr int XQ = RAW + 2 * RAW_BYTES;                 // [2][KB_BM][KB_WS] codes
-    static constexpr int XD = XQ + 2 * KB_BM * KB_WS;              // [2 stages][dx, dxs][KB_BM][KB_FS]
-    static constexpr int WQ = XD + 2 * 2 * KB_BM * KB_FS * 4;      // [KB_BN][KB_WS] decoded codes
-    static constexpr int WF = WQ + KB_BN * KB_WS;                  // [KB_BN][KB_WF] float2 (q6_k: int2)
-    static constexpr int WD = WF + KB_BN * KB_WF * 8;              // [KB_BN] float: q6_k's d
-    static constexpr int BYTES = WD + KB_BN * 4;
+    static constexpr int XD = XQ + 2 * KB_BM * KB_WS;              // [2][KB_BM][KB_XD]: xs, dx
+    static constexpr int WQ = XD + 2 * KB_BM * KB_XD;              // [KB_BN][KB_WS] decoded codes
+    static constexpr int WF = WQ + KB_BN * KB_WS;                  // [KB_BN][KB_WF] int2 scales
+    static constexpr int WD = WF + KB_BN * KB_WF * 8;              // [KB_BN] float2: d, dmin
+    static constexpr int WM = WD + KB_BN * 8;                      // [KB_BN] uint2: the mins as bytes
+    static constexpr int BYTES = WM + KB_BN * 8;
 };
 
 template <int KT>
 __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                         const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                         const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     using L = KbLayout<KT>;
     constexpr int BB = kq_bytes<KT>(), ST = L::ST;
     extern __shared__ __align__(16) uint8_t kb_smem[];
@@ -54,18 +56,17 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
     const long long rb = (long long)S * BB;
     const uint8_t* end = w + (size_t)n * rb;
     uint8_t* const wq = kb_smem + L::WQ;
-    float2* const wf = reinterpret_cast<float2*>(kb_smem + L::WF);
-    float* const wd = reinterpret_cast<float*>(kb_smem + L::WD);
+    int2* const wf = reinterpret_cast<int2*>(kb_smem + L::WF);
+    float2* const wd = reinterpret_cast<float2*>(kb_smem + L::WD);
+    uint8_t* const wm = kb_smem + L::WM;
     auto raw = [&](int buf) { return kb_smem + L::RAW + buf * L::RAW_BYTES; };
     auto xcodes = [&](int buf) { return kb_smem + L::XQ + buf * KB_BM * KB_WS; };
-    auto xscale = [&](int buf, int which) {
-        return reinterpret_cast<float*>(kb_smem + L::XD) + (buf * 2 + which) * KB_BM * KB_FS;
-    };
+    auto xsums = [&](int buf) { return kb_smem + L::XD + buf * KB_BM * KB_XD; };
     // Where column c's superblock s starts in its staged window.
     auto win = [&](int c, int s) { return (int)(((long long)c * rb + (long long)s * BB) & 15); };
     // Each thread's share of a stage, fixed for the whole call (256 threads): weight column
     // t / 4's pieces t % 4, t % 4 + 4, ...; activation row t / 4's codes t % 4 (64 bytes, four
-    // pieces); and one piece of its scales (dx or dxs, half t % 2). Only the superblock moves
+    // pieces); and its code sums (t % 4 = 0: 16 bytes) or scale (t % 4 = 1). Only the superblock moves
     // the sources, so a stage is a few copies a thread (the general loops were a division and
     // a branch a piece: a fifth of the instructions).
     const int lr = threadIdx.x >> 2, lq = threadIdx.x & 3;
@@ -88,12 +89,12 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
             const int8_t* src = xq + (size_t)(row0 + lr) * k + (size_t)s * 256 + lq * 64;
 #pragma unroll
             for (int c = 0; c < 4; c++) cp_async16(dst + c * 16, src + c * 16);
-            const float* ssrc = ((lq >> 1) ? dxs : dx) + (size_t)(row0 + lr) * nb + s * 8 + (lq & 1) * 4;
-            cp_async16(xscale(buf, lq >> 1) + lr * KB_FS + (lq & 1) * 4, ssrc);
+            if (lq == 0) cp_async16(xsums(buf) + lr * KB_XD, xs + (size_t)(row0 + lr) * nb + s * 8);
+            if (lq == 1) cp_async4(xsums(buf) + lr * KB_XD + 16, dx + (size_t)(row0 + lr) * S + s);
         }
     };
-    // The staged superblock s of every column into codes and factors (a (column, sub-block)
-    // pair per thread and turn).
+    // The staged superblock s of every column into codes and integer scales (a (column,
+    // sub-block) pair per thread and turn).
     auto decode = [&](int s, int buf) {
         for (int t = threadIdx.x; t < KB_BN * 8; t += blockDim.x) {
             const int c = t >> 3, j = t & 7;
@@ -105,16 +106,13 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
             dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
             dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
             int a, b;
-            float d, dmin;
             kscale<KT>(sb, j, &a, &b);
-            kd<KT>(sb, &d, &dmin);
-            if constexpr (KT == KT_Q6_K) {
-                wf[c * KB_WF + j] = make_float2(__int_as_float(a), __int_as_float(b));
-                if (j == 0) wd[c] = d;
-            } else {
-                float fa, fb;
-                kq_factors(a, b, d, dmin, &fa, &fb);
-                wf[c * KB_WF + j] = make_float2(fa, fb);
+            wf[c * KB_WF + j] = make_int2(a, b);
+            if constexpr (KT != KT_Q6_K) wm[c * 8 + j] = (uint8_t)b;
+            if (j == 0) {
+                float d, dmin;
+                kd<KT>(sb, &d, &dmin);
+                wd[c] = make_float2(d, dmin);
             }
         }
     };
@@ -136,23 +134,22 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         decode(s, s & 1);
         __syncthreads();  // and decoded
         const uint8_t* xb = xcodes(s & 1);
-        const float* xd = xscale(s & 1, 0);
-        const float* xds = xscale(s & 1, 1);
-        float dq[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-        if constexpr (KT == KT_Q6_K) {
+        int isum[2][2][4];
 #pragma unroll
-            for (int ct = 0; ct < 2; ct++) {
-                dq[ct][0] = wd[wcol + ct * 16 + g];
-                dq[ct][1] = wd[wcol + ct * 16 + g + 8];
-            }
-        }
-        float p[2][2][4], h[2][2][4], u[2][2][4];
+        for (int rt = 0; rt < 2; rt++)
+#pragma unroll
+            for (int ct = 0; ct < 2; ct++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) isum[rt][ct][e] = 0;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             // A fragments of the two column tiles: values 4 tig .. and 16 + 4 tig .. of
-            // columns g and g + 8 (q6_k: the first pair is the k16 mma of values 0..15).
+            // columns g and g + 8 (q6_k: the first pair is the k16 mma of values 0..15). By
+            // words rather than ldmatrix (q8gemm.cu): with ldmatrix this kernel takes 128
+            // registers and spills, and ran 4% slower on the H100 (9B Q4_K pp512 6,631 against
+            // 6,906 tok/s, 2026-12-05).
             uint32_t a[2][4];
-            float2 fl[2][2];
+            int2 fl[2][2];
 #pragma unroll
             for (int ct = 0; ct < 2; ct++) {
                 const int c = wcol + ct * 16 + g;
@@ -169,44 +166,62 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
             for (int rt = 0; rt < 2; rt++) {
                 // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
                 // lane's outputs are rows 2 tig and 2 tig + 1.
-                const int rbase = wrow + rt * 8;
-                const uint8_t* xr = xb + (rbase + g) * KB_WS + j * 32 + 4 * tig;
+                const uint8_t* xr = xb + (wrow + rt * 8 + g) * KB_WS + j * 32 + 4 * tig;
                 const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
-                const int r0 = rbase + 2 * tig;
-                const float dx0 = xd[r0 * KB_FS + j], dx1 = xd[(r0 + 1) * KB_FS + j];
 #pragma unroll
                 for (int ct = 0; ct < 2; ct++) {
-                    float f[4];
+                    int* is = isum[rt][ct];
                     if constexpr (KT == KT_Q6_K) {
                         int d0[4], d1[4];
                         mma_k16(d0, a[ct][0], a[ct][1], x0);
                         mma_k16(d1, a[ct][2], a[ct][3], x1);
-                        const int sa_lo = __float_as_int(fl[ct][0].x), sb_lo = __float_as_int(fl[ct][0].y);
-                        const int sa_hi = __float_as_int(fl[ct][1].x), sb_hi = __float_as_int(fl[ct][1].y);
-                        f[0] = kq_f6(sa_lo * d0[0] + sb_lo * d1[0], dq[ct][0], dx0);
-                        f[1] = kq_f6(sa_lo * d0[1] + sb_lo * d1[1], dq[ct][0], dx1);
-                        f[2] = kq_f6(sa_hi * d0[2] + sb_hi * d1[2], dq[ct][1], dx0);
-                        f[3] = kq_f6(sa_hi * d0[3] + sb_hi * d1[3], dq[ct][1], dx1);
+                        is[0] += fl[ct][0].x * d0[0] + fl[ct][0].y * d1[0];
+                        is[1] += fl[ct][0].x * d0[1] + fl[ct][0].y * d1[1];
+                        is[2] += fl[ct][1].x * d0[2] + fl[ct][1].y * d1[2];
+                        is[3] += fl[ct][1].x * d0[3] + fl[ct][1].y * d1[3];
                     } else {
-                        const float ds0 = xds[r0 * KB_FS + j], ds1 = xds[(r0 + 1) * KB_FS + j];
                         int d[4];
                         mma_k32(d, a[ct], x0, x1);
-                        f[0] = kq_f_min(d[0], fl[ct][0].x, fl[ct][0].y, dx0, ds0);
-                        f[1] = kq_f_min(d[1], fl[ct][0].x, fl[ct][0].y, dx1, ds1);
-                        f[2] = kq_f_min(d[2], fl[ct][1].x, fl[ct][1].y, dx0, ds0);
-                        f[3] = kq_f_min(d[3], fl[ct][1].x, fl[ct][1].y, dx1, ds1);
+                        is[0] += fl[ct][0].x * d[0];
+                        is[1] += fl[ct][0].x * d[1];
+                        is[2] += fl[ct][1].x * d[2];
+                        is[3] += fl[ct][1].x * d[3];
                     }
-#pragma unroll
-                    for (int e = 0; e < 4; e++) t_step(j, f[e], p[rt][ct][e], h[rt][ct][e], u[rt][ct][e]);
                 }
             }
         }
+        // The superblock's terms: this lane's rows' code sums and dx, its columns' d, dmin and
+        // mins.
+        const uint8_t* xsb = xsums(s & 1);
 #pragma unroll
-        for (int rt = 0; rt < 2; rt++)
+        for (int rt = 0; rt < 2; rt++) {
+            const int r0 = wrow + rt * 8 + 2 * tig;
+            const uint8_t* x0p = xsb + r0 * KB_XD;
+            const uint8_t* x1p = x0p + KB_XD;
+            const float dx0 = *reinterpret_cast<const float*>(x0p + 16), dx1 = *reinterpret_cast<const float*>(x1p + 16);
+            uint4 xs0 = make_uint4(0u, 0u, 0u, 0u), xs1 = xs0;
+            if constexpr (KT != KT_Q6_K) {
+                xs0 = *reinterpret_cast<const uint4*>(x0p);
+                xs1 = *reinterpret_cast<const uint4*>(x1p);
+            }
 #pragma unroll
-            for (int ct = 0; ct < 2; ct++)
+            for (int ct = 0; ct < 2; ct++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[rt][ct][e] = __fadd_rn(acc[rt][ct][e], u[rt][ct][e]);
+                for (int h = 0; h < 2; h++) {
+                    const int c = wcol + ct * 16 + g + 8 * h;
+                    const float2 dd = wd[c];
+                    int m0 = 0, m1 = 0;
+                    if constexpr (KT != KT_Q6_K) {
+                        const uint2 mw = *reinterpret_cast<const uint2*>(wm + c * 8);
+                        m0 = kq_msum(xs0, mw);
+                        m1 = kq_msum(xs1, mw);
+                    }
+                    float* ac = acc[rt][ct];
+                    ac[2 * h] = __fadd_rn(ac[2 * h], kq_term(isum[rt][ct][2 * h], m0, dd.x, dd.y, dx0));
+                    ac[2 * h + 1] = __fadd_rn(ac[2 * h + 1], kq_term(isum[rt][ct][2 * h + 1], m1, dd.x, dd.y, dx1));
+                }
+            }
+        }
         __syncthreads();  // every warp is done with this stage and the decoded superblock
     }
 #pragma unroll
@@ -225,9 +240,9 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
 
 #define KQGEMM64(suffix, KT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        qkgemm64_##suffix(float* y, const int8_t* xq, const float* dx, const float* dxs, const uint8_t* w,     \
+        qkgemm64_##suffix(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w,   \
                           int m, int n, int k) {                                                              \
-        qkgemm64<KT>(y, xq, dx, dxs, w, m, n, k);                                                            \
+        qkgemm64<KT>(y, xq, dx, xs, w, m, n, k);                                                             \
     }
 
 KQGEMM64(q4_k, KT_Q4_K)

@@ -2,19 +2,23 @@
 // size: y [m, n] f32 = x [m, k] . W [n, k]^T, W in GGML K-quant rows (superblocks of 256
 // values: q4_k 144 bytes, q5_k 176, q6_k 210; the layouts in qunits.cuh).
 //
-// q8_quantize_rows_sums: qmma.cu's activation blocks (32 values: int8 codes, an f32 scale dx)
-//   and each block's scaled code sum dxs = dx * float(xs) (the q4_k / q5_k mins multiply it).
+// q8k_quantize_rows: the activations by superblock of 256 values, as candle's (and the CPU
+//   kernels') Q8K: the value of largest magnitude v (the first of equals) sets iscale =
+//   -127 / v, a code is round(iscale x) (halves away from zero) clamped to -128..127, the
+//   scale dx = 1 / iscale; and each 32-value sub-block's code sum xs (an int16).
 // The chain of an output (r, c) is fixed by k alone:
-//   - sub-block b (32 values; j = b % 8 of superblock s = b / 8): exact integer dot products
-//     of the weight codes with the activation codes, then one float f_b:
-//       q4_k / q5_k: f = fma(float(isum), dsc_j * dx, -(dm_j * dxs)), with the weight
-//                    sub-block's dsc_j = d * float(sc_j) and dm_j = dmin * float(m_j)
-//       q6_k:        f = float(sc_lo * isum_lo + sc_hi * isum_hi) * (d * dx)
-//     (q6_k has a scale per 16 values; every integer here is below 2^24, so exact as a float;
-//     the weight factors are made once per sub-block and shared by every row);
-//   - superblock s: T_s = ((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7));
+//   - superblock s (256 values): exact integer dot products of the weight codes with the
+//     activation codes per sub-block (32 values; q6_k per 16-value half), weighted by the
+//     sub-blocks' integer scales: I = sum_j sc_j isum_j (q6_k: over its 16 halves), and for
+//     q4_k / q5_k the mins' term M = sum_j m_j xs_j; integers, so their order is free (every
+//     partial sum stays below 2^31: |I| < 2^27); then one float term
+//       T_s = (fma(float(I), d, -(float(M) dmin))) dx_s   (q6_k: (float(I) d) dx_s)
+//     with the superblock's f16 d (and dmin) and the activation superblock's dx_s;
 //   - y = (((0 + T_0) + T_1) + ...) + T_{S-1}, superblock after superblock.
-//   Every step is an explicit _rn intrinsic, so no contraction can differ between kernels.
+//   Every float step is an explicit _rn intrinsic, so no contraction can differ between
+//   kernels. Per output and 32 values the chain is one or two integer multiply-adds (and a
+//   fourth of a dp2a), where a float chain per sub-block took five operations: the kernels
+//   here were bound by it.
 // qkmv_<t>_<R> (calls of 1..R rows: decode, verifies, small batches): a warp per output
 //   column; in a round the warp takes eight superblocks, lane group g (lanes 4g..4g+3) the
 //   g-th, lane q of it sub-blocks 2q and 2q + 1 (f_2q + f_2q+1); two xor shuffles add the four
@@ -35,23 +39,54 @@
 #include "q8act.cuh"
 #include "kquant.cuh"
 
-// One warp per 32-value block: codes, scale and scaled code sum (the integer sum has no order).
-extern "C" __global__ void q8_quantize_rows_sums(int8_t* __restrict__ xq, float* __restrict__ dx,
-                                                 float* __restrict__ dxs, const float* __restrict__ x, int m, int k) {
-    const int nb = k >> 5;
-    const long long blk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// One warp per superblock of 256 values (lane l: values 8 l .. 8 l + 7, in sub-block l / 4):
+// codes, the scale and the sub-blocks' code sums (integers: no order).
+extern "C" __global__ void q8k_quantize_rows(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                             int16_t* __restrict__ xs, const float* __restrict__ x, int m, int k) {
+    const int S = k >> 8;
+    const long long sbi = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (blk >= (long long)m * nb) return;
-    float d;
-    const int8_t q = quant_block(x[blk * 32 + lane], &d);
-    xq[blk * 32 + lane] = q;
-    int s = q;
+    if (sbi >= (long long)m * S) return;  // the whole warp
+    const float* p = x + sbi * 256 + lane * 8;  // scalar loads: x may start anywhere
+    float v[8];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) {
-        dx[blk] = d;
-        dxs[blk] = __fmul_rn(d, __int2float_rn(s));
+    for (int i = 0; i < 8; i++) v[i] = __ldg(p + i);
+    // The first value of largest magnitude: the warp's largest |v| (a max has no order), then
+    // the lowest lane holding it, and that lane's first such value.
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float mine = 0.f;
+    bool has = false;
+#pragma unroll
+    for (int i = 7; i >= 0; i--) {
+        if (fabsf(v[i]) == amax) {
+            mine = v[i];
+            has = true;
+        }
     }
+    const unsigned holders = __ballot_sync(0xffffffffu, has);
+    const float vmax = __shfl_sync(0xffffffffu, mine, holders ? __ffs(holders) - 1 : 0);
+    uint32_t w[2] = {0u, 0u};
+    int sum = 0;
+    float d = 0.f;
+    if (amax > 0.f) {
+        const float iscale = __fdiv_rn(-127.f, vmax);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int q = (int)fminf(fmaxf(roundf(__fmul_rn(iscale, v[i])), -128.f), 127.f);
+            sum += q;
+            w[i >> 2] |= (uint32_t)(q & 0xFF) << (8 * (i & 3));
+        }
+        d = __frcp_rn(iscale);  // 1 / iscale, correctly rounded
+    }
+    *reinterpret_cast<uint2*>(xq + sbi * 256 + lane * 8) = make_uint2(w[0], w[1]);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if ((lane & 3) == 0) xs[sbi * 8 + (lane >> 2)] = (int16_t)sum;
+    if (lane == 0) dx[sbi] = d;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -101,37 +136,38 @@ __device__ __forceinline__ void kq_lane_codes(const uint8_t* sb, int q, uint32_t
     }
 }
 
-// f_2q + f_2q+1 for one row: x0 / x1 the activation codes of the two sub-blocks.
+// Lane q's share of one row's superblock sums: I over sub-blocks 2q, 2q + 1 (q6_k: their
+// four halves) and, for q4_k / q5_k, M over the same two (xsw: the row's code sums of the
+// pair, mw: the pair's mins as bytes 0 and 1). x codes as four 16-byte loads.
 template <int KT>
-__device__ __forceinline__ float kq_pair(const uint32_t (&c)[2][8], const int (&sa)[2], const int (&sb_)[2],
-                                         const float (&fa)[2], const float (&fb)[2], float d, const uint4 (&xa)[4],
-                                         float2 dxv, float2 dxsv) {
+__device__ __forceinline__ int2 kq_pair(const uint32_t (&c)[2][8], const int (&sa)[2], const int (&sb_)[2],
+                                        const uint4 (&xa)[4], uint32_t xsw, uint32_t mw) {
     const uint32_t x[2][8] = {{xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w},
                               {xa[2].x, xa[2].y, xa[2].z, xa[2].w, xa[3].x, xa[3].y, xa[3].z, xa[3].w}};
-    float f[2];
+    int isum = 0;
 #pragma unroll
     for (int t = 0; t < 2; t++) {
-        const float dxt = t == 0 ? dxv.x : dxv.y;
         if constexpr (KT == KT_Q6_K) {
             int lo = 0, hi = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) lo = __dp4a((int)c[t][i], (int)x[t][i], lo);
 #pragma unroll
             for (int i = 4; i < 8; i++) hi = __dp4a((int)c[t][i], (int)x[t][i], hi);
-            f[t] = kq_f6(sa[t] * lo + sb_[t] * hi, d, dxt);
+            isum += sa[t] * lo + sb_[t] * hi;
         } else {
-            int s = 0;
+            int sd = 0;
 #pragma unroll
-            for (int i = 0; i < 8; i++) s = __dp4a((int)c[t][i], (int)x[t][i], s);
-            f[t] = kq_f_min(s, fa[t], fb[t], dxt, t == 0 ? dxsv.x : dxsv.y);
+            for (int i = 0; i < 8; i++) sd = __dp4a((int)c[t][i], (int)x[t][i], sd);
+            isum += sa[t] * sd;
         }
     }
-    return __fadd_rn(f[0], f[1]);
+    const int msum = KT == KT_Q6_K ? 0 : __dp2a_lo((int)xsw, (int)mw, 0);
+    return make_int2(isum, msum);
 }
 
 template <int KT, int R, bool PRE>
 __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                     const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                     const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>();
     constexpr int ROUND = 8 * BB;
     // A round's copy is the 16-byte aligned window around it (q6_k rows start on any even
@@ -165,23 +201,23 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         const int s = r * 8 + g;
         const bool live = s < S;
         const int b0 = s * 8 + 2 * q;
-        auto load_x = [&](int i, uint4(&xo)[4], float2& dxo, float2& xso) {
+        auto load_x = [&](int i, uint4(&xo)[4], float& dxo, uint32_t& xso) {
             if (live && i < rows) {
                 const uint4* xp = reinterpret_cast<const uint4*>(xq + (size_t)i * k + (size_t)b0 * 32);
 #pragma unroll
                 for (int v = 0; v < 4; v++) xo[v] = __ldg(xp + v);
-                dxo = __ldg(reinterpret_cast<const float2*>(dx + (size_t)i * nb + b0));
-                xso = __ldg(reinterpret_cast<const float2*>(dxs + (size_t)i * nb + b0));
+                dxo = __ldg(dx + (size_t)i * S + s);
+                xso = __ldg(reinterpret_cast<const uint32_t*>(xs + (size_t)i * nb + b0));  // b0, nb even
             } else {
 #pragma unroll
                 for (int v = 0; v < 4; v++) xo[v] = make_uint4(0, 0, 0, 0);
-                dxo = make_float2(0.f, 0.f);
-                xso = make_float2(0.f, 0.f);
+                dxo = 0.f;
+                xso = 0u;
             }
         };
         uint4 xa[PRE ? R : 1][4];
-        float2 dxa[PRE ? R : 1];
-        float2 xsa[PRE ? R : 1];
+        float dxa[PRE ? R : 1];
+        uint32_t xsa[PRE ? R : 1];
         if constexpr (PRE) {
 #pragma unroll
             for (int i = 0; i < R; i++) load_x(i, xa[i], dxa[i], xsa[i]);
@@ -192,38 +228,40 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
         uint32_t c[2][8];
         int sa[2] = {0, 0}, sm[2] = {0, 0};
         float d = 0.f, dmin = 0.f;
-        float fa[2] = {0.f, 0.f}, fb[2] = {0.f, 0.f};
         if (live) {
             kq_lane_codes<KT>(sb, q, c);
             kscale<KT>(sb, 2 * q, &sa[0], &sm[0]);
             kscale<KT>(sb, 2 * q + 1, &sa[1], &sm[1]);
             kd<KT>(sb, &d, &dmin);
-            if constexpr (KT != KT_Q6_K) {
-                kq_factors(sa[0], sm[0], d, dmin, &fa[0], &fb[0]);
-                kq_factors(sa[1], sm[1], d, dmin, &fa[1], &fb[1]);
-            }
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) c[0][i] = c[1][i] = 0u;
         }
+        const uint32_t mw = (uint32_t)sm[0] | ((uint32_t)sm[1] << 8);  // q4_k / q5_k: the pair's mins
         __syncwarp();  // every lane has read this stage: it may be refilled
         if (r + KV_STAGES < rounds) load(r + KV_STAGES);
         cp_async_commit();
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            float t;
+            int2 sums;
+            float dxi;
             if constexpr (PRE) {
-                t = kq_pair<KT>(c, sa, sm, fa, fb, d, xa[i], dxa[i], xsa[i]);
+                sums = kq_pair<KT>(c, sa, sm, xa[i], xsa[i], mw);
+                dxi = dxa[i];
             } else {
                 uint4 xl[4];
-                float2 dl;
-                float2 sl;
-                load_x(i, xl, dl, sl);
-                t = kq_pair<KT>(c, sa, sm, fa, fb, d, xl, dl, sl);
+                uint32_t sl;
+                load_x(i, xl, dxi, sl);
+                sums = kq_pair<KT>(c, sa, sm, xl, sl, mw);
             }
-            t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
-            t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
-            if (q == 0) tsm[warp][i][g] = t;
+            // The group's four lanes' integer sums (exact, any order), then its term.
+            sums.x += __shfl_xor_sync(0xffffffffu, sums.x, 1);
+            sums.x += __shfl_xor_sync(0xffffffffu, sums.x, 2);
+            if constexpr (KT != KT_Q6_K) {
+                sums.y += __shfl_xor_sync(0xffffffffu, sums.y, 1);
+                sums.y += __shfl_xor_sync(0xffffffffu, sums.y, 2);
+            }
+            if (q == 0) tsm[warp][i][g] = kq_term(sums.x, sums.y, d, dmin, dxi);
         }
         __syncwarp();
         // The round's superblocks into each row's sum, in order: lane i adds row i's.
@@ -252,7 +290,7 @@ __device__ void qkmv(float* __restrict__ y, const int8_t* __restrict__ xq, const
 
 template <int KT, int NT>
 __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                       const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                       const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>(), ST = kq_stride<KT>();
     constexpr int WR = NT / 2;  // rows per warp
     constexpr int NJ = WR / 8;  // m16n8 tiles per warp
@@ -301,61 +339,67 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
         float d_lo, dm_lo, d_hi, dm_hi;
         kd<KT>(lo, &d_lo, &dm_lo);
         kd<KT>(hi, &d_hi, &dm_hi);
-        float p[NJ][4], h[NJ][4], u[NJ][4];
+        int isum[NJ][4];
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++) isum[jj][0] = isum[jj][1] = isum[jj][2] = isum[jj][3] = 0;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int b = s * 8 + j;
             int sa_lo, sb_lo, sa_hi, sb_hi;
             kscale<KT>(lo, j, &sa_lo, &sb_lo);
             kscale<KT>(hi, j, &sa_hi, &sb_hi);
-            float fa_lo = 0.f, fb_lo = 0.f, fa_hi = 0.f, fb_hi = 0.f;
-            if constexpr (KT != KT_Q6_K) {
-                kq_factors(sa_lo, sb_lo, d_lo, dm_lo, &fa_lo, &fb_lo);
-                kq_factors(sa_hi, sb_hi, d_hi, dm_hi, &fa_hi, &fb_hi);
-            }
             // The A fragments: values 4 tig .. 4 tig + 3 and 16 + 4 tig .. of columns g, g + 8
             // (q6_k: the first pair is the k16 mma of values 0..15, the second of 16..31).
             const uint32_t a[4] = {kword<KT>(lo, j, tig), kword<KT>(hi, j, tig), kword<KT>(lo, j, tig + 4),
                                    kword<KT>(hi, j, tig + 4)};
 #pragma unroll
             for (int jj = 0; jj < NJ; jj++) {
-                const int rbase = wrow0 + jj * 8;
-                if (rbase < m) {
+                if (wrow0 + jj * 8 < m) {
                     // This lane's B fragment: row rbase + g, values 4 tig .. and 16 + 4 tig ..
                     const uint8_t* xr = xb + jj * 8 * KG_XS + j * 32;
                     const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
-                    const int r0 = rbase + tig * 2, r1 = r0 + 1;
-                    const float dx0 = r0 < m ? __ldg(dx + (size_t)r0 * nb + b) : 0.f;
-                    const float dx1 = r1 < m ? __ldg(dx + (size_t)r1 * nb + b) : 0.f;
-                    float f[4];
                     if constexpr (KT == KT_Q6_K) {
                         int d0[4], d1[4];
                         mma_k16(d0, a[0], a[1], x0);
                         mma_k16(d1, a[2], a[3], x1);
-                        f[0] = kq_f6(sa_lo * d0[0] + sb_lo * d1[0], d_lo, dx0);
-                        f[1] = kq_f6(sa_lo * d0[1] + sb_lo * d1[1], d_lo, dx1);
-                        f[2] = kq_f6(sa_hi * d0[2] + sb_hi * d1[2], d_hi, dx0);
-                        f[3] = kq_f6(sa_hi * d0[3] + sb_hi * d1[3], d_hi, dx1);
+                        isum[jj][0] += sa_lo * d0[0] + sb_lo * d1[0];
+                        isum[jj][1] += sa_lo * d0[1] + sb_lo * d1[1];
+                        isum[jj][2] += sa_hi * d0[2] + sb_hi * d1[2];
+                        isum[jj][3] += sa_hi * d0[3] + sb_hi * d1[3];
                     } else {
                         int d[4];
                         mma_k32(d, a, x0, x1);
-                        const float xs0 = r0 < m ? __ldg(dxs + (size_t)r0 * nb + b) : 0.f;
-                        const float xs1 = r1 < m ? __ldg(dxs + (size_t)r1 * nb + b) : 0.f;
-                        f[0] = kq_f_min(d[0], fa_lo, fb_lo, dx0, xs0);
-                        f[1] = kq_f_min(d[1], fa_lo, fb_lo, dx1, xs1);
-                        f[2] = kq_f_min(d[2], fa_hi, fb_hi, dx0, xs0);
-                        f[3] = kq_f_min(d[3], fa_hi, fb_hi, dx1, xs1);
+                        isum[jj][0] += sa_lo * d[0];
+                        isum[jj][1] += sa_lo * d[1];
+                        isum[jj][2] += sa_hi * d[2];
+                        isum[jj][3] += sa_hi * d[3];
                     }
-#pragma unroll
-                    for (int e = 0; e < 4; e++) t_step(j, f[e], p[jj][e], h[jj][e], u[jj][e]);
                 }
             }
         }
+        uint2 mw_lo = make_uint2(0u, 0u), mw_hi = make_uint2(0u, 0u);
+        if constexpr (KT != KT_Q6_K) {
+            mw_lo = kq_mins(lo);
+            mw_hi = kq_mins(hi);
+        }
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++) {
-            if (wrow0 + jj * 8 < m) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[jj][e] = __fadd_rn(acc[jj][e], u[jj][e]);
+            const int rbase = wrow0 + jj * 8;
+            if (rbase < m) {
+                const int r0 = rbase + tig * 2, r1 = r0 + 1;
+                const float dx0 = r0 < m ? __ldg(dx + (size_t)r0 * S + s) : 0.f;
+                const float dx1 = r1 < m ? __ldg(dx + (size_t)r1 * S + s) : 0.f;
+                int m0[2] = {0, 0}, m1[2] = {0, 0};
+                if constexpr (KT != KT_Q6_K) {
+                    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+                    const uint4 xs0 = r0 < m ? __ldg(reinterpret_cast<const uint4*>(xs + (size_t)r0 * nb + s * 8)) : z;
+                    const uint4 xs1 = r1 < m ? __ldg(reinterpret_cast<const uint4*>(xs + (size_t)r1 * nb + s * 8)) : z;
+                    m0[0] = kq_msum(xs0, mw_lo), m1[0] = kq_msum(xs1, mw_lo);
+                    m0[1] = kq_msum(xs0, mw_hi), m1[1] = kq_msum(xs1, mw_hi);
+                }
+                acc[jj][0] = __fadd_rn(acc[jj][0], kq_term(isum[jj][0], m0[0], d_lo, dm_lo, dx0));
+                acc[jj][1] = __fadd_rn(acc[jj][1], kq_term(isum[jj][1], m1[0], d_lo, dm_lo, dx1));
+                acc[jj][2] = __fadd_rn(acc[jj][2], kq_term(isum[jj][2], m0[1], d_hi, dm_hi, dx0));
+                acc[jj][3] = __fadd_rn(acc[jj][3], kq_term(isum[jj][3], m1[1], d_hi, dm_hi, dx1));
             }
         }
         __syncthreads();  // every warp is done with this stage before it is refilled
@@ -380,13 +424,13 @@ __device__ void qkgemm(float* __restrict__ y, const int8_t* __restrict__ xq, con
 // rows spill below ~90).
 #define KQMV(suffix, KT, R, NAME, PRE, MINB)                                                                  \
     extern "C" __global__ void __launch_bounds__(KV_WARPS * 32, MINB)                                        \
-        NAME(float* y, const int8_t* xq, const float* dx, const float* xs, const uint8_t* w, int m, int n,    \
+        NAME(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w, int m, int n,  \
              int k) {                                                                                         \
         qkmv<KT, R, PRE>(y, xq, dx, xs, w, m, n, k);                                                         \
     }
 #define KQGEMM(suffix, KT, NT)                                                                                \
     extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        qkgemm_##suffix##_##NT(float* y, const int8_t* xq, const float* dx, const float* xs, const uint8_t* w, \
+        qkgemm_##suffix##_##NT(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w, \
                                int m, int n, int k) {                                                         \
         qkgemm<KT, NT>(y, xq, dx, xs, w, m, n, k);                                                           \
     }

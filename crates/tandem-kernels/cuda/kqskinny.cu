@@ -1,18 +1,18 @@
 // The K-quant matmul of a few rows on the tensor cores: y [m, n] f32 = x [m, k] . W [n, k]^T
 // for m = 1..8 (verify steps, small batches), W in Q4_K / Q5_K / Q6_K rows, x quantised by
-// kqmma.cu's q8_quantize_rows_sums, on the chain kqmma.cu's header defines (the same bits as
+// kqmma.cu's q8k_quantize_rows, on the chain kqmma.cu's header defines (the same bits as
 // its GEMV and GEMMs, row for row).
 //
 // qkmvm_<t>: a block per KS_COLS = 16 output columns, KS_WARPS = 4 warps. The columns'
 //   superblocks are dealt out to the warps in turn (warp w takes s = 4 r + w in round r); a
-//   warp copies its superblock of the 16 columns, and the m rows' codes, dx and dxs of that
-//   superblock, into its own shared-memory stage by cp.async, one round ahead. One int8
+//   warp copies its superblock of the 16 columns, and the m rows' codes, code sums and dx of
+//   that superblock, into its own shared-memory stage by cp.async, one round ahead. One int8
 //   mma.sync m16n8k32 per sub-block (two m16n8k16 for q6_k's 16-value halves) gives the
 //   integer dot products of all 16 columns with all eight rows at once: the weight codes are
 //   the mma's A operand, the rows' codes its B operand, so a row costs one column of B rather
 //   than its own dot products (qkmv's cost grows with the rows; this kernel's hardly does).
-//   Each lane runs the chain for its four outputs (columns g, g + 8 x rows 2 tig, 2 tig + 1)
-//   to the superblock's T and leaves them in shared memory; after a block barrier warp w adds
+//   Each lane sums its four outputs' integers (columns g, g + 8 x rows 2 tig, 2 tig + 1) to
+//   the superblock's T and leaves them in shared memory; after a block barrier warp w adds
 //   the round's T of output e = w in superblock order. Rows past m read row m - 1 (a B
 //   column only reaches its own outputs, which are dropped).
 // Measured on the H200 (9B Q4_K, a verify step of 5 rows): 1.6-2x qkmv_1's time per matrix,
@@ -33,12 +33,13 @@
 
 // The dynamic shared memory a block takes for calls of m rows (the host computes the same):
 // per warp and stage the 16 columns' superblock windows, the m rows' codes of that superblock
-// (KS_XS bytes a row: 256 + 16 of padding against bank conflicts) and their dx, dxs (eight
-// floats each); then the superblock terms of two rounds.
+// (KS_XS bytes a row: 256 + 16 of padding against bank conflicts) and their code sums and dx
+// (KS_XD bytes a row: 16 + 4 + padding); then the superblock terms of two rounds.
 #define KS_XS 272
+#define KS_XD 32
 template <int KT>
 __host__ __device__ constexpr int ks_region(int m) {
-    return KS_COLS * kq_stride<KT>() + m * (KS_XS + 64);
+    return KS_COLS * kq_stride<KT>() + m * (KS_XS + KS_XD);
 }
 template <int KT>
 __host__ __device__ constexpr int ks_smem_bytes(int m) {
@@ -47,7 +48,7 @@ __host__ __device__ constexpr int ks_smem_bytes(int m) {
 
 template <int KT>
 __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
-                      const float* __restrict__ dxs, const uint8_t* __restrict__ w, int m, int n, int k) {
+                      const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>(), ST = kq_stride<KT>(), NS = KS_STAGES;
     constexpr int PIECES = ST / 16;
     extern __shared__ __align__(16) uint8_t ks_smem[];
@@ -69,7 +70,7 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
     // Where column c's superblock s starts in its staged window (0 but for q6_k).
     auto win = [&](int c, int s) { return (int)(((long long)c * rb + (long long)s * BB) & 15); };
     // Lane l copies column l & 15's pieces (l >> 4) + 2 t of each superblock it stages, then
-    // the rows' pieces: 16 of codes, two of dx and two of dxs a row.
+    // the rows' pieces: 16 of codes, one of code sums and dx's four bytes a row.
     const int lc = lane & 15, lp = lane >> 4;
     const bool lc_live = col0 + lc < n;
     const uint8_t* lcol = w + (size_t)(col0 + lc) * rb;
@@ -94,14 +95,14 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
             }
         }
         uint8_t* xd = dst + KS_COLS * ST;
-        for (int i = lane; i < m * 20; i += 32) {
-            const int row = i / 20, c = i - row * 20;
+        for (int i = lane; i < m * 18; i += 32) {
+            const int row = i / 18, c = i - row * 18;
             if (c < 16) {
                 cp_async16(xd + row * KS_XS + c * 16, xq + (size_t)row * k + (size_t)s * 256 + c * 16);
+            } else if (c == 16) {
+                cp_async16(xd + m * KS_XS + row * KS_XD, xs + (size_t)row * nb + (size_t)s * 8);
             } else {
-                const int which = (c - 16) >> 1, half = (c - 16) & 1;
-                const float* src = (which ? dxs : dx) + (size_t)row * nb + (size_t)s * 8 + half * 4;
-                cp_async16(xd + m * KS_XS + row * 64 + which * 32 + half * 16, src);
+                cp_async4(xd + m * KS_XS + row * KS_XD + 16, dx + (size_t)row * S + s);
             }
         }
     };
@@ -124,59 +125,56 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
         float u[4] = {0.f, 0.f, 0.f, 0.f};
         if (s < S) {
             const uint8_t* st = stage(r % NS);
-            const uint8_t* xs = st + KS_COLS * ST;
-            const float* sc = reinterpret_cast<const float*>(xs + m * KS_XS);
+            const uint8_t* xcodes = st + KS_COLS * ST;
+            const uint8_t* xsd = xcodes + m * KS_XS;  // rows' code sums and dx
             const uint8_t* lo = st + g * ST + win(col0 + g, s);
             const uint8_t* hi = st + (g + 8) * ST + win(col0 + g + 8, s);
-            const uint8_t* xr = xs + gx * KS_XS + 4 * tig;
-            float d_lo = 0.f, d_hi = 0.f;
-            if constexpr (KT == KT_Q6_K) {
-                float unused;
-                kd<KT>(lo, &d_lo, &unused);
-                kd<KT>(hi, &d_hi, &unused);
-            }
-            float p[4], h[4];
+            const uint8_t* xr = xcodes + gx * KS_XS + 4 * tig;
+            int is[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const uint32_t a[4] = {kword<KT>(lo, j, tig), kword<KT>(hi, j, tig), kword<KT>(lo, j, tig + 4),
                                        kword<KT>(hi, j, tig + 4)};
                 const uint32_t x0 = lds32(xr + j * 32), x1 = lds32(xr + j * 32 + 16);
-                const float dx0 = sc[xa * 16 + j], dx1 = sc[xb * 16 + j];
-                float f[4];
+                int sa_lo, sb_lo, sa_hi, sb_hi;
+                kscale<KT>(lo, j, &sa_lo, &sb_lo);
+                kscale<KT>(hi, j, &sa_hi, &sb_hi);
                 if constexpr (KT == KT_Q6_K) {
-                    int sa_lo, sb_lo, sa_hi, sb_hi;
-                    kscale<KT>(lo, j, &sa_lo, &sb_lo);
-                    kscale<KT>(hi, j, &sa_hi, &sb_hi);
                     int d0[4], d1[4];
                     mma_k16(d0, a[0], a[1], x0);
                     mma_k16(d1, a[2], a[3], x1);
-                    f[0] = kq_f6(sa_lo * d0[0] + sb_lo * d1[0], d_lo, dx0);
-                    f[1] = kq_f6(sa_lo * d0[1] + sb_lo * d1[1], d_lo, dx1);
-                    f[2] = kq_f6(sa_hi * d0[2] + sb_hi * d1[2], d_hi, dx0);
-                    f[3] = kq_f6(sa_hi * d0[3] + sb_hi * d1[3], d_hi, dx1);
+                    is[0] += sa_lo * d0[0] + sb_lo * d1[0];
+                    is[1] += sa_lo * d0[1] + sb_lo * d1[1];
+                    is[2] += sa_hi * d0[2] + sb_hi * d1[2];
+                    is[3] += sa_hi * d0[3] + sb_hi * d1[3];
                 } else {
-                    // This lane's two columns' factors (made where they are used: once a
-                    // warp in shared memory measured 5% slower on the H200).
-                    int s0, m0, s1, m1;
-                    float dl, ml, dh, mh;
-                    float2 fl, fh;
-                    kd<KT>(lo, &dl, &ml);
-                    kd<KT>(hi, &dh, &mh);
-                    kscale<KT>(lo, j, &s0, &m0);
-                    kscale<KT>(hi, j, &s1, &m1);
-                    kq_factors(s0, m0, dl, ml, &fl.x, &fl.y);
-                    kq_factors(s1, m1, dh, mh, &fh.x, &fh.y);
-                    const float ds0 = sc[xa * 16 + 8 + j], ds1 = sc[xb * 16 + 8 + j];
                     int d[4];
                     mma_k32(d, a, x0, x1);
-                    f[0] = kq_f_min(d[0], fl.x, fl.y, dx0, ds0);
-                    f[1] = kq_f_min(d[1], fl.x, fl.y, dx1, ds1);
-                    f[2] = kq_f_min(d[2], fh.x, fh.y, dx0, ds0);
-                    f[3] = kq_f_min(d[3], fh.x, fh.y, dx1, ds1);
+                    is[0] += sa_lo * d[0];
+                    is[1] += sa_lo * d[1];
+                    is[2] += sa_hi * d[2];
+                    is[3] += sa_hi * d[3];
                 }
-#pragma unroll
-                for (int e = 0; e < 4; e++) t_step(j, f[e], p[e], h[e], u[e]);
             }
+            // The superblock's terms: rows xa, xb's code sums and dx; columns g, g + 8's d,
+            // dmin and mins.
+            float d_lo, dm_lo, d_hi, dm_hi;
+            kd<KT>(lo, &d_lo, &dm_lo);
+            kd<KT>(hi, &d_hi, &dm_hi);
+            const float dx0 = *reinterpret_cast<const float*>(xsd + xa * KS_XD + 16);
+            const float dx1 = *reinterpret_cast<const float*>(xsd + xb * KS_XD + 16);
+            int m00 = 0, m01 = 0, m10 = 0, m11 = 0;  // (column lo / hi, row xa / xb)
+            if constexpr (KT != KT_Q6_K) {
+                const uint4 xs0 = *reinterpret_cast<const uint4*>(xsd + xa * KS_XD);
+                const uint4 xs1 = *reinterpret_cast<const uint4*>(xsd + xb * KS_XD);
+                const uint2 ml = kq_mins(lo), mh = kq_mins(hi);
+                m00 = kq_msum(xs0, ml), m01 = kq_msum(xs1, ml);
+                m10 = kq_msum(xs0, mh), m11 = kq_msum(xs1, mh);
+            }
+            u[0] = kq_term(is[0], m00, d_lo, dm_lo, dx0);
+            u[1] = kq_term(is[1], m01, d_lo, dm_lo, dx1);
+            u[2] = kq_term(is[2], m10, d_hi, dm_hi, dx0);
+            u[3] = kq_term(is[3], m11, d_hi, dm_hi, dx1);
         }
         float* t = tsm + (r & 1) * KS_WARPS * 128;
 #pragma unroll
@@ -194,9 +192,9 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
 
 #define KQMVM(suffix, KT)                                                                                     \
     extern "C" __global__ void __launch_bounds__(KS_WARPS * 32, KS_MINB)                                               \
-        qkmvm_##suffix(float* y, const int8_t* xq, const float* dx, const float* dxs, const uint8_t* w, int m, \
-                       int n, int k) {                                                                        \
-        qkmvm<KT>(y, xq, dx, dxs, w, m, n, k);                                                               \
+        qkmvm_##suffix(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w,       \
+                       int m, int n, int k) {                                                                 \
+        qkmvm<KT>(y, xq, dx, xs, w, m, n, k);                                                                \
     }
 
 KQMVM(q4_k, KT_Q4_K)

@@ -1,7 +1,7 @@
 // K-quant matmul helpers shared by kqmma.cu (activation quantiser, GEMV, small-tile GEMM)
 // and kqgemm.cu (the prefill GEMM): the superblock layouts (qunits.cuh), shared-memory word
 // reads, the codes and scales of a staged superblock, the int8 mma instructions, and the
-// chain's per-sub-block terms and T order (kqmma.cu's header defines the chain).
+// chain's superblock term (kqmma.cu's header defines the chain).
 #pragma once
 #include "common.cuh"
 #include "qunits.cuh"
@@ -38,17 +38,32 @@ __device__ __forceinline__ void lds_run(const uint8_t* p, uint32_t (&out)[N]) {
 }
 __device__ __forceinline__ float f16_bits(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
-// The chain's per-sub-block terms.
-__device__ __forceinline__ float kq_f_min(int isum, float dsc, float dm, float dxv, float dxsv) {
-    return __fmaf_rn(__int2float_rn(isum), __fmul_rn(dsc, dxv), -__fmul_rn(dm, dxsv));
+// The chain's superblock term (kqmma.cu's header): T = (float(I) d - float(M) dmin) dx,
+// rounded as written (the min product first, one fused multiply-add, then the activation
+// scale). q6_k passes M = 0 and dmin = 0: fma(I, d, -0) is the product I d itself.
+__device__ __forceinline__ float kq_term(int isum, int msum, float d, float dmin, float dxv) {
+    const float t = __fmaf_rn(__int2float_rn(isum), d, -__fmul_rn(__int2float_rn(msum), dmin));
+    return __fmul_rn(t, dxv);
 }
-// A q4_k / q5_k weight sub-block's factors: dsc = d * sc, dm = dmin * m.
-__device__ __forceinline__ void kq_factors(int sc, int mn, float d, float dmin, float* dsc, float* dm) {
-    *dsc = __fmul_rn(d, __int2float_rn(sc));
-    *dm = __fmul_rn(dmin, __int2float_rn(mn));
+// M = sum_j m_j xs_j over a superblock's eight sub-blocks: xs the activation row's code sums
+// (int16 pairs: word i holds sub-blocks 2i, 2i + 1), mw the weight column's 6-bit mins as
+// bytes (word 0: m_0..m_3, word 1: m_4..m_7). Exact.
+__device__ __forceinline__ int kq_msum(uint4 xs, uint2 mw) {
+    int s = __dp2a_lo((int)xs.x, (int)mw.x, 0);
+    s = __dp2a_hi((int)xs.y, (int)mw.x, s);
+    s = __dp2a_lo((int)xs.z, (int)mw.y, s);
+    return __dp2a_hi((int)xs.w, (int)mw.y, s);
 }
-__device__ __forceinline__ float kq_f6(int isum, float d, float dxv) {
-    return __fmul_rn(__int2float_rn(isum), __fmul_rn(d, dxv));
+// The eight 6-bit mins of a q4_k / q5_k superblock's scales (its bytes 4..15) as bytes.
+__device__ __forceinline__ uint2 kq_mins(const uint8_t* sb) {
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        scale_min_k4(j, sb + 4, &sc, &mn);
+        w[j >> 2] |= (uint32_t)mn << (8 * (j & 3));
+    }
+    return make_uint2(w[0], w[1]);
 }
 
 // Word i (values 4i .. 4i + 3) of sub-block j's codes, from a staged superblock: int8 values
@@ -102,6 +117,17 @@ __host__ __device__ constexpr int kq_stride() {
     return KT == KT_Q6_K ? 224 : kq_bytes<KT>();
 }
 
+// ldmatrix .x4: four 8 x 8 matrices of 16-bit elements (here 8 rows of 16 bytes each) from
+// shared memory (a shared-window address: smem_addr); lane l gives the address of row l % 8 of matrix l / 8 and receives, of each
+// matrix i, word l % 4 of row l / 4 in r[i]: the int8 mma fragments' layout.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -114,21 +140,4 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, u
         "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
-
-// T's order over the sub-blocks j = 0..7 of a superblock, one value at a time: p holds f_j of
-// an even j, h the pairs (f0 + f1, then + (f2 + f3); f4 + f5, then + (f6 + f7)), u the first
-// half; after j = 7, u is T.
-__device__ __forceinline__ void t_step(int j, float f, float& p, float& h, float& u) {
-    if ((j & 1) == 0) {
-        p = f;
-    } else {
-        const float pair = __fadd_rn(p, f);
-        if ((j & 2) == 0) {
-            h = pair;
-        } else {
-            h = __fadd_rn(h, pair);
-            u = j == 3 ? h : __fadd_rn(u, h);
-        }
-    }
 }

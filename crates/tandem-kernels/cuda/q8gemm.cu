@@ -17,8 +17,9 @@
 //   16-byte aligned, each warp copies 8 columns and 8 rows, four lanes to each, with addresses
 //   kept across segments: about half the instructions a segment of the generic staging takes,
 //   which was as many as the mma loop's); the block then copies the weight codes into 4-byte
-//   aligned rows and the block scales into floats once, and each warp runs one int8 mma.sync
-//   (m16n8k32) per block and tile pair, and the chain on its 64 outputs. Needs k a multiple of
+//   aligned rows and the block scales into floats once, and each warp reads its fragments
+//   with ldmatrix (three loads a block for both column and both row tiles), runs one int8
+//   mma.sync (m16n8k32) per block and tile pair, and the chain on its 64 outputs. Needs k a multiple of
 //   256 (nb a multiple of 8: every segment whole, at least eight of them), rows 16-byte aligned
 //   (the host checks).
 //   Dynamic shared memory: QG_BYTES (97,568 bytes; the host asks for the same), two blocks an SM.
@@ -177,6 +178,12 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         __syncthreads();  // and unpacked
         const uint8_t* xb = xcodes(i & 1);
         const float* xd = xscale(i & 1);
+        // ldmatrix rows of this lane (matrix lane / 8, row lane % 8): the A fragments' columns
+        // (matrices: columns 0-7 / 8-15 of the tile x values 0-15 / 16-31 of the block) and the
+        // B fragments' rows (matrices: values 0-15 / 16-31 x row tile 0 / 1); kquant.cuh.
+        const int lm = lane >> 3, lr8 = lane & 7;
+        const uint32_t a_row = smem_addr(wq + (wcol + lr8 + 8 * (lm & 1)) * QG_WS + 16 * (lm >> 1));
+        const uint32_t b_row = smem_addr(xb + (wrow + lr8 + 8 * (lm >> 1)) * QG_WS + 16 * (lm & 1));
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             if (j < L) {
@@ -185,22 +192,18 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
 #pragma unroll
                 for (int ct = 0; ct < 2; ct++) {
                     const int c = wcol + ct * 16 + g;
-                    const uint8_t* lo = wq + c * QG_WS + j * 32 + 4 * tig;
-                    const uint8_t* hi = lo + 8 * QG_WS;
-                    a[ct][0] = lds32(lo);
-                    a[ct][1] = lds32(hi);
-                    a[ct][2] = lds32(lo + 16);
-                    a[ct][3] = lds32(hi + 16);
+                    ldsm_x4(a[ct], a_row + ct * 16 * QG_WS + j * 32);
                     dw[ct][0] = wd[c * QG_WF + j];
                     dw[ct][1] = wd[(c + 8) * QG_WF + j];
                 }
+                // The B fragments: row g of each row tile, values 4 tig .. and 16 + 4 tig ..;
+                // this lane's outputs are rows 2 tig and 2 tig + 1.
+                uint32_t bx[4];
+                ldsm_x4(bx, b_row + j * 32);
 #pragma unroll
                 for (int rt = 0; rt < 2; rt++) {
-                    // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
-                    // lane's outputs are rows 2 tig and 2 tig + 1.
                     const int rbase = wrow + rt * 8;
-                    const uint8_t* xr = xb + (rbase + g) * QG_WS + j * 32 + 4 * tig;
-                    const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
+                    const uint32_t x0 = bx[2 * rt], x1 = bx[2 * rt + 1];
                     const int r0 = rbase + 2 * tig;
                     const float dx0 = xd[r0 * QG_FS + j], dx1 = xd[(r0 + 1) * QG_FS + j];
 #pragma unroll

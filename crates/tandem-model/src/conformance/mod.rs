@@ -23,6 +23,7 @@ pub mod fused;
 pub mod gdn_batch;
 pub mod gdn_step;
 pub mod gguf;
+pub mod kq_chain;
 pub mod models;
 pub mod moe;
 pub mod norm;

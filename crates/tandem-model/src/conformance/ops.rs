@@ -495,6 +495,18 @@ fn eight_bit_activations(dev: &Device, q: GgmlDType, k: usize) -> bool {
     false
 }
 
+/// Whether `q` rows of `k` values take the K-quant kernels of `kqmma.cu` on `dev`, whose
+/// chain `kq_chain` reproduces.
+fn kquant_chain(dev: &Device, q: GgmlDType, k: usize) -> bool {
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        use crate::ops::quant::{cuda_kqmma, cuda_quant::WeightFormat};
+        return WeightFormat::of_ggml(q).is_some_and(|f| cuda_kqmma::takes(f, 256, k));
+    }
+    let _ = (dev, q, k);
+    false
+}
+
 fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: &str) -> Result<Vec<Check>> {
     let mut rng = Rng(q as u64 + 5 + n as u64);
     let w = tensor(&mut rng, &[n, k], &Device::Cpu)?;
@@ -518,6 +530,17 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     let tol = if own && !eight_bit_activations(dev, q, k) { 1e-4 } else { 2e-2 };
     let mut checks =
         vec![Check::new("quant_matmul", shape.into(), fmt, rel_err(&got, &want)?, Judge::Tolerance(tol), ms)];
+    if kquant_chain(dev, q, k) {
+        // The K-quant kernels against the plain reference of their chain (kq_chain), bit for
+        // bit, on the same blocks.
+        let data = qt.data()?;
+        let storage = candle_core::quantized::QStorage::from_data(data.clone(), dev, q)?;
+        let exact = QMatMul::from_qtensor(QTensor::new(storage, (n, k))?)?;
+        let y = row_stable::forward(&exact, &xd)?;
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let want = Tensor::from_vec(super::kq_chain::matmul(q, &data, n, k, &xs, 100)?, (100, n), &Device::Cpu)?;
+        checks.push(Check::new("quant_matmul chain", shape.into(), fmt, bits_err(&y, &want)?, Judge::Exact, 0.0));
+    }
     let last =
         |m: usize| -> Result<Tensor> { Ok(row_stable::forward(&on_dev, &xd.narrow(0, 0, m)?)?.narrow(0, m - 1, 1)?) };
     let alone = row_stable::forward(&on_dev, &xd.narrow(0, 4, 1)?)?;

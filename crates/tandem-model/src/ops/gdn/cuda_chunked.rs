@@ -27,14 +27,14 @@ fn wy_state_smem(dk: usize, staged: bool) -> u32 {
 }
 
 /// Whether the state pass stages each chunk's W, Q and K rows in shared memory
-/// (`gdn_wy_state_staged`: the same bits as `gdn_wy_state`), with `TANDEM_GDN_WY=staged`,
-/// where they fit (220 KB, under the 227 KB a block may have: key dims up to 128) and dk is a
-/// multiple of 4. Off by default: it is checked at key dim 16 only, and its one timed run on
-/// the 9B shape failed at launch (PERFORMANCE.md, 2026-12-05); `gdn_wy_state` (16 warps, rows
-/// from global memory) is checked at every shape and measured.
+/// (`gdn_wy_state_staged`: the same bits as `gdn_wy_state`): by default, where they fit (220
+/// KB, under the 227 KB a block may have: key dims up to 128) and dk is a multiple of 4;
+/// `TANDEM_GDN_WY=plain` keeps every call on `gdn_wy_state` (16 warps, rows from global
+/// memory), for comparisons. Measured on the H100 (9B Q8_0 pp512, 2026-12-05): 7,163-7,172
+/// tok/s staged against 6,798-6,820 plain; check-device passes every `gdn_step wy` shape with it.
 fn wy_staged(dk: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("TANDEM_GDN_WY").as_deref() == Ok("staged"));
+    let on = *ON.get_or_init(|| std::env::var("TANDEM_GDN_WY").as_deref() != Ok("plain"));
     on && dk.is_multiple_of(4) && wy_state_smem(dk, true) <= 220 * 1024
 }
 

@@ -1,11 +1,12 @@
 //! Q4_K / Q5_K / Q6_K matmuls with 8-bit activations on CUDA (`tandem-kernels/cuda/kqmma.cu`),
-//! the K-quant counterpart of [`super::cuda_qmma`]: the activations are quantised per 32-value
-//! block (`q8_quantize_rows_sums`: codes, scale, and scale times code sum), each sub-block's dot product
-//! with the weight codes is an exact integer (`__dp4a` in the warp-per-column GEMV for one
-//! row, int8 `mma.sync` for more: `kqskinny.cu` for 2-8 rows, a shared-memory tiled GEMM
-//! beyond, `kqgemm.cu` from 64), and the sub-blocks' scaled terms are added in a chain
-//! fixed by `k` alone (the kernel's header), so decode, verify chunks, batches and prefill give
-//! a row the same bits. Against [`super::cuda_quant`]'s exact-weight f32 kernels this trades
+//! the K-quant counterpart of [`super::cuda_qmma`]: the activations are quantised per 256-value
+//! superblock as the CPU's K-quant kernels quantise them (`q8k_quantize_rows`: candle's Q8K
+//! codes and scale, and each 32-value sub-block's code sum), each superblock's dot product with
+//! the weight codes, weighted by the sub-blocks' integer scales and mins, is an exact integer
+//! (`__dp4a` in the warp-per-column GEMV for one row, int8 `mma.sync` for more: `kqskinny.cu`
+//! for 2-8 rows, a shared-memory tiled GEMM beyond, `kqgemm.cu` from 64), and one float term a
+//! superblock is added in a chain fixed by `k` alone (the kernel's header), so decode, verify
+//! chunks, batches and prefill give a row the same bits. Against [`super::cuda_quant`]'s exact-weight f32 kernels this trades
 //! the activations' last bits (as llama.cpp's CUDA build and the CPU's K-quant kernels do) for
 //! coalesced weight reads in decode and the tensor cores in prefill. `TANDEM_KQ_MMA=0` sends
 //! K-quants back to the f32 kernels, for comparisons.
@@ -55,8 +56,8 @@ fn big_gemm() -> bool {
 
 /// `KbLayout<KT>::BYTES` of `kqgemm.cu`: two stages of raw superblocks (64 columns, each the
 /// 16-byte aligned window around its superblock: 224 bytes for Q6_K) and of 64 activation rows
-/// (272 bytes of codes, 48 of dx and 48 of dxs each), the decoded codes (64 x 272), the
-/// factors (64 x 9 float2) and Q6_K's d (64 floats).
+/// (272 bytes of codes, 32 of code sums and dx each), the decoded codes (64 x 272), the
+/// integer scales (64 x 9 int2), d and dmin (64 float2) and the mins as bytes (64 x 8).
 fn big_smem_bytes(suffix: &str) -> u32 {
     let st = match suffix {
         "q4_k" => 144,
@@ -64,8 +65,7 @@ fn big_smem_bytes(suffix: &str) -> u32 {
         _ => 224,
     };
     let raw = BIG_TILE * st + 16;
-    let bytes =
-        2 * raw + 2 * BIG_TILE * 272 + 2 * 2 * BIG_TILE * 12 * 4 + BIG_TILE * 272 + BIG_TILE * 9 * 8 + BIG_TILE * 4;
+    let bytes = 2 * raw + 2 * BIG_TILE * 272 + 2 * BIG_TILE * 32 + BIG_TILE * 272 + BIG_TILE * 9 * 8 + 2 * BIG_TILE * 8;
     bytes as u32
 }
 
@@ -87,15 +87,15 @@ const SKINNY_MODULE: &str = "tandem_kqskinny";
 const SKINNY_COLS: usize = 16;
 
 /// `ks_smem_bytes<KT>(m)` of `kqskinny.cu`: four warps x two stages of the 16 columns'
-/// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and dx, dxs (64),
-/// then the superblock terms of two rounds (4 KiB).
+/// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and code sums
+/// and dx (32), then the superblock terms of two rounds (4 KiB).
 fn skinny_smem_bytes(suffix: &str, m: usize) -> u32 {
     let st = match suffix {
         "q4_k" => 144,
         "q5_k" => 176,
         _ => 224,
     };
-    (4 * 2 * (SKINNY_COLS * st + m * (272 + 64)) + 4096) as u32
+    (4 * 2 * (SKINNY_COLS * st + m * (272 + 32)) + 4096) as u32
 }
 
 /// The smallest call (in rows, up to eight) that takes `qkmvm_*` (`kqskinny.cu`: the mma's
@@ -130,22 +130,22 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     }
     let x = x.to_dtype(DType::F32)?.contiguous()?;
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
-    let nb = k / 32;
-    // SAFETY: q8_quantize_rows_sums writes every code (m*k); dx and xs (each block's scale and
-    // scaled code sum) are f32 buffers of m*nb.
+    let (nb, sbs) = (k / 32, k / 256);
+    // SAFETY: q8k_quantize_rows writes every code (m*k), scale (m*sbs: a superblock's dx) and
+    // code sum (m*nb: a sub-block's, int16).
     let xq = unsafe { dev.alloc::<i8>(m * k) }?;
-    let xs = alloc_f32(&dev, m * nb)?;
-    let dx = alloc_f32(&dev, m * nb)?;
+    let dx = alloc_f32(&dev, m * sbs)?;
+    let xs = unsafe { dev.alloc::<i16>(m * nb) }?;
     let inputs = Inputs::new(&[&x])?;
     let xv = inputs.view::<f32>(0)?;
-    let f = dev.get_or_load_custom_func("q8_quantize_rows_sums", MODULE, ptx())?;
+    let f = dev.get_or_load_custom_func("q8k_quantize_rows", MODULE, ptx())?;
     let mut b = f.builder();
     b.arg(&xq).arg(&dx).arg(&xs).arg(&xv).arg(&mi).arg(&ki);
     let blocks =
-        u32::try_from((m * nb).div_ceil(8)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
+        u32::try_from((m * sbs).div_ceil(8)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in q8_quantize_rows_sums' order; one warp per 32-value block of x [m, k].
-    unsafe { run(&mut b, cfg, "q8_quantize_rows_sums")? };
+    // SAFETY: arguments in q8k_quantize_rows' order; one warp per 256-value superblock of x [m, k].
+    unsafe { run(&mut b, cfg, "q8k_quantize_rows")? };
     drop(b);
 
     // Blocks over the output columns: grid.x takes up to 2^31 - 1, grid.y 65,535.
@@ -196,8 +196,8 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     }
     let mut b = f.builder();
     b.arg(&y).arg(&xq).arg(&dx).arg(&xs).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-    // SAFETY: every kernel here takes (y, xq, dx, xs, W, m, n, k): y holds m*n, xq m*k, dx and
-    // xs m*k/32, W n rows of k/256 superblocks (16-byte aligned: checked by `takes`); each
+    // SAFETY: every kernel here takes (y, xq, dx, xs, W, m, n, k): y holds m*n, xq m*k, dx
+    // m*k/256 f32, xs m*k/32 i16, W n rows of k/256 superblocks (16-byte aligned: checked by `takes`); each
     // launch's blocks, threads and shared memory are the ones its kernel is written for (above).
     unsafe { run(&mut b, cfg, &name)? };
     drop(b);
