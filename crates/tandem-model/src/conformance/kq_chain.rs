@@ -94,9 +94,8 @@ fn quantize(x: &[f32]) -> candle_core::Result<Vec<(Vec<i32>, f32, [i32; 8])>> {
             // layout `ops::quant::kquant::acts` relies on too); read through its bytes since the
             // fields are crate-private.
             let p = blk as *const BlockQ8K as *const u8;
-            let (d, qs) = unsafe {
-                ((p as *const f32).read_unaligned(), std::slice::from_raw_parts(p.add(4) as *const i8, 256))
-            };
+            let (d, qs) =
+                unsafe { ((p as *const f32).read_unaligned(), std::slice::from_raw_parts(p.add(4) as *const i8, 256)) };
             let codes: Vec<i32> = qs.iter().map(|&v| v as i32).collect();
             let xs = std::array::from_fn(|j| codes[32 * j..32 * j + 32].iter().sum());
             (codes, d, xs)
@@ -110,7 +109,11 @@ pub fn matmul(dt: GgmlDType, data: &[u8], n: usize, k: usize, x: &[f32], m: usiz
     let sbs = k / 256;
     let bb = block_bytes(dt);
     if data.len() < n * sbs * bb || x.len() < m * k || !k.is_multiple_of(256) {
-        candle_core::bail!("kq_chain: W of {} bytes for [{n}, {k}] {dt:?}, x of {} for [{m}, {k}]", data.len(), x.len());
+        candle_core::bail!(
+            "kq_chain: W of {} bytes for [{n}, {k}] {dt:?}, x of {} for [{m}, {k}]",
+            data.len(),
+            x.len()
+        );
     }
     let acts: Vec<_> = (0..m).map(|r| quantize(&x[r * k..(r + 1) * k])).collect::<candle_core::Result<_>>()?;
     let mut y = vec![0f32; m * n];
