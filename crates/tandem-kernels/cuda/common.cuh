@@ -55,6 +55,18 @@ __device__ __forceinline__ void warp_cp_async(uint8_t* dst, const uint8_t* src, 
     for (int i = lane; i < bytes / 16; i += 32) cp_async16(dst + i * 16, src + i * 16);
 }
 
+// ldmatrix .x4: four 8 x 8 matrices of 16-bit elements (here 8 rows of 16 bytes each) from
+// shared memory (a shared-window address: smem_addr); lane l gives the address of row l % 8
+// of matrix l / 8 and receives, of each matrix i, word l % 4 of row l / 4 in r[i]: the int8
+// mma fragments' layout.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
 // serialisation may start while the kernel before it finishes; it must wait (pdl_wait) before
 // it reads anything that kernel wrote, and lets the kernel after it start early (pdl_trigger).

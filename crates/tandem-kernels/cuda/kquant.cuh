@@ -117,17 +117,6 @@ __host__ __device__ constexpr int kq_stride() {
     return KT == KT_Q6_K ? 224 : kq_bytes<KT>();
 }
 
-// ldmatrix .x4: four 8 x 8 matrices of 16-bit elements (here 8 rows of 16 bytes each) from
-// shared memory (a shared-window address: smem_addr); lane l gives the address of row l % 8 of matrix l / 8 and receives, of each
-// matrix i, word l % 4 of row l / 4 in r[i]: the int8 mma fragments' layout.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-
 __device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "

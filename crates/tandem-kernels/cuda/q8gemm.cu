@@ -180,7 +180,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         const float* xd = xscale(i & 1);
         // ldmatrix rows of this lane (matrix lane / 8, row lane % 8): the A fragments' columns
         // (matrices: columns 0-7 / 8-15 of the tile x values 0-15 / 16-31 of the block) and the
-        // B fragments' rows (matrices: values 0-15 / 16-31 x row tile 0 / 1); kquant.cuh.
+        // B fragments' rows (matrices: values 0-15 / 16-31 x row tile 0 / 1); common.cuh.
         const int lm = lane >> 3, lr8 = lane & 7;
         const uint32_t a_row = smem_addr(wq + (wcol + lr8 + 8 * (lm & 1)) * QG_WS + 16 * (lm >> 1));
         const uint32_t b_row = smem_addr(xb + (wrow + lr8 + 8 * (lm >> 1)) * QG_WS + 16 * (lm & 1));

@@ -84,23 +84,19 @@ fn block_bytes(dt: GgmlDType) -> usize {
 
 /// The activation row `x` (a multiple of 256 values) as candle's Q8K: per superblock the codes,
 /// the scale and the 32-value code sums.
-fn quantize(x: &[f32]) -> candle_core::Result<Vec<(Vec<i32>, f32, [i32; 8])>> {
+fn quantize(x: &[f32]) -> Vec<(Vec<i32>, f32, [i32; 8])> {
     let mut blocks = vec![BlockQ8K::zeros(); x.len() / 256];
     BlockQ8K::from_float(x, &mut blocks);
-    Ok(blocks
+    blocks
         .iter()
         .map(|blk| {
-            // SAFETY: `BlockQ8K` is `repr(C)` { d: f32, qs: [i8; 256], bsums: [i16; 16] } (the
-            // layout `ops::quant::kquant::acts` relies on too); read through its bytes since the
-            // fields are crate-private.
-            let p = blk as *const BlockQ8K as *const u8;
-            let (d, qs) =
-                unsafe { ((p as *const f32).read_unaligned(), std::slice::from_raw_parts(p.add(4) as *const i8, 256)) };
+            let a = crate::ops::quant::kquant::act(blk, [0; 4]);
+            let (d, qs) = (a.d, a.qs);
             let codes: Vec<i32> = qs.iter().map(|&v| v as i32).collect();
             let xs = std::array::from_fn(|j| codes[32 * j..32 * j + 32].iter().sum());
             (codes, d, xs)
         })
-        .collect())
+        .collect()
 }
 
 /// y [m, n] = x [m, k] . W^T on the chain, W `n` rows of `k` values as GGML `dt` blocks
@@ -115,7 +111,7 @@ pub fn matmul(dt: GgmlDType, data: &[u8], n: usize, k: usize, x: &[f32], m: usiz
             x.len()
         );
     }
-    let acts: Vec<_> = (0..m).map(|r| quantize(&x[r * k..(r + 1) * k])).collect::<candle_core::Result<_>>()?;
+    let acts: Vec<_> = (0..m).map(|r| quantize(&x[r * k..(r + 1) * k])).collect();
     let mut y = vec![0f32; m * n];
     for c in 0..n {
         let sup: Vec<Super> = (0..sbs).map(|s| decode(dt, &data[(c * sbs + s) * bb..])).collect();
@@ -154,7 +150,7 @@ mod tests {
             let deq: Vec<f32> = qt.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let y = super::matmul(dt, &qt.data().unwrap(), n, k, &x, m).unwrap();
             for r in 0..m {
-                let acts = super::quantize(&x[r * k..(r + 1) * k]).unwrap();
+                let acts = super::quantize(&x[r * k..(r + 1) * k]);
                 let xq: Vec<f64> =
                     acts.iter().flat_map(|(c, d, _)| c.iter().map(move |&v| v as f64 * *d as f64)).collect();
                 for c in 0..n {

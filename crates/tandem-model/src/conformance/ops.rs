@@ -486,10 +486,7 @@ fn own_quant_kernel(dev: &Device, q: GgmlDType) -> bool {
 fn eight_bit_activations(dev: &Device, q: GgmlDType, k: usize) -> bool {
     #[cfg(feature = "cuda")]
     if dev.is_cuda() {
-        use crate::ops::quant::{cuda_kqmma, cuda_qmma, cuda_quant::WeightFormat};
-        // Device buffers are at least 256-byte aligned.
-        let kq = WeightFormat::of_ggml(q).is_some_and(|f| cuda_kqmma::takes(f, 256, k));
-        return (q == GgmlDType::Q8_0 && cuda_qmma::enabled()) || kq;
+        return (q == GgmlDType::Q8_0 && crate::ops::quant::cuda_qmma::enabled()) || kquant_chain(dev, q, k);
     }
     let _ = (dev, q, k);
     false
@@ -501,6 +498,7 @@ fn kquant_chain(dev: &Device, q: GgmlDType, k: usize) -> bool {
     #[cfg(feature = "cuda")]
     if dev.is_cuda() {
         use crate::ops::quant::{cuda_kqmma, cuda_quant::WeightFormat};
+        // Device buffers are at least 256-byte aligned.
         return WeightFormat::of_ggml(q).is_some_and(|f| cuda_kqmma::takes(f, 256, k));
     }
     let _ = (dev, q, k);

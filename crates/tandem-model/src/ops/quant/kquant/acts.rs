@@ -12,8 +12,8 @@ pub(super) enum Acts {
     Block(Vec<tile50::Act50>),
 }
 
-/// One activation superblock for [`tile::dot`].
-pub(super) fn act(q: &candle_core::quantized::k_quants::BlockQ8K, bsum: [u32; 4]) -> tile::Act<'_> {
+/// One activation superblock for [`tile::dot`] (also read by `conformance::kq_chain`).
+pub(crate) fn act(q: &candle_core::quantized::k_quants::BlockQ8K, bsum: [u32; 4]) -> tile::Act<'_> {
     // SAFETY: `BlockQ8K` is `repr(C)` { d: f32, qs: [i8; 256], bsums: [i16; 16] } (asserted in
     // `q6k`); read through its bytes since the fields are crate-private.
     let p = q as *const _ as *const u8;

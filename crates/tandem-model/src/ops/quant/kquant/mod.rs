@@ -37,7 +37,8 @@ mod x86;
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Storage, Tensor};
 
-use acts::{act, act6, quantize, Acts};
+pub(crate) use acts::act;
+use acts::{act6, quantize, Acts};
 use tile::{HighBits, Tile, COLS, QK_K};
 use tile2::Tile2;
 use tile3::Tile3;
