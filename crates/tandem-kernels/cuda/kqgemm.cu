@@ -3,27 +3,29 @@
 // q8k_quantize_rows, on the chain kqmma.cu's header defines (the same bits as its GEMV
 // and small-tile GEMM for every row).
 //
-// qkgemm64_<t>: a block per KB_BN = 64 output columns x KB_BM = 64 rows, eight warps of 32
-//   columns x 16 rows (two m16 column tiles x two n8 row tiles each). Superblock by
-//   superblock: the block's 64 weight rows (the 16-byte aligned windows around them) and its
-//   64 activation rows with their scales come into shared memory by cp.async, the next
-//   superblock's while this one is computed; the whole block then decodes the superblock once
-//   into int8 codes and integer scales (q4_k / q5_k: each sub-block's scale and min, the mins
-//   packed as bytes, d and dmin; q6_k: the two 16-value scales and d), where kqmma.cu's GEMM
-//   decodes them per warp and use; and each warp runs int8 mma.sync (m16n8k32; m16n8k16 for
-//   q6_k's halves) on the decoded codes, the integer sums I (and M) of its 64 outputs, and
-//   their superblock terms. Dynamic shared memory: KbLayout<KT>::BYTES (80,416 bytes for q4_k,
-//   90,656 for q6_k; the host computes the same), two blocks an SM.
+// qkgemm<BT>_<t>: a block per BT output columns x BT rows (BT = 64: eight warps of 32 columns x
+//   16 rows, two blocks an SM; BT = 128: sixteen warps of 32 columns x 32 rows, one block an
+//   SM, so each decoded superblock serves twice the rows and each fragment read twice the
+//   mma), each warp two m16 column tiles x RT n8 row tiles. Superblock by superblock: the
+//   block's BT weight rows (the 16-byte aligned windows around them) and its BT activation
+//   rows with their scales come into shared memory by cp.async, the next superblock's while
+//   this one is computed; the whole block then decodes the superblock once into int8 codes
+//   and integer scales (q4_k / q5_k: each sub-block's scale and min, the mins packed as bytes,
+//   d and dmin; q6_k: the two 16-value scales and d), where kqmma.cu's GEMM decodes them per
+//   warp and use; and each warp runs int8 mma.sync (m16n8k32; m16n8k16 for q6_k's halves) on
+//   the decoded codes, the integer sums I (and M) of its outputs, and their superblock terms.
+//   Dynamic shared memory: KbLayout<KT, BT>::BYTES (BT = 64: 80,416 bytes for q4_k, 90,656 for
+//   q6_k; the host computes the same).
 #include "kquant.cuh"
 
-#define KB_BN 64
-#define KB_BM 64
 #define KB_WS 272  // bytes per decoded weight column and staged activation row: 256 codes + 16
 #define KB_XD 32   // bytes per row of a staged activation superblock's sums (16) and dx (4)
 #define KB_WF 9    // int2 per column of the weights' scales: 8 sub-blocks + 1
 
-template <int KT>
+// BT columns (KB_BN) and BT rows (KB_BM) a block.
+template <int KT, int BT>
 struct KbLayout {
+    static constexpr int KB_BN = BT, KB_BM = BT;
     static constexpr int ST = kq_stride<KT>();
     static constexpr int RAW_BYTES = KB_BN * ST + 16;              // a stage of raw superblocks
     static constexpr int RAW = 0;                                  // [2][RAW_BYTES]
@@ -36,10 +38,14 @@ struct KbLayout {
     static constexpr int BYTES = WM + KB_BN * 8;
 };
 
-template <int KT>
-__device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+// BT = 64 or 128; 4 BT threads (a weight column and an activation row to each four of them
+// when staging); warps of 32 columns x RT = BT / 32 row tiles of 8 (WC = BT / 32 warps across the
+// columns, four down the rows).
+template <int KT, int BT>
+__device__ void qkgemm_big(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                          const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
-    using L = KbLayout<KT>;
+    using L = KbLayout<KT, BT>;
+    constexpr int KB_BN = BT, KB_BM = BT, RT = BT / 32, WC = BT / 32;
     constexpr int BB = kq_bytes<KT>(), ST = L::ST;
     extern __shared__ __align__(16) uint8_t kb_smem[];
     {
@@ -47,10 +53,10 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
         if (dyn < (unsigned)L::BYTES) __trap();  // launched with too little shared memory
     }
-    if (blockDim.x != 256) __trap();  // the staging below gives each of 256 threads its share
+    if (blockDim.x != 4 * BT) __trap();  // the staging below gives each of 4 BT threads its share
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
-    const int wcol = (warp & 1) * 32, wrow = (warp >> 1) * 16;
+    const int wcol = (warp % WC) * 32, wrow = (warp / WC) * (RT * 8);
     const int row0 = blockIdx.x * KB_BM, col0 = blockIdx.y * KB_BN;
     const int S = k >> 8, nb = k >> 5;
     const long long rb = (long long)S * BB;
@@ -64,11 +70,11 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
     auto xsums = [&](int buf) { return kb_smem + L::XD + buf * KB_BM * KB_XD; };
     // Where column c's superblock s starts in its staged window.
     auto win = [&](int c, int s) { return (int)(((long long)c * rb + (long long)s * BB) & 15); };
-    // Each thread's share of a stage, fixed for the whole call (256 threads): weight column
+    // Each thread's share of a stage, fixed for the whole call: weight column
     // t / 4's pieces t % 4, t % 4 + 4, ...; activation row t / 4's codes t % 4 (64 bytes, four
     // pieces); and its code sums (t % 4 = 0: 16 bytes) or scale (t % 4 = 1). Only the superblock moves
     // the sources, so a stage is a few copies a thread (the general loops were a division and
-    // a branch a piece: a fifth of the instructions).
+    // a branch a piece: a fifth of the instructions). (256 threads for BT = 64, 512 for 128.)
     const int lr = threadIdx.x >> 2, lq = threadIdx.x & 3;
     const bool wok = col0 + lr < n, xok = row0 + lr < m;
     const long long wbase = (long long)(col0 + lr) * rb;
@@ -119,9 +125,9 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
 
     load(0, 0);
     cp_async_commit();
-    float acc[2][2][4];
+    float acc[RT][2][4];
 #pragma unroll
-    for (int rt = 0; rt < 2; rt++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int ct = 0; ct < 2; ct++)
 #pragma unroll
@@ -134,9 +140,9 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         decode(s, s & 1);
         __syncthreads();  // and decoded
         const uint8_t* xb = xcodes(s & 1);
-        int isum[2][2][4];
+        int isum[RT][2][4];
 #pragma unroll
-        for (int rt = 0; rt < 2; rt++)
+        for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int ct = 0; ct < 2; ct++)
 #pragma unroll
@@ -163,7 +169,7 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
                 fl[ct][1] = wf[(c + 8) * KB_WF + j];
             }
 #pragma unroll
-            for (int rt = 0; rt < 2; rt++) {
+            for (int rt = 0; rt < RT; rt++) {
                 // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
                 // lane's outputs are rows 2 tig and 2 tig + 1.
                 const uint8_t* xr = xb + (wrow + rt * 8 + g) * KB_WS + j * 32 + 4 * tig;
@@ -194,7 +200,7 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         // mins.
         const uint8_t* xsb = xsums(s & 1);
 #pragma unroll
-        for (int rt = 0; rt < 2; rt++) {
+        for (int rt = 0; rt < RT; rt++) {
             const int r0 = wrow + rt * 8 + 2 * tig;
             const uint8_t* x0p = xsb + r0 * KB_XD;
             const uint8_t* x1p = x0p + KB_XD;
@@ -225,7 +231,7 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
         __syncthreads();  // every warp is done with this stage and the decoded superblock
     }
 #pragma unroll
-    for (int rt = 0; rt < 2; rt++) {
+    for (int rt = 0; rt < RT; rt++) {
 #pragma unroll
         for (int ct = 0; ct < 2; ct++) {
 #pragma unroll
@@ -238,13 +244,17 @@ __device__ void qkgemm64(float* __restrict__ y, const int8_t* __restrict__ xq, c
     }
 }
 
-#define KQGEMM64(suffix, KT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        qkgemm64_##suffix(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w,   \
-                          int m, int n, int k) {                                                              \
-        qkgemm64<KT>(y, xq, dx, xs, w, m, n, k);                                                             \
+// BT = 64: two blocks an SM (128 registers a thread); BT = 128: one block of 512 threads.
+#define KQGEMM(BT, MINB, suffix, KT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(4 * BT, MINB)                                                \
+        qkgemm##BT##_##suffix(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w, \
+                              int m, int n, int k) {                                                          \
+        qkgemm_big<KT, BT>(y, xq, dx, xs, w, m, n, k);                                                        \
     }
 
-KQGEMM64(q4_k, KT_Q4_K)
-KQGEMM64(q5_k, KT_Q5_K)
-KQGEMM64(q6_k, KT_Q6_K)
+KQGEMM(64, 2, q4_k, KT_Q4_K)
+KQGEMM(64, 2, q5_k, KT_Q5_K)
+KQGEMM(64, 2, q6_k, KT_Q6_K)
+KQGEMM(128, 1, q4_k, KT_Q4_K)
+KQGEMM(128, 1, q5_k, KT_Q5_K)
+KQGEMM(128, 1, q6_k, KT_Q6_K)

@@ -538,6 +538,21 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
         let want = Tensor::from_vec(super::kq_chain::matmul(q, &data, n, k, &xs, 100)?, (100, n), &Device::Cpu)?;
         checks.push(Check::new("quant_matmul chain", shape.into(), fmt, bits_err(&y, &want)?, Judge::Exact, 0.0));
+        // Both tiles of the prefill GEMM (kqgemm.cu), whichever the call's shape would get, on
+        // 200 rows: a full 128-row tile and a partial one.
+        #[cfg(feature = "cuda")]
+        {
+            let x2 = tensor(&mut rng, &[200, k], &Device::Cpu)?;
+            let xs2 = x2.flatten_all()?.to_vec1::<f32>()?;
+            let want2 =
+                Tensor::from_vec(super::kq_chain::matmul(q, &data, n, k, &xs2, 200)?, (200, n), &Device::Cpu)?;
+            let x2d = x2.to_device(dev)?;
+            for tile in [64, 128] {
+                let y2 = crate::ops::quant::cuda_kqmma::with_tile(tile, || row_stable::forward(&exact, &x2d))?;
+                let name = format!("quant_matmul chain tile {tile}");
+                checks.push(Check::new(&name, shape.into(), fmt, bits_err(&y2, &want2)?, Judge::Exact, 0.0));
+            }
+        }
     }
     let last =
         |m: usize| -> Result<Tensor> { Ok(row_stable::forward(&on_dev, &xd.narrow(0, 0, m)?)?.narrow(0, m - 1, 1)?) };

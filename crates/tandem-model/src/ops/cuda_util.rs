@@ -169,6 +169,28 @@ pub(crate) fn write_host<T: DeviceRepr>(dst: &Tensor, src: &[T]) -> Result<()> {
     Ok(())
 }
 
+/// The device's streaming multiprocessors (for tile choices that depend on how a grid fills
+/// the card; 132 on an H100 / H200 SXM), read once per device ordinal.
+pub(crate) fn sm_count(dev: &candle_core::CudaDevice) -> usize {
+    static SEEN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    let ord = dev.cuda_stream().context().ordinal();
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, n)) = seen.iter().find(|(o, _)| *o == ord) {
+        return n;
+    }
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute_enum as A;
+    let n = dev
+        .cuda_stream()
+        .context()
+        .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .ok()
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(132);
+    seen.push((ord, n));
+    n
+}
+
 /// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above
 /// the 48 KB default): set when a call first asks for more than the kernel was last allowed,
 /// so calls of different sizes (a GDN layer's key dim) each get what they need.

@@ -42,9 +42,7 @@ pub fn takes(fmt: WeightFormat, w: u64, k: usize) -> bool {
 const GEMM_COLS: usize = 64;
 
 const BIG_MODULE: &str = "tandem_kqgemm";
-/// Columns and rows of a `qkgemm64_*` block (`KB_BN`, `KB_BM`).
-const BIG_TILE: usize = 64;
-/// Rows from which calls take `qkgemm64_*`.
+/// Rows from which calls take `qkgemm64_*` / `qkgemm128_*`.
 const BIG_ROWS: usize = 64;
 
 /// Whether calls of 64+ rows take the prefill GEMM (`kqgemm.cu`; `TANDEM_KQ_GEMM64=0` keeps
@@ -54,18 +52,77 @@ fn big_gemm() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_KQ_GEMM64").map_or(true, |v| v != "0"))
 }
 
-/// `KbLayout<KT>::BYTES` of `kqgemm.cu`: two stages of raw superblocks (64 columns, each the
-/// 16-byte aligned window around its superblock: 224 bytes for Q6_K) and of 64 activation rows
-/// (272 bytes of codes, 32 of code sums and dx each), the decoded codes (64 x 272), the
-/// integer scales (64 x 9 int2), d and dmin (64 float2) and the mins as bytes (64 x 8).
-fn big_smem_bytes(suffix: &str) -> u32 {
+/// `TANDEM_KQ_GEMM128`: `0` keeps every call on the 64 x 64 tile, `force` sends every call of
+/// 128+ rows to the 128 x 128 one, `noq6` keeps Q6_K on 64; unset, [`big_tile`] chooses.
+/// For comparisons: every choice gives the same bits.
+fn tile128_mode() -> &'static str {
+    static M: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    M.get_or_init(|| std::env::var("TANDEM_KQ_GEMM128").unwrap_or_default())
+}
+
+/// How much more a 128 x 128 block gets through than the four 64 x 64 blocks of its outputs
+/// on one SM (`qkgemm128_*`: 1,169 SASS instructions a superblock for 64 int8 mma against
+/// `qkgemm64_*`'s 735 for 32, a warp; q4_k).
+const TILE128_GAIN: f64 = 1.2;
+
+/// The tile (64 or 128 columns and rows a block) of the prefill GEMM for an m x n call on a
+/// card of `sms` SMs: 128 where its grid, one block an SM, finishes sooner than the 64 tile's
+/// four times as many blocks two to an SM (a 128 tile serves twice the rows a decoded
+/// superblock and a fragment read, but leaves SMs idle on narrow calls: n = 1,024 at 512
+/// rows is 32 blocks). Depends on m, n and the card, never on the values: the same bits either way.
+fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
+    match TILE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        t @ (64 | 128) => return t,
+        _ => {}
+    }
+    let mode = tile128_mode();
+    if m < 128 || mode == "0" || (mode == "noq6" && suffix == "q6_k") {
+        return 64;
+    }
+    if mode == "force" {
+        return 128;
+    }
+    let sms = sms.max(1);
+    // Time in units of one 64 x 64 block's work at the 64 tile's rate (two blocks an SM, the
+    // grid spread evenly): the busiest SM's share.
+    let blocks64 = m.div_ceil(64) * n.div_ceil(64);
+    let blocks128 = m.div_ceil(128) * n.div_ceil(128);
+    let t64 = blocks64.div_ceil(sms) as f64;
+    let t128 = (blocks128.div_ceil(sms) * 4) as f64 / TILE128_GAIN;
+    if t128 < t64 {
+        128
+    } else {
+        64
+    }
+}
+
+/// The prefill GEMM's tile for every call of 64+ rows, whatever [`big_tile`] would choose (64 or
+/// 128; 0: its choice), for check-device, which compares both tiles with the chain's reference.
+static TILE_OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Runs `f` with every prefill GEMM call on `tile` (64 or 128), then restores the choice
+/// (check-device only: the override is process-wide).
+pub(crate) fn with_tile<T>(tile: usize, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = TILE_OVERRIDE.swap(tile, Relaxed);
+    let out = f();
+    TILE_OVERRIDE.store(before, Relaxed);
+    out
+}
+
+/// `KbLayout<KT, BT>::BYTES` of `kqgemm.cu` for a tile of `bt` columns and rows: two stages of
+/// raw superblocks (bt columns, each the 16-byte aligned window around its superblock: 224
+/// bytes for Q6_K) and of bt activation rows (272 bytes of codes, 32 of code sums and dx
+/// each), the decoded codes (bt x 272), the integer scales (bt x 9 int2), d and dmin (bt
+/// float2) and the mins as bytes (bt x 8).
+fn big_smem_bytes(suffix: &str, bt: usize) -> u32 {
     let st = match suffix {
         "q4_k" => 144,
         "q5_k" => 176,
         _ => 224,
     };
-    let raw = BIG_TILE * st + 16;
-    let bytes = 2 * raw + 2 * BIG_TILE * 272 + 2 * BIG_TILE * 32 + BIG_TILE * 272 + BIG_TILE * 9 * 8 + 2 * BIG_TILE * 8;
+    let raw = bt * st + 16;
+    let bytes = 2 * raw + 2 * bt * 272 + 2 * bt * 32 + bt * 272 + bt * 9 * 8 + 2 * bt * 8;
     bytes as u32
 }
 
@@ -159,15 +216,16 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     // The kernel for this call: (module, its PTX, name, launch, the dynamic shared memory it
     // may ask for at most).
     let (module, code, name, cfg, smem_max) = if m >= BIG_ROWS && big_gemm() {
-        // Many rows: the prefill GEMM (kqgemm.cu), 64 x 64 tiles decoded once a block; eight
-        // warps, KbLayout's dynamic shared memory (the kernel traps on less).
-        let smem = big_smem_bytes(fmt.suffix);
-        let grid_x =
-            u32::try_from(m.div_ceil(BIG_TILE)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
+        // Many rows: the prefill GEMM (kqgemm.cu), bt x bt tiles decoded once a block; 4 bt
+        // threads, KbLayout's dynamic shared memory (the kernel traps on less).
+        let bt = big_tile(fmt.suffix, m, n, crate::ops::cuda_util::sm_count(&dev));
+        let smem = big_smem_bytes(fmt.suffix, bt);
+        let grid_x = u32::try_from(m.div_ceil(bt)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
+        let threads = 4 * bt as u32;
         let cfg =
-            LaunchConfig { grid_dim: (grid_x, cols(BIG_TILE, gy)?, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+            LaunchConfig { grid_dim: (grid_x, cols(bt, gy)?, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
         let code = tandem_kernels::ptx("kqgemm", tandem_kernels::KQGEMM);
-        (BIG_MODULE, code, format!("qkgemm64_{}", fmt.suffix), cfg, smem)
+        (BIG_MODULE, code, format!("qkgemm{bt}_{}", fmt.suffix), cfg, smem)
     } else if m <= 8 && m >= skinny_min_rows() {
         // A few rows: one int8 mma per sub-block of 16 columns takes all of them (kqskinny.cu);
         // four warps, ks_smem_bytes for m rows of dynamic shared memory (it traps on less).
