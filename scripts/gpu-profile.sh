@@ -6,7 +6,8 @@
 #   CASES="9b:q8_0 9b:bf16 0.8b:q8_0" bash scripts/gpu-profile.sh
 # DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`). MODE=prefill
 # captures one timed prefill of PROMPT (default 512) tokens instead (TANDEM_PROFILE_PREFILL).
-# A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset.
+# A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset; a case
+# llama<preset>:<dtype> (llama8b:bf16) a random Llama-family preset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
@@ -16,7 +17,9 @@ gpu_unpack tandem
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for c in ${CASES:-9b:q8_0}; do
   if [ "${c#*=}" != "$c" ]; then p=${c%%=*}; t=file; model=(-m "${c#*=}")
-  else p=${c%%:*}; t=${c##*:}; model=(--random-hybrid "$p" --random-dtype "$t"); fi
+  else p=${c%%:*}; t=${c##*:}; model=(--random-hybrid "$p" --random-dtype "$t")
+    # llama8b:bf16 and the like: a random Llama-family preset.
+    [ "${p#llama}" != "$p" ] && model=(--random-llama "${p#llama}" --random-dtype "$t"); fi
   if [ "${MODE:-decode}" = prefill ]; then
     t=$t-pp${PROMPT:-512}; what=(env TANDEM_PROFILE_PREFILL=1); run=(-p "${PROMPT:-512}" -g 1)
   else

@@ -59,6 +59,8 @@ __device__ __forceinline__ void warp_cp_async(uint8_t* dst, const uint8_t* src, 
 // shared memory (a shared-window address: smem_addr); lane l gives the address of row l % 8
 // of matrix l / 8 and receives, of each matrix i, word l % 4 of row l / 4 in r[i]: the int8
 // mma fragments' layout.
+// A hint: the cache line holding p into L2 (no register written, no fault on a bad address).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -15,8 +15,10 @@
 // values, lane l owning the NR dims l NR .. l NR + NR - 1, read with one vector load where the
 // row allows), then the W warps' states are merged in warp order. A warp reads the rows of P
 // keys of its walk at once (their block-table entries first, then every key and value row, all
-// loads in flight together) and folds them in in walk order: a segment's time is a few memory
-// latencies, not one per key.
+// loads in flight together; the next batch's rows prefetched into L2 meanwhile), scores them
+// unit by unit (the P dot products and their warp sums side by side) and folds them in in
+// walk order: a segment's time is a few memory latencies, not one per key, and a lone warp per
+// scheduler (decode) no longer waits on one score's shuffles at a time.
 // With one segment in the call the block writes the normalised rows; otherwise it writes each
 // unit's (max, normaliser, sums) and paged_attention_merge combines a row's segments in order.
 // A unit's arithmetic depends only on its own query, its keys and hd (its length fixes its
@@ -127,33 +129,64 @@ __device__ void attend_units(float* __restrict__ out, float* __restrict__ part, 
     // Keys before every unit's window are skipped; the warps keep their j mod WARPS lanes.
     constexpr int P = 32 / NR < L::KEYS ? 32 / NR : L::KEYS;
     const int j0 = start + ((start_min - start) / WARPS) * WARPS;
-    for (int jb = j0 + warp; jb < end_max; jb += WARPS * P) {
-        // Keys past the segment's end read the last one's rows (in bounds) and count for nothing.
-        size_t prow[P];
+    // Pool rows of the batch of keys from jb (keys past the segment's end read the last one's
+    // rows, in bounds, and count for nothing).
+    auto rows_of = [&](int jb, uint32_t (&pr)[P]) {
 #pragma unroll
         for (int p = 0; p < P; p++) {
             const int jc = min(jb + p * WARPS, end_max - 1);
-            prow[p] = (size_t)blocks[jc / bs] * bs + jc % bs;
+            pr[p] = blocks[jc / bs] * (uint32_t)bs + (uint32_t)(jc % bs);
         }
+    };
+    const size_t row_bytes = re * sizeof(T);
+    uint32_t prow[P];
+    if (j0 + warp < end_max) rows_of(j0 + warp, prow);
+    for (int jb = j0 + warp; jb < end_max; jb += WARPS * P) {
         float kr[P][NR], vr[P][NR];
 #pragma unroll
         for (int p = 0; p < P; p++) {
-            L::template run<NR>(kp + (prow[p] * nkv + kvh) * re, lane * NR, hd, kr[p]);
-            L::template run<NR>(vp + (prow[p] * nkv + kvh) * re, lane * NR, hd, vr[p]);
+            L::template run<NR>(kp + ((size_t)prow[p] * nkv + kvh) * re, lane * NR, hd, kr[p]);
+            L::template run<NR>(vp + ((size_t)prow[p] * nkv + kvh) * re, lane * NR, hd, vr[p]);
         }
+        // The next batch's rows into L2 while this one is scored (the lanes spread over each
+        // row): its loads then wait on L2, not on DRAM. No arithmetic changes.
+        if (jb + WARPS * P < end_max) {
+            rows_of(jb + WARPS * P, prow);
 #pragma unroll
-        for (int p = 0; p < P; p++) {
-            const int j = jb + p * WARPS;
+            for (int p = 0; p < P; p++) {
+                const size_t off = ((size_t)prow[p] * nkv + kvh) * row_bytes + lane * (row_bytes / 32);
+                prefetch_l2(reinterpret_cast<const uint8_t*>(kp) + off);
+                prefetch_l2(reinterpret_cast<const uint8_t*>(vp) + off);
+            }
+        }
+        // Unit by unit (each unit's softmax state is its own, so the order across units is
+        // free): the P keys' scores first, as P independent dot products and warp sums (their
+        // shuffles interleave), then the keys folded in one after another in walk order. A
+        // key outside the unit's range is scored and dropped. The same operations on the
+        // same values as folding key by key with its score computed in place, so the same bits,
+        // but the latency of a score's five shuffles is paid once a batch, not once a key (a
+        // lone warp per scheduler in decode spent ~7 cycles an instruction waiting on it).
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (j < end_max && j < len[u] && j >= first[u]) {
-                    // Dims past hd hold 0 in both q and k (and v): they add nothing.
-                    float s = 0.f;
+        for (int u = 0; u < U; u++) {
+            const int hi = min(end_max, len[u]);
+            if (jb >= hi || jb + (P - 1) * WARPS < first[u]) continue;  // no key of this batch (warp-uniform)
+            float s[P];
 #pragma unroll
-                    for (int r = 0; r < NR; r++) s += qr[u][r] * kr[p][r];
-                    s = warp_sum(s) * scale;
-                    const float mn = fmaxf(m[u], s);
-                    const float c = expf(m[u] - mn), pe = expf(s - mn);
+            for (int p = 0; p < P; p++) {
+                // Dims past hd hold 0 in both q and k (and v): they add nothing.
+                float a = 0.f;
+#pragma unroll
+                for (int r = 0; r < NR; r++) a += qr[u][r] * kr[p][r];
+                s[p] = a;
+            }
+#pragma unroll
+            for (int p = 0; p < P; p++) s[p] = warp_sum(s[p]) * scale;
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int j = jb + p * WARPS;
+                if (j < hi && j >= first[u]) {
+                    const float mn = fmaxf(m[u], s[p]);
+                    const float c = expf(m[u] - mn), pe = expf(s[p] - mn);
                     l[u] = l[u] * c + pe;
 #pragma unroll
                     for (int r = 0; r < NR; r++) acc[u][r] = acc[u][r] * c + pe * vr[p][r];
