@@ -23,31 +23,43 @@
 //   256 (nb a multiple of 8: every segment whole, at least eight of them), rows 16-byte aligned
 //   (the host checks).
 //   Dynamic shared memory: QG_BYTES (97,568 bytes; the host asks for the same), two blocks an SM.
+// qgemm128_q8_0: the same on 128 x 128 tiles (sixteen warps of 32 x 32, 195,104 bytes, one
+//   block an SM); on request only (below).
 #include "q8act.cuh"
 #include "kquant.cuh"
 
-#define QG_BN 64
-#define QG_BM 64
 #define QG_BLOCK 34  // bytes of a Q8_0 block: f16 scale, 32 int8 codes
 #define QG_ST 288    // bytes of a column's staged window: up to 14 before the segment + 8 x 34, in 16s
 #define QG_WS 272    // bytes per copied weight column and staged activation row: 8 x 32 codes + 16
 #define QG_FS 12     // floats per staged row of dx: 8 blocks + 4
 #define QG_WF 9      // floats per column of weight scales: 8 blocks + 1
 
-#define QG_RAW_BYTES (QG_BN * QG_ST + 16)
-#define QG_RAW 0                                  // [2][QG_RAW_BYTES] raw weight windows
-#define QG_XQ (QG_RAW + 2 * QG_RAW_BYTES)         // [2][QG_BM][QG_WS] activation codes
-#define QG_XD (QG_XQ + 2 * QG_BM * QG_WS)         // [2][QG_BM][QG_FS] activation scales
-#define QG_WQ (QG_XD + 2 * QG_BM * QG_FS * 4)     // [QG_BN][QG_WS] weight codes, aligned
-#define QG_WD (QG_WQ + QG_BN * QG_WS)             // [QG_BN][QG_WF] weight scales
-#define QG_BYTES (QG_WD + QG_BN * QG_WF * 4)
+// The shared memory of a BT x BT tile (BT = 64: 97,568 bytes; 128: 195,104).
+template <int BT>
+struct QgLayout {
+    static constexpr int QG_BN = BT, QG_BM = BT;
+    static constexpr int QG_RAW_BYTES = QG_BN * QG_ST + 16;
+    static constexpr int QG_RAW = 0;                                  // [2][QG_RAW_BYTES] raw weight windows
+    static constexpr int QG_XQ = QG_RAW + 2 * QG_RAW_BYTES;           // [2][QG_BM][QG_WS] activation codes
+    static constexpr int QG_XD = QG_XQ + 2 * QG_BM * QG_WS;           // [2][QG_BM][QG_FS] activation scales
+    static constexpr int QG_WQ = QG_XD + 2 * QG_BM * QG_FS * 4;       // [QG_BN][QG_WS] weight codes, aligned
+    static constexpr int QG_WD = QG_WQ + QG_BN * QG_WS;               // [QG_BN][QG_WF] weight scales
+    static constexpr int QG_BYTES = QG_WD + QG_BN * QG_WF * 4;
+};
 
 // LC: the segment length when known at compile time (8: every k of 2048+), 0 when not; with it
 // the staging loops' index arithmetic is by constants.
-template <int LC>
-__device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+// BT = 64 (eight warps of 32 columns x 16 rows) or 128 (sixteen warps of 32 x 32): 4 BT
+// threads, warps of 32 columns x RT = BT / 32 row tiles of 8.
+template <int LC, int BT>
+__device__ void qgemm_q8_0_body(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                              const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
+    using Lq = QgLayout<BT>;
+    constexpr int QG_BN = BT, QG_BM = BT, QG_RAW_BYTES = Lq::QG_RAW_BYTES, QG_RAW = Lq::QG_RAW, QG_XQ = Lq::QG_XQ,
+                  QG_XD = Lq::QG_XD, QG_WQ = Lq::QG_WQ, QG_WD = Lq::QG_WD, QG_BYTES = Lq::QG_BYTES;
+    constexpr int RT = BT / 32, WC = BT / 32, NT = 4 * BT;
     extern __shared__ __align__(16) uint8_t qg_smem[];
+    if (blockDim.x != NT) __trap();
     {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -55,7 +67,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
-    const int wcol = (warp & 1) * 32, wrow = (warp >> 1) * 16;
+    const int wcol = (warp % WC) * 32, wrow = (warp / WC) * (RT * 8);
     const int row0 = blockIdx.x * QG_BM, col0 = blockIdx.y * QG_BN;
     const int nb = k >> 5;
     const int L = LC ? LC : min(8, max(1, nb / 8));
@@ -71,7 +83,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     // Where segment s of column c starts: its byte offset in W, and in its staged window.
     auto seg_off = [&](int c, int s) { return (long long)c * rb + (long long)s * L * QG_BLOCK; };
     auto load = [&](int s, int buf) {
-        for (int i = threadIdx.x; i < QG_BN * pieces; i += 256) {
+        for (int i = threadIdx.x; i < QG_BN * pieces; i += NT) {
             const int r = i / pieces, c = i - r * pieces;
             const int col = col0 + r;
             if (col < n) {
@@ -81,7 +93,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         }
         // Per row: 2 L pieces of codes, then L scales.
         const int per = 3 * L;
-        for (int i = threadIdx.x; i < QG_BM * per; i += 256) {
+        for (int i = threadIdx.x; i < QG_BM * per; i += NT) {
             const int r = i / per, c = i - r * per;
             const int row = row0 + r;
             if (row >= m) continue;
@@ -104,7 +116,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     };
     // The staged segment of every column (a (column, block) pair per thread and turn).
     auto unpack = [&](int s, int buf) {
-        for (int t = threadIdx.x; t < QG_BN * L; t += 256) {
+        for (int t = threadIdx.x; t < QG_BN * L; t += NT) {
             const int c = t / L, j = t - c * L;
             unpack_block(c, j, raw(buf) + c * QG_ST + (int)(seg_off(col0 + c, s) & 15) + j * QG_BLOCK);
         }
@@ -138,15 +150,15 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
     };
     auto unpack8 = [&](int buf) {
 #pragma unroll
-        for (int q = 0; q < QG_BN * 8 / 256; q++) {
-            const int t = threadIdx.x + 256 * q;
+        for (int q = 0; q < QG_BN * 8 / NT; q++) {
+            const int t = threadIdx.x + NT * q;
             const int c = t >> 3, j = t & 7;
             unpack_block(c, j, raw(buf) + c * QG_ST + j * QG_BLOCK);
         }
     };
-    float acc[2][2][4], tot[2][2][4];
+    float acc[RT][2][4], tot[RT][2][4];
 #pragma unroll
-    for (int rt = 0; rt < 2; rt++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int ct = 0; ct < 2; ct++)
 #pragma unroll
@@ -198,12 +210,13 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
                 }
                 // The B fragments: row g of each row tile, values 4 tig .. and 16 + 4 tig ..;
                 // this lane's outputs are rows 2 tig and 2 tig + 1.
-                uint32_t bx[4];
-                ldsm_x4(bx, b_row + j * 32);
+                uint32_t bx[RT / 2][4];
 #pragma unroll
-                for (int rt = 0; rt < 2; rt++) {
+                for (int h = 0; h < RT / 2; h++) ldsm_x4(bx[h], b_row + h * 16 * QG_WS + j * 32);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
                     const int rbase = wrow + rt * 8;
-                    const uint32_t x0 = bx[2 * rt], x1 = bx[2 * rt + 1];
+                    const uint32_t x0 = bx[rt >> 1][2 * (rt & 1)], x1 = bx[rt >> 1][2 * (rt & 1) + 1];
                     const int r0 = rbase + 2 * tig;
                     const float dx0 = xd[r0 * QG_FS + j], dx1 = xd[(r0 + 1) * QG_FS + j];
 #pragma unroll
@@ -222,7 +235,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         if (last_of_partial) {
             // Partial p is complete: the first one is the sum so far, later ones are added.
 #pragma unroll
-            for (int rt = 0; rt < 2; rt++)
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int ct = 0; ct < 2; ct++)
 #pragma unroll
@@ -236,7 +249,7 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
         s = ns;
     }
 #pragma unroll
-    for (int rt = 0; rt < 2; rt++) {
+    for (int rt = 0; rt < RT; rt++) {
 #pragma unroll
         for (int ct = 0; ct < 2; ct++) {
 #pragma unroll
@@ -252,7 +265,17 @@ __device__ void qgemm64_q8_0_body(float* __restrict__ y, const int8_t* __restric
 extern "C" __global__ void __launch_bounds__(256, 2)
     qgemm64_q8_0(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k, long long rb) {
     if (k >= 2048)
-        qgemm64_q8_0_body<8>(y, xq, dx, w, m, n, k, rb);
+        qgemm_q8_0_body<8, 64>(y, xq, dx, w, m, n, k, rb);
     else
-        qgemm64_q8_0_body<0>(y, xq, dx, w, m, n, k, rb);
+        qgemm_q8_0_body<0, 64>(y, xq, dx, w, m, n, k, rb);
+}
+// 128 x 128 tiles, one block of sixteen warps an SM, the same bits: only on request
+// (TANDEM_Q8_GEMM128): the float chain's accumulators and partial sums (64 registers) make it
+// spill at 128 registers, and it measured 2% slower than qgemm64_q8_0 (H100, 2026-12-05).
+extern "C" __global__ void __launch_bounds__(512, 1)
+    qgemm128_q8_0(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k, long long rb) {
+    if (k >= 2048)
+        qgemm_q8_0_body<8, 128>(y, xq, dx, w, m, n, k, rb);
+    else
+        qgemm_q8_0_body<0, 128>(y, xq, dx, w, m, n, k, rb);
 }

@@ -71,9 +71,8 @@ const TILE128_GAIN: f64 = 1.2;
 /// superblock and a fragment read, but leaves SMs idle on narrow calls: n = 1,024 at 512
 /// rows is 32 blocks). Depends on m, n and the card, never on the values: the same bits either way.
 fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
-    match TILE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        t @ (64 | 128) => return t,
-        _ => {}
+    if let Some(t) = tile_override() {
+        return t;
     }
     let mode = tile128_mode();
     if m < 128 || mode == "0" || (mode == "noq6" && suffix == "q6_k") {
@@ -82,25 +81,39 @@ fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
     if mode == "force" {
         return 128;
     }
-    let sms = sms.max(1);
-    // Time in units of one 64 x 64 block's work at the 64 tile's rate (two blocks an SM, the
-    // grid spread evenly): the busiest SM's share.
-    let blocks64 = m.div_ceil(64) * n.div_ceil(64);
-    let blocks128 = m.div_ceil(128) * n.div_ceil(128);
-    let t64 = blocks64.div_ceil(sms) as f64;
-    let t128 = (blocks128.div_ceil(sms) * 4) as f64 / TILE128_GAIN;
-    if t128 < t64 {
+    if tile128_wins(m, n, sms, TILE128_GAIN) {
         128
     } else {
         64
     }
 }
 
+/// Whether an m x n prefill GEMM finishes sooner on 128 x 128 tiles (one block an SM, `gain`
+/// times the 64 tile's rate) than on 64 x 64 tiles (two blocks an SM) on a card of `sms` SMs:
+/// the busiest SM's share of each grid, in 64 x 64 blocks, spread evenly. Shared by the
+/// K-quant and Q8_0 GEMMs.
+pub(crate) fn tile128_wins(m: usize, n: usize, sms: usize, gain: f64) -> bool {
+    let sms = sms.max(1);
+    let blocks64 = m.div_ceil(64) * n.div_ceil(64);
+    let blocks128 = m.div_ceil(128) * n.div_ceil(128);
+    let t64 = blocks64.div_ceil(sms) as f64;
+    let t128 = (blocks128.div_ceil(sms) * 4) as f64 / gain;
+    m >= 128 && t128 < t64
+}
+
 /// The prefill GEMM's tile for every call of 64+ rows, whatever [`big_tile`] would choose (64 or
 /// 128; 0: its choice), for check-device, which compares both tiles with the chain's reference.
 static TILE_OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Runs `f` with every prefill GEMM call on `tile` (64 or 128), then restores the choice
+/// The forced tile of [`with_tile`], if any (the Q8_0 GEMM reads it too).
+pub(crate) fn tile_override() -> Option<usize> {
+    match TILE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        t @ (64 | 128) => Some(t),
+        _ => None,
+    }
+}
+
+/// Runs `f` with every prefill GEMM call (K-quant and Q8_0) on `tile` (64 or 128), then restores the choice
 /// (check-device only: the override is process-wide).
 pub(crate) fn with_tile<T>(tile: usize, f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::Ordering::Relaxed;
@@ -220,7 +233,8 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
         // threads, KbLayout's dynamic shared memory (the kernel traps on less).
         let bt = big_tile(fmt.suffix, m, n, crate::ops::cuda_util::sm_count(&dev));
         let smem = big_smem_bytes(fmt.suffix, bt);
-        let grid_x = u32::try_from(m.div_ceil(bt)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
+        let grid_x =
+            u32::try_from(m.div_ceil(bt)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
         let threads = 4 * bt as u32;
         let cfg =
             LaunchConfig { grid_dim: (grid_x, cols(bt, gy)?, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };

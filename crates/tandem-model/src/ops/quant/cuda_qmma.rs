@@ -22,12 +22,40 @@ const GEMM_MODULE: &str = "tandem_q8gemm";
 /// Columns and rows of a `qgemm64_q8_0` block (`QG_BN`, `QG_BM`), and the calls (in rows) that
 /// take it.
 const GEMM_TILE: usize = 64;
-/// `QG_BYTES` of `q8gemm.cu`: two stages of the 64 columns' 288-byte windows (+ 16) and of the
-/// 64 rows' codes (272 bytes) and scales (12 floats), the unpacked codes (64 x 272) and scales
-/// (64 x 9 floats).
-const GEMM_SMEM: u32 =
-    (2 * (GEMM_TILE * 288 + 16) + 2 * GEMM_TILE * 272 + 2 * GEMM_TILE * 12 * 4 + GEMM_TILE * 272 + GEMM_TILE * 9 * 4)
-        as u32;
+/// `QgLayout<BT>::QG_BYTES` of `q8gemm.cu` for a tile of `bt` columns and rows: two stages of
+/// the bt columns' 288-byte windows (+ 16) and of the bt rows' codes (272 bytes) and scales
+/// (12 floats), the unpacked codes (bt x 272) and scales (bt x 9 floats).
+const fn gemm_smem(bt: usize) -> u32 {
+    (2 * (bt * 288 + 16) + 2 * bt * 272 + 2 * bt * 12 * 4 + bt * 272 + bt * 9 * 4) as u32
+}
+
+/// How much more a `qgemm128_q8_0` block would get through than the four 64 x 64 blocks of its
+/// outputs (its SASS: 1,289 instructions a segment for 64 int8 mma, 73 of them spill traffic,
+/// against `qgemm64_q8_0`'s 710 for 32), for `TANDEM_Q8_GEMM128=auto`.
+const TILE128_GAIN: f64 = 1.1;
+
+/// The tile of `q8gemm.cu` for an m x n call: 64. `qgemm128_q8_0` (128 x 128, sixteen warps)
+/// gives the same bits but measured 2% slower on the 9B Q8_0 prefill (an H100, 2026-12-05:
+/// with the float chain's 64 accumulators it spills), so it runs only when asked:
+/// `TANDEM_Q8_GEMM128=auto` where [`super::cuda_kqmma::tile128_wins`], `force` for every call
+/// of 128+ rows (check-device forces both tiles and compares them).
+fn gemm_tile(m: usize, n: usize, sms: usize) -> usize {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("TANDEM_Q8_GEMM128").unwrap_or_default());
+    if let Some(t) = super::cuda_kqmma::tile_override() {
+        return t;
+    }
+    let wins = match mode.as_str() {
+        "force" => m >= 128,
+        "auto" => super::cuda_kqmma::tile128_wins(m, n, sms, TILE128_GAIN),
+        _ => false,
+    };
+    if wins {
+        128
+    } else {
+        GEMM_TILE
+    }
+}
 
 /// Whether calls of 64+ rows take `qgemm64_q8_0` (`TANDEM_Q8_GEMM64=0` keeps them on
 /// `qmma_q8_0_64`, for comparisons: the same bits).
@@ -119,22 +147,24 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
         return Ok(tensor(y, &dev, (m, n)));
     }
     if m >= GEMM_TILE && gemm64_enabled() && gemv_fits(w, k, rb) {
-        // Many rows: 64 x 64 tiles, segment by segment (q8gemm.cu); eight warps, QG_BYTES of
+        // Many rows: bt x bt tiles, segment by segment (q8gemm.cu); 4 bt threads, QG_BYTES of
         // dynamic shared memory (the kernel traps on less). Same alignment needs as qmv.
-        let name = "qgemm64_q8_0";
+        let bt = gemm_tile(m, n, crate::ops::cuda_util::sm_count(&dev));
+        let name = if bt == 128 { "qgemm128_q8_0" } else { "qgemm64_q8_0" };
+        let smem = gemm_smem(bt);
         let f =
             dev.get_or_load_custom_func(name, GEMM_MODULE, tandem_kernels::ptx("q8gemm", tandem_kernels::Q8GEMM))?;
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, GEMM_SMEM)?;
-        let grid_y = u32::try_from(n.div_ceil(GEMM_TILE)).ok().filter(|&g| g <= 65_535);
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+        let grid_y = u32::try_from(n.div_ceil(bt)).ok().filter(|&g| g <= 65_535);
         let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("q8_0 gemm: {n} output columns")))?;
-        let grid_x =
-            u32::try_from(m.div_ceil(GEMM_TILE)).map_err(|_| ModelError::Input("q8_0 gemm: x too large".into()))?;
+        let grid_x = u32::try_from(m.div_ceil(bt)).map_err(|_| ModelError::Input("q8_0 gemm: x too large".into()))?;
         let mut b = f.builder();
         b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
-        let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: GEMM_SMEM };
-        // SAFETY: arguments in qgemm64_q8_0's order; y holds m*n, xq m*k, dx m*k/32, W n rows of
-        // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 256 threads and
-        // QG_BYTES of dynamic shared memory, as the kernel is written for.
+        let cfg =
+            LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (4 * bt as u32, 1, 1), shared_mem_bytes: smem };
+        // SAFETY: arguments in the kernel's order; y holds m*n, xq m*k, dx m*k/32, W n rows of
+        // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 4 bt threads
+        // and QG_BYTES of dynamic shared memory, as the kernel is written for.
         unsafe { run(&mut b, cfg, name)? };
         drop(b);
         drop(xv);
