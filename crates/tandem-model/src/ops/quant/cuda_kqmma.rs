@@ -81,24 +81,11 @@ fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
     if mode == "force" {
         return 128;
     }
-    if tile128_wins(m, n, sms, TILE128_GAIN) {
+    if super::gemm_tile::tile128_wins(m, n, sms, TILE128_GAIN) {
         128
     } else {
         64
     }
-}
-
-/// Whether an m x n prefill GEMM finishes sooner on 128 x 128 tiles (one block an SM, `gain`
-/// times the 64 tile's rate) than on 64 x 64 tiles (two blocks an SM) on a card of `sms` SMs:
-/// the busiest SM's share of each grid, in 64 x 64 blocks, spread evenly. Shared by the
-/// K-quant and Q8_0 GEMMs.
-pub(crate) fn tile128_wins(m: usize, n: usize, sms: usize, gain: f64) -> bool {
-    let sms = sms.max(1);
-    let blocks64 = m.div_ceil(64) * n.div_ceil(64);
-    let blocks128 = m.div_ceil(128) * n.div_ceil(128);
-    let t64 = blocks64.div_ceil(sms) as f64;
-    let t128 = (blocks128.div_ceil(sms) * 4) as f64 / gain;
-    m >= 128 && t128 < t64
 }
 
 /// The prefill GEMM's tile for every call of 64+ rows, whatever [`big_tile`] would choose (64 or

@@ -37,7 +37,7 @@ const TILE128_GAIN: f64 = 1.1;
 /// The tile of `q8gemm.cu` for an m x n call: 64. `qgemm128_q8_0` (128 x 128, sixteen warps)
 /// gives the same bits but measured 2% slower on the 9B Q8_0 prefill (an H100, 2026-12-05:
 /// with the float chain's 64 accumulators it spills), so it runs only when asked:
-/// `TANDEM_Q8_GEMM128=auto` where [`super::cuda_kqmma::tile128_wins`], `force` for every call
+/// `TANDEM_Q8_GEMM128=auto` where [`super::gemm_tile::tile128_wins`], `force` for every call
 /// of 128+ rows (check-device forces both tiles and compares them).
 fn gemm_tile(m: usize, n: usize, sms: usize) -> usize {
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -47,7 +47,7 @@ fn gemm_tile(m: usize, n: usize, sms: usize) -> usize {
     }
     let wins = match mode.as_str() {
         "force" => m >= 128,
-        "auto" => super::cuda_kqmma::tile128_wins(m, n, sms, TILE128_GAIN),
+        "auto" => super::gemm_tile::tile128_wins(m, n, sms, TILE128_GAIN),
         _ => false,
     };
     if wins {

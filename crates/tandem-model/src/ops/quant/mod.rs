@@ -45,6 +45,7 @@ pub mod cuda_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_tmma;
 pub mod dense;
+pub mod gemm_tile;
 pub mod kquant;
 pub mod matrix;
 #[cfg(target_arch = "aarch64")]
