@@ -19,6 +19,10 @@ pub struct CheckDeviceArgs {
     /// Also write the table (Markdown) to this file.
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Run only the check groups whose name contains one of these (comma-separated; e.g.
+    /// `paged_attention`, `quantised`, `attn`, `models`; the groups: `tandem_model::conformance::GROUPS`).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 pub fn run(a: CheckDeviceArgs) -> anyhow::Result<()> {
@@ -39,7 +43,10 @@ pub fn run(a: CheckDeviceArgs) -> anyhow::Result<()> {
             None => " (ops only; --fixtures DIR adds the models)".into(),
         }
     );
-    let checks = conformance::run_all(&dev, fixtures.as_deref());
+    if let Some(bad) = a.only.iter().find(|o| !conformance::GROUPS.iter().any(|g| g.contains(o.as_str()))) {
+        anyhow::bail!("--only {bad}: no check group by that name (groups: {})", conformance::GROUPS.join(", "));
+    }
+    let checks = conformance::run_selected(&dev, fixtures.as_deref(), &a.only);
     let table = conformance::table(&checks);
     println!("{table}");
     let failed = checks.iter().filter(|c| !c.pass).count();

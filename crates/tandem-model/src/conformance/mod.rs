@@ -143,20 +143,67 @@ impl Rng {
 /// Every op check on `dev`, then the fixture models under `fixtures` (the repository's
 /// `fixtures/` folder), when it exists.
 pub fn run_all(dev: &Device, fixtures: Option<&std::path::Path>) -> Vec<Check> {
-    let mut checks = ops::run(dev);
-    checks.extend(gdn_step::run(dev));
-    checks.extend(gdn_batch::run(dev));
-    checks.extend(attn_batch::run(dev));
-    checks.extend(attn_glue::run(dev));
-    checks.extend(rope::run(dev));
-    checks.extend(moe::run(dev));
-    checks.extend(fused::run(dev));
-    checks.extend(norm::run(dev));
-    checks.extend(sampling::run(dev));
-    checks.extend(decode_graph::run(dev, fixtures));
-    checks.extend(gguf::run(dev));
+    run_selected(dev, fixtures, &[])
+}
+
+/// The check groups, in the order they run (`ops/...` are the op families of `ops.rs`).
+pub const GROUPS: [&str; 20] = [
+    "ops/paged_attention",
+    "ops/kv_encode",
+    "ops/gdn_conv",
+    "ops/gdn_delta",
+    "ops/norms",
+    "ops/dense",
+    "ops/quantised",
+    "ops/embedding",
+    "gdn_step",
+    "gdn_batch",
+    "attn_batch",
+    "attn_glue",
+    "rope",
+    "moe",
+    "fused",
+    "norm",
+    "sampling",
+    "decode_graph",
+    "gguf",
+    "models",
+];
+
+/// Whether group `name` (one of [`GROUPS`]) runs under the filter `only`: every group when it
+/// is empty, else those whose name contains one of its entries.
+pub fn selected(name: &str, only: &[String]) -> bool {
+    only.is_empty() || only.iter().any(|o| name.contains(o.as_str()))
+}
+
+/// [`run_all`] for the groups `only` selects ([`selected`]; `tandem check-device --only`: a
+/// kernel's own checks in seconds where a device's time is short). The models run only with
+/// `fixtures`.
+pub fn run_selected(dev: &Device, fixtures: Option<&std::path::Path>, only: &[String]) -> Vec<Check> {
+    let on = |g: &str| selected(g, only);
+    let mut checks = ops::run_selected(dev, &on);
+    let groups: [(&str, &dyn Fn() -> Vec<Check>); 11] = [
+        ("gdn_step", &|| gdn_step::run(dev)),
+        ("gdn_batch", &|| gdn_batch::run(dev)),
+        ("attn_batch", &|| attn_batch::run(dev)),
+        ("attn_glue", &|| attn_glue::run(dev)),
+        ("rope", &|| rope::run(dev)),
+        ("moe", &|| moe::run(dev)),
+        ("fused", &|| fused::run(dev)),
+        ("norm", &|| norm::run(dev)),
+        ("sampling", &|| sampling::run(dev)),
+        ("decode_graph", &|| decode_graph::run(dev, fixtures)),
+        ("gguf", &|| gguf::run(dev)),
+    ];
+    for (name, run) in groups {
+        if on(name) {
+            checks.extend(run());
+        }
+    }
     if let Some(root) = fixtures {
-        checks.extend(models::run(dev, root));
+        if on("models") {
+            checks.extend(models::run(dev, root));
+        }
     }
     checks
 }
@@ -217,5 +264,33 @@ mod tests {
         let b = Tensor::new(&[1f32, 2.0000002], &Device::Cpu).unwrap();
         assert!(bits_err(&a, &b).unwrap() > 0.0);
         assert_eq!(bits_err(&a, &a).unwrap(), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use super::{run_selected, selected, GROUPS};
+    use candle_core::Device;
+
+    #[test]
+    fn the_filter_picks_groups_by_substring() {
+        let only = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(GROUPS.iter().all(|g| selected(g, &[])));
+        let attn: Vec<_> = GROUPS.iter().filter(|g| selected(g, &only(&["attn"]))).collect();
+        assert_eq!(attn, [&"attn_batch", &"attn_glue"]);
+        let ops = GROUPS.iter().filter(|g| selected(g, &only(&["ops/"]))).count();
+        assert_eq!(ops, 8);
+        assert!(!selected("models", &only(&["paged_attention", "norm"])));
+        assert!(selected("norm", &only(&["paged_attention", "norm"])));
+    }
+
+    #[test]
+    fn a_selected_group_runs_alone() {
+        // The CPU's own checks (every op against its reference on the CPU): only the RoPE
+        // group's rows come back.
+        let checks = run_selected(&Device::Cpu, None, &["rope".to_string()]);
+        assert!(!checks.is_empty());
+        assert!(checks.iter().all(|c| c.op.contains("rope")), "{:?}", checks.iter().map(|c| &c.op).collect::<Vec<_>>());
+        assert!(checks.iter().all(|c| c.pass));
     }
 }

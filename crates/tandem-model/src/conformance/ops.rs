@@ -12,15 +12,27 @@ use crate::ops::quant::row_stable;
 
 /// Every op check on `dev`.
 pub fn run(dev: &Device) -> Vec<Check> {
+    run_selected(dev, &|_| true)
+}
+
+/// The op families whose group name (`ops/<family>`, [`super::GROUPS`]) `on` accepts.
+pub fn run_selected(dev: &Device, on: &dyn Fn(&str) -> bool) -> Vec<Check> {
     let mut out = Vec::new();
-    paged_attention(dev, &mut out);
-    kv_encode(dev, &mut out);
-    gdn_conv(dev, &mut out);
-    gdn_delta(dev, &mut out);
-    norms(dev, &mut out);
-    dense(dev, &mut out);
-    quantised(dev, &mut out);
-    embedding(dev, &mut out);
+    let families: [(&str, fn(&Device, &mut Vec<Check>)); 8] = [
+        ("ops/paged_attention", paged_attention),
+        ("ops/kv_encode", kv_encode),
+        ("ops/gdn_conv", gdn_conv),
+        ("ops/gdn_delta", gdn_delta),
+        ("ops/norms", norms),
+        ("ops/dense", dense),
+        ("ops/quantised", quantised),
+        ("ops/embedding", embedding),
+    ];
+    for (name, family) in families {
+        if on(name) {
+            family(dev, &mut out);
+        }
+    }
     out
 }
 
