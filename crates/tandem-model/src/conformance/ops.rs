@@ -559,7 +559,7 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
             let want2 = Tensor::from_vec(super::kq_chain::matmul(q, &data, n, k, &xs2, 200)?, (200, n), &Device::Cpu)?;
             let x2d = x2.to_device(dev)?;
             for tile in [64, 128] {
-                let y2 = crate::ops::quant::cuda_kqmma::with_tile(tile, || row_stable::forward(&exact, &x2d))?;
+                let y2 = crate::ops::quant::gemm_tile::with_tile(tile, || row_stable::forward(&exact, &x2d))?;
                 let name = format!("quant_matmul chain tile {tile}");
                 checks.push(Check::new(&name, shape.into(), fmt, bits_err(&y2, &want2)?, Judge::Exact, 0.0));
             }
@@ -569,7 +569,7 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     if dev.is_cuda() && q == GgmlDType::Q8_0 && crate::ops::quant::cuda_qmma::enabled() {
         // The Q8_0 prefill GEMM's two tiles (q8gemm.cu) on 200 rows (a full 128-row tile and a
         // partial one), whichever the shape would get: the same bits.
-        use crate::ops::quant::cuda_kqmma::with_tile;
+        use crate::ops::quant::gemm_tile::with_tile;
         let x2 = tensor(&mut rng, &[200, k], &Device::Cpu)?.to_device(dev)?;
         let y64 = with_tile(64, || row_stable::forward(&on_dev, &x2))?;
         let y128 = with_tile(128, || row_stable::forward(&on_dev, &x2))?;

@@ -172,23 +172,43 @@ pub(crate) fn write_host<T: DeviceRepr>(dst: &Tensor, src: &[T]) -> Result<()> {
 /// The device's streaming multiprocessors (for tile choices that depend on how a grid fills
 /// the card; 132 on an H100 / H200 SXM), read once per device ordinal.
 pub(crate) fn sm_count(dev: &candle_core::CudaDevice) -> usize {
-    static SEEN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
-    let ord = dev.cuda_stream().context().ordinal();
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, n)) = seen.iter().find(|(o, _)| *o == ord) {
-        return n;
-    }
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute_enum as A;
-    let n = dev
+    device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132)
+}
+
+/// The most dynamic shared memory a kernel may opt in to on this device (227 KiB on an H100 /
+/// H200, 99 KiB on an RTX 4090), read once per device ordinal: kernels of bigger tiles are
+/// chosen only where they fit.
+pub(crate) fn max_shared_optin(dev: &candle_core::CudaDevice) -> usize {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute_enum as A;
+    device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 48 * 1024)
+}
+
+/// A device attribute, read once per (device ordinal, attribute); `fallback` where the driver
+/// does not say.
+fn device_attribute(
+    dev: &candle_core::CudaDevice,
+    attr: candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute_enum,
+    fallback: usize,
+) -> usize {
+    type Seen = Vec<(usize, u32, usize)>;
+    static SEEN: std::sync::Mutex<Seen> = std::sync::Mutex::new(Vec::new());
+    let ord = dev.cuda_stream().context().ordinal();
+    let key = attr as u32;
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, _, v)) = seen.iter().find(|(o, a, _)| *o == ord && *a == key) {
+        return v;
+    }
+    let v = dev
         .cuda_stream()
         .context()
-        .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .attribute(attr)
         .ok()
         .and_then(|v| usize::try_from(v).ok())
         .filter(|&v| v > 0)
-        .unwrap_or(132);
-    seen.push((ord, n));
-    n
+        .unwrap_or(fallback);
+    seen.push((ord, key, v));
+    v
 }
 
 /// Lets kernel `name` (loaded for `key`'s device) take `bytes` of dynamic shared memory (above

@@ -69,9 +69,14 @@ const TILE128_GAIN: f64 = 1.2;
 /// card of `sms` SMs: 128 where its grid, one block an SM, finishes sooner than the 64 tile's
 /// four times as many blocks two to an SM (a 128 tile serves twice the rows a decoded
 /// superblock and a fragment read, but leaves SMs idle on narrow calls: n = 1,024 at 512
-/// rows is 32 blocks). Depends on m, n and the card, never on the values: the same bits either way.
-fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
-    if let Some(t) = tile_override() {
+/// rows is 32 blocks), and where the card lets a block have its shared memory (`max_smem`).
+/// Depends on m, n and the card, never on the values: the same bits either way.
+fn big_tile(suffix: &str, m: usize, n: usize, sms: usize, max_smem: usize) -> usize {
+    // A card whose blocks cannot have the 128 tile's shared memory keeps the 64 tile.
+    if (big_smem_bytes(suffix, 128) as usize) > max_smem {
+        return 64;
+    }
+    if let Some(t) = super::gemm_tile::tile_override() {
         return t;
     }
     let mode = tile128_mode();
@@ -86,28 +91,6 @@ fn big_tile(suffix: &str, m: usize, n: usize, sms: usize) -> usize {
     } else {
         64
     }
-}
-
-/// The prefill GEMM's tile for every call of 64+ rows, whatever [`big_tile`] would choose (64 or
-/// 128; 0: its choice), for check-device, which compares both tiles with the chain's reference.
-static TILE_OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// The forced tile of [`with_tile`], if any (the Q8_0 GEMM reads it too).
-pub(crate) fn tile_override() -> Option<usize> {
-    match TILE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        t @ (64 | 128) => Some(t),
-        _ => None,
-    }
-}
-
-/// Runs `f` with every prefill GEMM call (K-quant and Q8_0) on `tile` (64 or 128), then restores the choice
-/// (check-device only: the override is process-wide).
-pub(crate) fn with_tile<T>(tile: usize, f: impl FnOnce() -> T) -> T {
-    use std::sync::atomic::Ordering::Relaxed;
-    let before = TILE_OVERRIDE.swap(tile, Relaxed);
-    let out = f();
-    TILE_OVERRIDE.store(before, Relaxed);
-    out
 }
 
 /// `KbLayout<KT, BT>::BYTES` of `kqgemm.cu` for a tile of `bt` columns and rows: two stages of
@@ -218,7 +201,8 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     let (module, code, name, cfg, smem_max) = if m >= BIG_ROWS && big_gemm() {
         // Many rows: the prefill GEMM (kqgemm.cu), bt x bt tiles decoded once a block; 4 bt
         // threads, KbLayout's dynamic shared memory (the kernel traps on less).
-        let bt = big_tile(fmt.suffix, m, n, crate::ops::cuda_util::sm_count(&dev));
+        use crate::ops::cuda_util::{max_shared_optin, sm_count};
+        let bt = big_tile(fmt.suffix, m, n, sm_count(&dev), max_shared_optin(&dev));
         let smem = big_smem_bytes(fmt.suffix, bt);
         let grid_x =
             u32::try_from(m.div_ceil(bt)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;

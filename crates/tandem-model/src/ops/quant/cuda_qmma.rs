@@ -39,10 +39,13 @@ const TILE128_GAIN: f64 = 1.1;
 /// with the float chain's 64 accumulators it spills), so it runs only when asked:
 /// `TANDEM_Q8_GEMM128=auto` where [`super::gemm_tile::tile128_wins`], `force` for every call
 /// of 128+ rows (check-device forces both tiles and compares them).
-fn gemm_tile(m: usize, n: usize, sms: usize) -> usize {
+fn gemm_tile(m: usize, n: usize, sms: usize, max_smem: usize) -> usize {
+    if gemm_smem(128) as usize > max_smem {
+        return GEMM_TILE;
+    }
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| std::env::var("TANDEM_Q8_GEMM128").unwrap_or_default());
-    if let Some(t) = super::cuda_kqmma::tile_override() {
+    if let Some(t) = super::gemm_tile::tile_override() {
         return t;
     }
     let wins = match mode.as_str() {
@@ -149,7 +152,8 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     if m >= GEMM_TILE && gemm64_enabled() && gemv_fits(w, k, rb) {
         // Many rows: bt x bt tiles, segment by segment (q8gemm.cu); 4 bt threads, QG_BYTES of
         // dynamic shared memory (the kernel traps on less). Same alignment needs as qmv.
-        let bt = gemm_tile(m, n, crate::ops::cuda_util::sm_count(&dev));
+        use crate::ops::cuda_util::{max_shared_optin, sm_count};
+        let bt = gemm_tile(m, n, sm_count(&dev), max_shared_optin(&dev));
         let name = if bt == 128 { "qgemm128_q8_0" } else { "qgemm64_q8_0" };
         let smem = gemm_smem(bt);
         let f =

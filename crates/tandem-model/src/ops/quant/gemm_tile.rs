@@ -16,9 +16,40 @@ pub fn tile128_wins(m: usize, n: usize, sms: usize, gain: f64) -> bool {
     m >= 128 && t128 < t64
 }
 
+/// The prefill GEMMs' tile for every call of 64+ rows, whatever their rule would choose (64 or
+/// 128; 0: the rule's choice), for check-device, which runs both tiles and compares them.
+static TILE_OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The tile [`with_tile`] forces, if any.
+pub fn tile_override() -> Option<usize> {
+    match TILE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        t @ (64 | 128) => Some(t),
+        _ => None,
+    }
+}
+
+/// Runs `f` with every prefill GEMM call (K-quant and Q8_0) on `tile` (64 or 128), then
+/// restores the rule (check-device only: the override is process-wide).
+pub fn with_tile<T>(tile: usize, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = TILE_OVERRIDE.swap(tile, Relaxed);
+    let out = f();
+    TILE_OVERRIDE.store(before, Relaxed);
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::tile128_wins;
+    use super::{tile128_wins, tile_override, with_tile};
+
+    #[test]
+    fn the_override_holds_inside_and_is_restored() {
+        assert_eq!(tile_override(), None);
+        assert_eq!(with_tile(128, || with_tile(64, tile_override)), Some(64));
+        assert_eq!(with_tile(128, tile_override), Some(128));
+        assert_eq!(with_tile(7, tile_override), None);
+        assert_eq!(tile_override(), None);
+    }
 
     #[test]
     fn wide_calls_take_the_big_tile_and_narrow_ones_keep_the_small() {
