@@ -51,6 +51,12 @@ pub struct BenchArgs {
     /// Prefill chunk size (the whole prompt in one forward by default).
     #[arg(long, default_value_t = 0)]
     pub chunk: usize,
+    /// The device's memory bandwidth in TB/s (a device-to-device copy's bytes read and written
+    /// a second): with it each decode test also prints the bound a step's bytes set at that
+    /// bandwidth (weights, recurrent states, the context's keys and values) and the measured
+    /// rate as a share of it (`cmd_bench_bound`).
+    #[arg(long)]
+    pub bandwidth: Option<f64>,
     /// Context depths, comma-separated: each test runs after that many tokens were prefilled
     /// (untimed, in chunks of `--chunk` or 512), like llama-bench's `-d`.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
@@ -112,29 +118,43 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let device = tandem_model::device::default_device()?;
     let t0 = Instant::now();
-    let (label, model): (String, Box<dyn CausalLm>) = match (&a.random_hybrid, &a.random_llama) {
+    use crate::cmd_bench_bound as bound;
+    // The model, and the weight bytes a decode step reads (None where unknown: a checkpoint
+    // other than GGUF).
+    type Built = (String, Box<dyn CausalLm>, Option<u64>);
+    let (label, model, weight_bytes): Built = match (&a.random_hybrid, &a.random_llama) {
         (None, Some(p)) => {
             let cfg = tandem_model::arch::random_llama::preset(p)?;
             let dt = random::parse_weight_type(&a.random_dtype)?;
-            let params = tandem_model::arch::random_llama::parameter_count(&cfg) as f64 / 1e6;
+            let n = tandem_model::arch::random_llama::parameter_count(&cfg);
+            let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
             let m = tandem_model::arch::random_llama::random_model(&cfg, dt, &device)
                 .context("building the random model")?;
-            (format!("random Llama `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m))
+            let params = n as f64 / 1e6;
+            let w = bound::random_weights(n, embedding, cfg.tie_word_embeddings, dt);
+            (format!("random Llama `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m), Some(w))
         }
         (Some(p), _) => {
             let cfg = random::preset(p)?;
             let dt = random::parse_weight_type(&a.random_dtype)?;
-            let params = random::parameter_count(&cfg) as f64 / 1e6;
+            let n = random::parameter_count(&cfg);
+            let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
             let m = random::random_model(&cfg, dt, &device).context("building the random model")?;
-            (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m))
+            let params = n as f64 / 1e6;
+            let w = bound::random_weights(n, embedding, cfg.tie_word_embeddings, dt);
+            (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m), Some(w))
         }
         (None, None) => {
             let path = a.model.resolve()?;
             let loaded = tandem_model::loader::load_with(&path, &device, &a.model.load_options())
                 .with_context(|| format!("cannot load {}", path.display()))?;
-            (path.display().to_string(), loaded.model)
+            let gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+            let w = if gguf && a.bandwidth.is_some() { bound::gguf_weights(&path).ok() } else { None };
+            (path.display().to_string(), loaded.model, w)
         }
     };
+    let spec = model.cache_spec();
+    let step_bytes = weight_bytes.map(|weights| bound::StepBytes { weights, state: bound::state_bytes(&spec) });
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.vocab_size() as u32;
     // Deterministic pseudo-random prompt (ids away from the special tokens at the ends).
@@ -192,6 +212,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
     println!("model: {label} | load {load_s:.2} s | threads {threads}");
+    if let (Some(bw), Some(sb)) = (a.bandwidth, step_bytes) {
+        println!(
+            "decode step reads {} of weights, {} of recurrent state (read and written) and {} of KV a position; \
+             bound at {bw} TB/s",
+            bound::human(sb.weights),
+            bound::human(sb.state),
+            bound::human(bound::kv_bytes(&spec, a.model.kv_cache_dtype, 1))
+        );
+    } else if a.bandwidth.is_some() {
+        println!("(--bandwidth: the weights a step reads are known for random presets and GGUF files only)");
+    }
     println!("| test            | tok/s            |");
     println!("| --------------- | ---------------- |");
     let mut rows = Rows;
@@ -304,6 +335,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let tg_rates = tg.clone();
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
+        if let (Some(bw), Some(sb)) = (a.bandwidth.filter(|b| *b > 0.0), step_bytes) {
+            // The timed steps see depth + WARM_STEPS .. + gen_tokens positions: their mean.
+            let context = depth + WARM_STEPS + a.gen_tokens / 2;
+            let limit = bw * 1e12 / sb.at(&spec, a.model.kv_cache_dtype, context) as f64;
+            rows.push((format!("tg{} bound{at}", a.gen_tokens), vec![limit]));
+            rows.push((
+                format!("tg{} % bound{at}", a.gen_tokens),
+                tg_rates.iter().map(|r| 100.0 * r / limit).collect(),
+            ));
+        }
         for (&k, tv) in verify.iter().zip(tv) {
             let cost: Vec<f64> = tg_rates.iter().zip(&tv).map(|(g, v)| g / v).collect();
             rows.push((format!("tv{k}{at}"), tv));

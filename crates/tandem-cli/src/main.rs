@@ -4,6 +4,7 @@ mod allocator;
 mod args;
 mod cmd_bench;
 mod cmd_bench_agent;
+mod cmd_bench_bound;
 mod cmd_bench_grammar;
 mod cmd_bench_kernels;
 mod cmd_bench_report;
