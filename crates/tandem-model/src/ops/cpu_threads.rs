@@ -37,6 +37,22 @@ pub fn execute_chunked<F: Fn(std::ops::Range<usize>) + Sync>(n_items: usize, f: 
     pool.execute_chunked(n_items, f);
 }
 
+/// Runs `f(i, item)` for every item on the worker pool, each item whole in one task (items
+/// such as disjoint `&mut` pieces of one buffer: a loop that rayon would split, kept on the
+/// pool every other op of a step uses, so that the two pools do not fight for the cores).
+pub fn for_each_item<I: Send>(items: Vec<I>, f: impl Fn(usize, I) + Sync) {
+    // Each slot is taken once by the one task its index falls to: the locks never wait.
+    let slots: Vec<std::sync::Mutex<Option<I>>> = items.into_iter().map(|i| std::sync::Mutex::new(Some(i))).collect();
+    execute_chunked(slots.len(), |range| {
+        for i in range {
+            let item = slots[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(item) = item {
+                f(i, item);
+            }
+        }
+    });
+}
+
 /// Runs `f` (a forward pass on `device`) with rayon's parallel loops on one thread when the
 /// limit is one (a pool of one thread, made once), else as it is: a loop split over rayon's
 /// workers would wait for the one sharing a busy core as the barrier pool's ops would. A GPU's
@@ -58,6 +74,16 @@ pub fn within_limit<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_item_runs_once_with_its_index() {
+        let mut data = vec![0u32; 40];
+        let items: Vec<&mut [u32]> = data.chunks_mut(4).collect();
+        for_each_item(items, |i, piece| piece.iter_mut().for_each(|x| *x += i as u32 + 1));
+        let want: Vec<u32> = (0..40).map(|j| j / 4 + 1).collect();
+        assert_eq!(data, want);
+        for_each_item(Vec::<&mut [u32]>::new(), |_, _| unreachable!("no items"));
+    }
 
     #[test]
     fn a_limit_of_one_runs_every_chunk_on_the_calling_thread() {
