@@ -113,6 +113,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     crate::args::set_threads(a.model.threads);
+    if let Some(bw) = a.bandwidth.filter(|b| !(b.is_finite() && *b > 0.0)) {
+        anyhow::bail!("--bandwidth {bw}: give the device's copy bandwidth in TB/s, a positive number (e.g. 4.2)");
+    }
     if let (Some(out), Some(p)) = (&a.save_gguf, &a.random_hybrid) {
         return save_gguf(p, &a.random_dtype, out);
     }
@@ -335,7 +338,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let tg_rates = tg.clone();
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
-        if let (Some(bw), Some(sb)) = (a.bandwidth.filter(|b| *b > 0.0), step_bytes) {
+        if let (Some(bw), Some(sb)) = (a.bandwidth, step_bytes) {
             // The timed steps see depth + WARM_STEPS .. + gen_tokens positions: their mean.
             let context = depth + WARM_STEPS + a.gen_tokens / 2;
             let limit = bw * 1e12 / sb.at(&spec, a.model.kv_cache_dtype, context) as f64;

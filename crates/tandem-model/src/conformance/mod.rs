@@ -28,6 +28,7 @@ pub mod models;
 pub mod moe;
 pub mod norm;
 pub mod ops;
+pub mod quant;
 pub mod rope;
 pub mod sampling;
 
