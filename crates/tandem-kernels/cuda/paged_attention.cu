@@ -306,15 +306,17 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
     }
 }
 
-#define PAGED_ONE(name, L, NR, U)                                                                          \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
+#define PAGED_ONE(name, L, NR, U) PAGED_ONE_B(name, L, NR, U, (WARPS * 32))
+// LB: the launch bounds, (WARPS * 32) or (WARPS * 32, blocks an SM).
+#define PAGED_ONE_B(name, L, NR, U, LB)                                                                    \
+    extern "C" __global__ void __launch_bounds__ LB                                                           \
         name(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,                    \
              const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale,            \
              int window) {                                                                                     \
         attend_units<L, NR, U>(out, part, q, kp, vp, blocks, nh, nkv, t, hd, past, bs, scale, window,         \
                                blockIdx.x, blockIdx.z, gridDim.z, t, gridDim.z);                               \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
+    extern "C" __global__ void __launch_bounds__ LB                                                           \
         name##_batch(float* out, float* part, const float* q, const L::elem* kp, const L::elem* vp,            \
                      const uint32_t* tables, const int* meta, int nh, int nkv, int hd, int bs, int total,      \
                      int pstride, float scale, int window) {                                                   \
@@ -327,10 +329,14 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
                                q + (size_t)off * hd, kp, vp, tables + toff, nh, nkv, t, hd, past, bs, scale,  \
                                window, blockIdx.x, sp, nsplit, total, pstride);                                \
     }
-// Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4).
+// Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4); and for decode
+// (one query row) of GQA groups of up to 4 heads, 128 with 4 units: the same bits per unit
+// (a unit's arithmetic never depends on the others of its block) in fewer registers, so
+// three blocks an SM where the 8-unit kernel fits two.
 #define PAGED(name, L)                     \
     PAGED_ONE(name##_d64, L, 2, 16)        \
     PAGED_ONE(name##_d128, L, 4, 8)        \
+    PAGED_ONE_B(name##_d128u4, L, 4, 4, (WARPS * 32, 3)) \
     PAGED_ONE(name##_d256, L, 8, 4)
 
 PAGED(paged_attention_f32, Plain<float>)

@@ -80,15 +80,25 @@ pub(super) fn kernel_and_tiles(
     if nkv == 0 || nh % nkv != 0 || hd == 0 || hd > 256 {
         return Err(ModelError::Input(format!("paged attention on CUDA: {nh} heads over {nkv} KV heads of dim {hd}")));
     }
+    let group = nh / nkv;
     let (class, units) = match hd {
         0..=64 => ("d64", 16),
+        // One query row (decode) and a GQA group of up to 4 heads fill 4 units only: the
+        // 4-unit kernel gives them the same bits in 168 registers (three blocks an SM) where
+        // the 8-unit one takes 231 (two). `TANDEM_ATTN_U4=0` keeps the 8-unit kernel.
+        65..=128 if t == 1 && group <= 4 && u4_enabled() => ("d128u4", 4),
         65..=128 => ("d128", 8),
         _ => ("d256", 4),
     };
-    let group = nh / nkv;
     let heads_per_block = group.min(units);
     let tiles = t.div_ceil(units / heads_per_block) * group.div_ceil(heads_per_block);
     Ok((format!("paged_attention_{format}_{class}"), tiles))
+}
+
+/// Whether one-row calls with 128-dim heads take `paged_attention_*_d128u4` (the default).
+fn u4_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_ATTN_U4").map_or(true, |v| v != "0"))
 }
 
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
