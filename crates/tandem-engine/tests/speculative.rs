@@ -174,6 +174,13 @@ fn greedy_speculation_is_lossless_on_q5_0_tiles() {
     lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q5_0, false);
 }
 
+/// The same with Q4_0 weights (our kernel's Q4_0 tiles on x86 with AVX-512 VNNI or AVX2,
+/// candle's kernels elsewhere), the table tied as the LM head.
+#[test]
+fn greedy_speculation_is_lossless_on_q4_0_tiles() {
+    lossless_on_kquant_weights(candle_core::quantized::GgmlDType::Q4_0, true);
+}
+
 /// The same with Q3_K weights (our kernel's Q3K tiles on the CPU).
 #[test]
 fn greedy_speculation_is_lossless_on_q3k_weights() {

@@ -15,10 +15,13 @@ pub fn run(dev: &Device) -> Vec<Check> {
     run_selected(dev, &|_| true)
 }
 
+/// One op family's checks, appended to the list.
+type Family = fn(&Device, &mut Vec<Check>);
+
 /// The op families whose group name (`ops/<family>`, [`super::GROUPS`]) `on` accepts.
 pub fn run_selected(dev: &Device, on: &dyn Fn(&str) -> bool) -> Vec<Check> {
     let mut out = Vec::new();
-    let families: [(&str, fn(&Device, &mut Vec<Check>)); 8] = [
+    let families: [(&str, Family); 8] = [
         ("ops/paged_attention", paged_attention),
         ("ops/kv_encode", kv_encode),
         ("ops/gdn_conv", gdn_conv),

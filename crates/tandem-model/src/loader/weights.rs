@@ -13,14 +13,16 @@ use crate::ops::quant::{GgmlMatrix, KQuantMatrix};
 
 /// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
 /// fast kernels for), our own CPU kernels for GGML Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks and for
-/// Q4_K (packed at load, [`KQuantMatrix`]), or an affine weight with group biases (MLX 6/8-bit).
+/// the K-quants, Q8_0, Q5_0 and Q4_0 as tiles (packed at load, [`KQuantMatrix`]), or an affine
+/// weight with group biases (MLX 6/8-bit).
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
     Candle(QMatMul),
     Ggml(Arc<GgmlMatrix>),
     /// Affine 6/8-bit weights (mlx's) as Q8_0 plus group biases (`ops::quant::affine`).
     Affine(Arc<crate::ops::quant::affine::AffineQ8>),
-    /// Q4_K / Q5_K on the CPU where our kernel runs (AVX-512 VNNI).
+    /// Q2_K .. Q6_K, Q8_0, Q5_0, Q4_0 on the CPU where our kernel runs (AVX-512 VNNI or AVX2;
+    /// [`crate::ops::quant::kquant::takes`]).
     KQuant(Arc<KQuantMatrix>),
 }
 

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
-use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
+use super::tile50::{Tile32, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
 use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
@@ -268,15 +268,15 @@ pub unsafe fn rows8<const R: usize>(
     }
 }
 
-/// [`rows`] for Q5_0 tiles ([`Tile50`]), as [`super::avx512::rows50`], half by half: per
-/// 32-value block the integer sum from `-16 · Σ a`, two groups at a time in i16 (at most
-/// 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`.
+/// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]), as [`super::avx512::rows50`], half by
+/// half: per 32-value block the integer sum from `-OFFSET · Σ a`, two groups at a time in i16
+/// (at most 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`.
 ///
 /// # Safety
 /// As [`rows`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn rows50<const R: usize>(
-    tiles: *const Tile50,
+pub unsafe fn rows50<T: Tile32, const R: usize>(
+    tiles: *const T,
     nb: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
@@ -297,15 +297,18 @@ pub unsafe fn rows50<const R: usize>(
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             for s in 0..8 {
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
-                    _mm256_set1_epi32(-16 * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
+                    _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });
                 for g0 in [4 * s, 4 * s + 2] {
                     let mut part = [_mm256_setzero_si256(); R];
                     for g in g0..g0 + 2 {
-                        let w = _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i);
-                        let lo = add_under(_mm256_and_si256(w, m4), (t.high.0[2 * g] >> (32 * h)) as u32, sixteen);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                        let hi = add_under(hi, (t.high.0[2 * g + 1] >> (32 * h)) as u32, sixteen);
+                        let w = _mm256_load_si256(t.qs().as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                        let mut lo = _mm256_and_si256(w, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                        if T::HIGH {
+                            lo = add_under(lo, (t.high(2 * g) >> (32 * h)) as u32, sixteen);
+                            hi = add_under(hi, (t.high(2 * g + 1) >> (32 * h)) as u32, sixteen);
+                        }
                         for r in 0..R {
                             let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
                             let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
@@ -317,7 +320,7 @@ pub unsafe fn rows50<const R: usize>(
                         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
                     }
                 }
-                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
+                let d = half_f32(t.d()[s].as_ptr().add(h * HALF));
                 for r in 0..R {
                     let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);

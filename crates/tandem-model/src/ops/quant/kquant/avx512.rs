@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use super::tile::{HighBits, Tile, COLS};
 use super::tile2::Tile2;
-use super::tile50::{Tile50, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
+use super::tile50::{Tile32, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
 use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
@@ -69,15 +69,16 @@ pub unsafe fn rows8<const R: usize>(
     store(&acc, out, ldo, cols);
 }
 
-/// [`rows`] for Q5_0 tiles ([`Tile50`]): per 32-value block, the four groups' nibbles with
-/// the fifth bits added as 16 under byte masks, eight `dpbusd`s (two chains a row) started at
-/// `-16 · Σ a`, then one multiply-add by `d_s · D` ([`super::tile50::dot`]'s order).
+/// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]): per 32-value block, the four groups'
+/// nibbles (Q5_0: with the fifth bits added as 16 under byte masks), eight `dpbusd`s (two
+/// chains a row) started at `-OFFSET · Σ a`, then one multiply-add by `d_s · D`
+/// ([`super::tile50::dot`]'s order).
 ///
 /// # Safety
 /// As [`rows`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn rows50<const R: usize>(
-    tiles: *const Tile50,
+pub unsafe fn rows50<T: Tile32, const R: usize>(
+    tiles: *const T,
     nb: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
@@ -97,21 +98,23 @@ pub unsafe fn rows50<const R: usize>(
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
                 let sum = (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned();
-                even[r] = _mm512_set1_epi32(-16 * sum);
+                even[r] = _mm512_set1_epi32(-T::OFFSET * sum);
             }
             for g in 4 * s..4 * s + 4 {
-                let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
-                let lo = _mm512_mask_add_epi8(lo, t.high.0[2 * g], lo, sixteen);
-                let hi = _mm512_mask_add_epi8(hi, t.high.0[2 * g + 1], hi, sixteen);
+                let w = _mm512_load_si512(t.qs().as_ptr().add(64 * g) as *const __m512i);
+                let mut lo = _mm512_and_si512(w, m4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                if T::HIGH {
+                    lo = _mm512_mask_add_epi8(lo, t.high(2 * g), lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, t.high(2 * g + 1), hi, sixteen);
+                }
                 for r in 0..R {
                     let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
                     even[r] = _mm512_dpbusd_epi32(even[r], lo, _mm512_set1_epi32(a.read_unaligned()));
                     odd[r] = _mm512_dpbusd_epi32(odd[r], hi, _mm512_set1_epi32(a.add(1).read_unaligned()));
                 }
             }
-            let d = _mm512_cvtph_ps(_mm256_load_si256(t.d[s].as_ptr() as *const __m256i));
+            let d = _mm512_cvtph_ps(_mm256_load_si256(t.d()[s].as_ptr() as *const __m256i));
             for r in 0..R {
                 let da = _mm512_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
                 let i = _mm512_add_epi32(even[r], odd[r]);

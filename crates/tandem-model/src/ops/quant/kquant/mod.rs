@@ -1,5 +1,6 @@
 //! Q2K, Q3K, Q4K, Q5K and Q6K weights on the CPU with a kernel of our own ([`KQuantMatrix`]),
-//! in place of candle's.
+//! in place of candle's; and Q8_0, Q5_0 and Q4_0 on the same kernel, one column a lane
+//! ([`tile8`], [`tile50`], [`tile40`]).
 //!
 //! candle runs Q4K on repacked VNNI tiles that it builds lazily beside the file's blocks (the
 //! matrix then sits in memory twice, 10.5 bits a value), takes 4 activation rows per pass over
@@ -16,14 +17,18 @@
 
 mod acts;
 mod grouped;
+mod route;
 pub mod tile;
 pub mod tile2;
 pub mod tile3;
+pub mod tile40;
 pub mod tile50;
 pub mod tile6;
 pub mod tile8;
 
 pub use grouped::{matmul_grouped, Job};
+use route::block32;
+pub use route::{fits, q50_tiles, q6k_layers, q8_tiles, supports, takes};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -42,6 +47,7 @@ use acts::{act6, quantize, Acts};
 use tile::{HighBits, Tile, COLS, QK_K};
 use tile2::Tile2;
 use tile3::Tile3;
+use tile40::Tile40;
 use tile50::Tile50;
 use tile6::{Sub16, Tile6};
 use tile8::Tile8;
@@ -66,26 +72,14 @@ pub struct KQuantMatrix {
     /// Q5_0 tiles (empty otherwise; AVX-512 only, see [`takes`]); rows of any multiple of 32
     /// values, padded to whole stretches ([`tile50`]).
     five0: Vec<Tile50>,
+    /// Q4_0 tiles (empty otherwise), padded as the Q5_0 ones ([`tile40`]).
+    four0: Vec<Tile40>,
 }
 
 impl std::fmt::Debug for KQuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "KQuantMatrix({:?}, n={}, k={})", self.dtype(), self.n, self.k)
     }
-}
-
-/// Whether [`KQuantMatrix`] takes weights of this type.
-pub fn supports(dtype: GgmlDType) -> bool {
-    matches!(
-        dtype,
-        GgmlDType::Q2K
-            | GgmlDType::Q3K
-            | GgmlDType::Q4K
-            | GgmlDType::Q5K
-            | GgmlDType::Q6K
-            | GgmlDType::Q8_0
-            | GgmlDType::Q5_0
-    )
 }
 
 /// Whether this CPU runs our K-quant kernel (AVX-512 F/BW/VNNI, or AVX2 + FMA + F16C). `TANDEM_QUANT_KERNEL=candle`
@@ -103,68 +97,6 @@ pub fn available() -> bool {
     {
         false
     }
-}
-
-/// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q2K,
-/// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
-/// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
-/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`], Q8_0 where
-/// [`q8_tiles`] (the caller checks `k` is a multiple of 256), Q5_0 where [`q50_tiles`] (any `k`
-/// that is a multiple of 32: [`fits`]).
-pub fn takes(dtype: GgmlDType, head: bool) -> bool {
-    supports(dtype)
-        && match dtype {
-            GgmlDType::Q6K => !head && q6k_layers(),
-            GgmlDType::Q3K => !head,
-            GgmlDType::Q8_0 => q8_tiles(),
-            GgmlDType::Q5_0 => q50_tiles(),
-            _ => true,
-        }
-}
-
-/// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
-/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
-/// another (`ours`: the row-major block kernels, `candle`: candle's). The AVX2 build of the
-/// tiles (`avx2::rows8`) measured no faster than the AVX2 block kernels (Zen 4 forced to AVX2,
-/// random 0.8B hybrid Q8_0: pp256 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), so AVX2 CPUs
-/// keep those; it serves `TANDEM_KQUANT_SIMD=avx2`.
-pub fn q8_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            let other = std::env::var("TANDEM_Q8_KERNEL").is_ok_and(|v| v == "ours" || v == "candle");
-            available() && simd() == Some(Simd::Avx512) && !other
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether Q5_0 matrices load as [`tile50::Tile50`]s: on CPUs that run the kernel (AVX-512
-/// VNNI or AVX2), unless `TANDEM_Q5_0_TILES=0` keeps them on the row-major block kernels
-/// (ggml's order).
-pub fn q50_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            let off = std::env::var("TANDEM_Q5_0_TILES").as_deref() == Ok("0");
-            available() && !off
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether a `dtype` matrix with rows of `k` values can be packed: whole superblocks, or for
-/// Q5_0 whole 32-value blocks (padded to superblocks).
-pub fn fits(dtype: GgmlDType, k: usize) -> bool {
-    k > 0 && if dtype == GgmlDType::Q5_0 { k.is_multiple_of(32) } else { k.is_multiple_of(QK_K) }
 }
 
 /// The instruction sets of the kernel.
@@ -198,14 +130,6 @@ fn simd() -> Option<Simd> {
     })
 }
 
-/// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
-/// default: one row at a time, its Q6K tiles run slower than the Q6K pair kernel that reads the
-/// file's blocks, while several rows run faster: a prefill-heavy workload's choice).
-pub fn q6k_layers() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_KQUANT_Q6K").as_deref() == Ok("1"))
-}
-
 /// Activation bytes per block of rows: they stay in L2 while a task's columns pass over them.
 #[cfg(target_arch = "x86_64")]
 const ROW_BLOCK_BYTES: usize = 256 * 1024;
@@ -214,7 +138,7 @@ impl KQuantMatrix {
     /// From a GGUF tensor's bytes: `n` rows of `k / 256` blocks of `dtype` (Q2K .. Q6K).
     pub fn from_bytes(dtype: GgmlDType, n: usize, k: usize, bytes: &[u8]) -> candle_core::Result<Self> {
         if !fits(dtype, k) || n == 0 {
-            let unit = if dtype == GgmlDType::Q5_0 { 32 } else { QK_K };
+            let unit = if block32(dtype) { 32 } else { QK_K };
             candle_core::bail!("{dtype:?} matrix [{n}, {k}]: k must be a positive multiple of {unit}");
         }
         let block = match dtype {
@@ -225,7 +149,8 @@ impl KQuantMatrix {
             GgmlDType::Q2K => tile2::BLOCK2_BYTES,
             GgmlDType::Q8_0 => tile8::STRETCH8_BYTES,
             GgmlDType::Q5_0 => tile50::BLOCK50_BYTES * QK_K / 32,
-            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K, Q8_0, Q5_0)"),
+            GgmlDType::Q4_0 => tile40::BLOCK40_BYTES * QK_K / 32,
+            other => candle_core::bail!("{other:?} is not a type of the K-quant kernel (Q2K .. Q6K, Q8_0, Q5_0, Q4_0)"),
         };
         let want = n * k * block / QK_K;
         if bytes.len() != want {
@@ -241,6 +166,7 @@ impl KQuantMatrix {
             two: Vec::new(),
             eight: Vec::new(),
             five0: Vec::new(),
+            four0: Vec::new(),
         };
         Ok(match dtype {
             GgmlDType::Q4K => Self { tiles: tile::pack(bytes, n, k), ..empty },
@@ -252,6 +178,7 @@ impl KQuantMatrix {
             GgmlDType::Q2K => Self { two: tile2::pack2(bytes, n, k), ..empty },
             GgmlDType::Q8_0 => Self { eight: tile8::pack8(bytes, n, k), ..empty },
             GgmlDType::Q5_0 => Self { five0: tile50::pack50(bytes, n, k), ..empty },
+            GgmlDType::Q4_0 => Self { four0: tile40::pack40(bytes, n, k), ..empty },
             _ => Self { six: tile6::pack6(bytes, n, k), ..empty },
         })
     }
@@ -268,6 +195,8 @@ impl KQuantMatrix {
             GgmlDType::Q8_0
         } else if !self.five0.is_empty() {
             GgmlDType::Q5_0
+        } else if !self.four0.is_empty() {
+            GgmlDType::Q4_0
         } else if self.high.is_empty() {
             GgmlDType::Q4K
         } else {
@@ -294,7 +223,7 @@ impl KQuantMatrix {
     }
 
     /// Superblocks (stretches of 256 values) per row: the last one padded where `k` is not a
-    /// multiple of 256 (Q5_0).
+    /// multiple of 256 (Q5_0, Q4_0).
     fn nb(&self) -> usize {
         self.k.div_ceil(QK_K)
     }
@@ -315,6 +244,7 @@ impl KQuantMatrix {
             two: self.two[..cut(self.two.len())].to_vec(),
             eight: self.eight[..cut(self.eight.len())].to_vec(),
             five0: self.five0[..cut(self.five0.len())].to_vec(),
+            four0: self.four0[..cut(self.four0.len())].to_vec(),
         }
     }
 
@@ -332,10 +262,14 @@ impl KQuantMatrix {
     pub fn dequantize_row(&self, row: usize, o: &mut [f32]) {
         let nb = self.nb();
         if nb * QK_K != self.k {
-            // Padded stretches (Q5_0): the whole stretches, then the row's own values.
+            // Padded stretches (Q5_0, Q4_0): the whole stretches, then the row's own values.
             let mut whole = vec![0f32; nb * QK_K];
             let (ct, c) = (row / COLS, row % COLS);
-            values_into(&mut whole, nb, |b, i| tile50::weight(&self.five0[ct * nb + b], c, i));
+            if self.four0.is_empty() {
+                values_into(&mut whole, nb, |b, i| tile50::weight(&self.five0[ct * nb + b], c, i));
+            } else {
+                values_into(&mut whole, nb, |b, i| tile50::weight(&self.four0[ct * nb + b], c, i));
+            }
             o.copy_from_slice(&whole[..self.k]);
             return;
         }
@@ -355,6 +289,9 @@ impl KQuantMatrix {
         }
         if !self.five0.is_empty() {
             return values_into(o, nb, |b, i| tile50::weight(&self.five0[at(b)], c, i));
+        }
+        if !self.four0.is_empty() {
+            return values_into(o, nb, |b, i| tile50::weight(&self.four0[at(b)], c, i));
         }
         values_into(o, nb, |b, i| tile::weight(&self.tiles[at(b)], self.high.get(at(b)), c, i));
     }
@@ -400,9 +337,9 @@ impl KQuantMatrix {
     }
 
     /// Whether the kernel reads activations quantised per 32-value block ([`tile50::Act50`]:
-    /// Q5_0 tiles) rather than Q8K superblocks.
+    /// Q8_0, Q5_0 and Q4_0 tiles) rather than Q8K superblocks.
     fn per_block_acts(&self) -> bool {
-        !self.five0.is_empty() || !self.eight.is_empty()
+        !self.five0.is_empty() || !self.four0.is_empty() || !self.eight.is_empty()
     }
 
     /// `x` (`m` rows of `k`) quantised as this matrix's kernel reads it.
@@ -425,10 +362,12 @@ impl KQuantMatrix {
                     let row = &a[r * nb..(r + 1) * nb];
                     for col in 0..self.n {
                         let range = (col / COLS) * nb..(col / COLS + 1) * nb;
-                        y[r * self.n + col] = if self.eight.is_empty() {
-                            tile50::dot(&self.five0[range], col % COLS, row)
-                        } else {
+                        y[r * self.n + col] = if !self.eight.is_empty() {
                             tile8::dot(&self.eight[range], col % COLS, row)
+                        } else if !self.four0.is_empty() {
+                            tile50::dot(&self.four0[range], col % COLS, row)
+                        } else {
+                            tile50::dot(&self.five0[range], col % COLS, row)
                         };
                     }
                 }
@@ -475,8 +414,15 @@ impl KQuantMatrix {
         if !self.five0.is_empty() {
             let tiles = self.five0[ct * nb..].as_ptr();
             return match simd {
-                Simd::Avx512 => avx512::rows50::<R>(tiles, nb, rows, out, ldo, cols),
-                Simd::Avx2 => avx2::rows50::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx512 => avx512::rows50::<Tile50, R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<Tile50, R>(tiles, nb, rows, out, ldo, cols),
+            };
+        }
+        if !self.four0.is_empty() {
+            let tiles = self.four0[ct * nb..].as_ptr();
+            return match simd {
+                Simd::Avx512 => avx512::rows50::<Tile40, R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<Tile40, R>(tiles, nb, rows, out, ldo, cols),
             };
         }
         if !self.eight.is_empty() {

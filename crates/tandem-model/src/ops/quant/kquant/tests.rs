@@ -1,7 +1,8 @@
 //! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
 //! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
 //! against candle's own matmul of the same type (within quantisation noise); every test for
-//! every type (Q2K .. Q6K, Q8_0, Q5_0; Q5_0 also on rows padded to whole superblocks).
+//! every type (Q2K .. Q6K, Q8_0, Q5_0, Q4_0; Q5_0 and Q4_0 also on rows padded to whole
+//! superblocks).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -20,8 +21,16 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [GgmlDType; 7] =
-    [GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::Q5_0];
+const TYPES: [GgmlDType; 8] = [
+    GgmlDType::Q2K,
+    GgmlDType::Q3K,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q4_0,
+];
 
 /// A random `[n, k]` matrix of `dt` as candle quantises it: its GGUF bytes and the candle tensor.
 fn matrix(dt: GgmlDType, n: usize, k: usize, seed: u64) -> (Vec<u8>, QTensor) {
@@ -109,8 +118,8 @@ fn product_matches_candles_matmul() {
         // product below (1-2% of the largest output).
         let largest = candle.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (a, b)) in ours.iter().zip(&candle).enumerate() {
-            // Q5_0: candle quantises the activations per 32-value block (ggml's Q8_0).
-            let block_acts = matches!(dt, GgmlDType::Q8_0 | GgmlDType::Q5_0);
+            // Q5_0, Q4_0: candle quantises the activations per 32-value block (ggml's Q8_0).
+            let block_acts = matches!(dt, GgmlDType::Q8_0 | GgmlDType::Q5_0 | GgmlDType::Q4_0);
             let tol = if block_acts { 0.02 * largest } else { 1e-3 * (1.0 + b.abs()) };
             assert!((a - b).abs() <= tol, "{dt:?} element {i}: {a} against candle's {b}");
         }
@@ -166,11 +175,11 @@ fn first_rows_and_bad_sizes() {
         assert!(w.forward(&x).is_err());
         assert_eq!(w.dtype(), dt);
     }
-    assert!(KQuantMatrix::from_bytes(GgmlDType::Q4_0, 40, 256, &[0; 40 * 8 * 18]).is_err());
+    assert!(KQuantMatrix::from_bytes(GgmlDType::Q4_1, 40, 256, &[0; 40 * 8 * 20]).is_err());
 }
 
 /// The largest integer sums a kernel can meet: every weight value at its type's maximum (Q4K
-/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127 and -128, Q5_0 31) against activations of -127 (a row of equal values): the
+/// 15, Q5K 31, Q6K 63, Q3K 7, Q2K 3, Q8_0 127 and -128, Q5_0 31, Q4_0 15) against activations of -127 (a row of equal values): the
 /// AVX2 kernel's i16 partial sums are at their bound here, and must still equal the reference.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -198,6 +207,9 @@ fn largest_sums_equal_the_reference() {
             } else if dt == GgmlDType::Q5_0 {
                 // Eight `block_q5_0`s: d, then the fifth bits and the nibbles (q = 31).
                 blk.chunks_exact_mut(22).for_each(|b| b[2..].fill(0xFF));
+            } else if dt == GgmlDType::Q4_0 {
+                // Eight `block_q4_0`s: d, then the nibbles (q = 15).
+                blk.chunks_exact_mut(18).for_each(|b| b[2..].fill(0xFF));
             } else {
                 blk[value_bytes(dt)].fill(0xFF);
             }
@@ -220,12 +232,18 @@ fn largest_sums_equal_the_reference() {
     }
 }
 
-/// Q5_0 rows of any multiple of 32 values (qwen2.5's 896): padded to whole superblocks, the
-/// packing still keeps every weight, the kernel gives the reference's bits on the padded rows,
-/// rows do not depend on the call, and the product is near the f32 one.
+/// Q5_0 and Q4_0 rows of any multiple of 32 values (qwen2.5's 896): padded to whole
+/// superblocks, the packing still keeps every weight, the kernel gives the reference's bits on
+/// the padded rows, rows do not depend on the call, and the product is near the f32 one.
 #[test]
 fn q5_0_rows_of_any_length() {
-    let dt = GgmlDType::Q5_0;
+    for dt in [GgmlDType::Q5_0, GgmlDType::Q4_0] {
+        block32_rows_of_any_length(dt);
+    }
+    assert!(KQuantMatrix::from_bytes(GgmlDType::Q4_0, 4, 48, &[0; 4 * 18]).is_err(), "48 is not a multiple of 32");
+}
+
+fn block32_rows_of_any_length(dt: GgmlDType) {
     for (n, k) in [(17, 32), (5, 96), (40, 896), (3, 1056)] {
         let (bytes, q) = matrix(dt, n, k, 3 * k as u64 + n as u64);
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
@@ -238,7 +256,7 @@ fn q5_0_rows_of_any_length() {
         // The reference on the same activations (padded to whole stretches by `acts`), and the
         // activations are ggml's per-block quantisation of each row.
         let acts = w.acts(&x, m);
-        let Acts::Block(a) = &acts else { panic!("Q5_0 takes per-block activations") };
+        let Acts::Block(a) = &acts else { panic!("{dt:?} takes per-block activations") };
         let nb = k.div_ceil(QK_K);
         for r in 0..m {
             let mut blocks = vec![crate::ops::quant::activation::Q8Block::ZERO; k / 32];
@@ -259,7 +277,7 @@ fn q5_0_rows_of_any_length() {
         let mut plain = vec![f32::NAN; m * n];
         w.matmul_reference(&acts, m, &mut plain);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&plain), "[{n}, {k}]: kernel against reference");
+        assert_eq!(bits(&got), bits(&plain), "{dt:?} [{n}, {k}]: kernel against reference");
         for r in [0, 4, 10] {
             let mut one = vec![0f32; n];
             w.matmul(&x[r * k..(r + 1) * k], 1, &mut one);

@@ -29,6 +29,9 @@
 //!
 //! `|i| ≤ 32 · 31 · 128`, so `f32(i)` is exact; the kernel ([`super::avx512::rows50`]) and the
 //! reference ([`dot`]) give the same bits, and a row's result never depends on the call.
+//!
+//! [`Tile32`] is what the kernels and the reference read of such a tile, so that Q4_0
+//! ([`super::tile40`]: the same nibbles and scales, no fifth bits, `q − 8`) shares them.
 
 use super::tile::{bits4, interleave, nibble, nibbles8, HighBits, COLS, QK_K};
 
@@ -59,6 +62,41 @@ impl Tile50 {
     /// The unsigned value `q` (0..31) of value `i` of column `c`.
     pub fn value(&self, c: usize, i: usize) -> u8 {
         nibble(&self.qs, c, i) + self.high.of(c, i)
+    }
+}
+
+/// A tile of 16 columns by eight 32-value blocks, each block with its f16 scale `d` and
+/// unsigned values `q` standing for `d · (q − OFFSET)`: Q5_0 ([`Tile50`]) and Q4_0
+/// ([`super::tile40::Tile40`]), read alike by the kernels and by [`dot`].
+pub trait Tile32: Sync {
+    /// What a value is offset by (16 for Q5_0, 8 for Q4_0).
+    const OFFSET: i32;
+    /// Whether the tile has a fifth-bit plane ([`Tile32::high`]).
+    const HIGH: bool;
+    /// The low four bits of the values, interleaved as [`super::tile::Tile`]'s `qs`.
+    fn qs(&self) -> &[u8; QK_K / 8 * COLS * 4];
+    /// `d[s][c]`: block `s`'s scale of column `c` (f16 bits as in the file).
+    fn d(&self) -> &[[u16; COLS]; 8];
+    /// Word `w` of the fifth-bit masks (0 where there is no plane).
+    fn high(&self, w: usize) -> u64;
+    /// The unsigned value `q` of value `i` of column `c`.
+    fn value(&self, c: usize, i: usize) -> u8;
+}
+
+impl Tile32 for Tile50 {
+    const OFFSET: i32 = 16;
+    const HIGH: bool = true;
+    fn qs(&self) -> &[u8; QK_K / 8 * COLS * 4] {
+        &self.qs
+    }
+    fn d(&self) -> &[[u16; COLS]; 8] {
+        &self.d
+    }
+    fn high(&self, w: usize) -> u64 {
+        self.high.0[w]
+    }
+    fn value(&self, c: usize, i: usize) -> u8 {
+        Tile50::value(self, c, i)
     }
 }
 
@@ -104,8 +142,8 @@ fn fill(t: &mut Tile50, c: usize, s: usize, blk: &[u8]) {
 }
 
 /// The weight of value `i` (0..256) of column `c`, as candle dequantises the file's block.
-pub fn weight(t: &Tile50, c: usize, i: usize) -> f32 {
-    half::f16::from_bits(t.d[i / 32][c]).to_f32() * (t.value(c, i) as i32 - 16) as f32
+pub fn weight<T: Tile32>(t: &T, c: usize, i: usize) -> f32 {
+    half::f16::from_bits(t.d()[i / 32][c]).to_f32() * (t.value(c, i) as i32 - T::OFFSET) as f32
 }
 
 /// One 256-value stretch of an activation row as the Q5_0 kernels read it: each 32-value
@@ -155,7 +193,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> Vec<Act50> {
 
 /// The reference: column `c` of the stretches `tiles` against one row's stretches (in the
 /// order of the module docs).
-pub fn dot(tiles: &[Tile50], c: usize, acts: &[Act50]) -> f32 {
+pub fn dot<T: Tile32>(tiles: &[T], c: usize, acts: &[Act50]) -> f32 {
     let mut acc = 0f32;
     for (t, a) in tiles.iter().zip(acts) {
         for s in 0..8 {
@@ -163,8 +201,8 @@ pub fn dot(tiles: &[Tile50], c: usize, acts: &[Act50]) -> f32 {
             for j in 32 * s..32 * s + 32 {
                 i += t.value(c, j) as i32 * a.qs[j] as i32;
             }
-            i -= 16 * a.sums[s];
-            let scale = half::f16::from_bits(t.d[s][c]).to_f32() * a.d[s];
+            i -= T::OFFSET * a.sums[s];
+            let scale = half::f16::from_bits(t.d()[s][c]).to_f32() * a.d[s];
             acc = (i as f32).mul_add(scale, acc);
         }
     }

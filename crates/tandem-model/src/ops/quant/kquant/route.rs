@@ -1,0 +1,99 @@
+//! Which weight matrices load onto the kernel of [`super::KQuantMatrix`]: the types it packs,
+//! the loaders' choice per type and CPU (and the environment switches that override it), and
+//! the row lengths each type's tiles take.
+
+use candle_core::quantized::GgmlDType;
+
+use super::tile::QK_K;
+#[cfg(target_arch = "x86_64")]
+use super::{available, simd, Simd};
+
+/// Whether [`KQuantMatrix`] takes weights of this type.
+pub fn supports(dtype: GgmlDType) -> bool {
+    matches!(
+        dtype,
+        GgmlDType::Q2K
+            | GgmlDType::Q3K
+            | GgmlDType::Q4K
+            | GgmlDType::Q5K
+            | GgmlDType::Q6K
+            | GgmlDType::Q8_0
+            | GgmlDType::Q5_0
+            | GgmlDType::Q4_0
+    )
+}
+
+/// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q2K,
+/// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
+/// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
+/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`], Q8_0 where
+/// [`q8_tiles`] (the caller checks `k` is a multiple of 256), Q5_0 and Q4_0 where
+/// [`q50_tiles`] (any `k` that is a multiple of 32: [`fits`]).
+pub fn takes(dtype: GgmlDType, head: bool) -> bool {
+    supports(dtype)
+        && match dtype {
+            GgmlDType::Q6K => !head && q6k_layers(),
+            GgmlDType::Q3K => !head,
+            GgmlDType::Q8_0 => q8_tiles(),
+            GgmlDType::Q5_0 | GgmlDType::Q4_0 => q50_tiles(),
+            _ => true,
+        }
+}
+
+/// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
+/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
+/// another (`ours`: the row-major block kernels, `candle`: candle's). The AVX2 build of the
+/// tiles (`avx2::rows8`) measured no faster than the AVX2 block kernels (Zen 4 forced to AVX2,
+/// random 0.8B hybrid Q8_0: pp256 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), so AVX2 CPUs
+/// keep those; it serves `TANDEM_KQUANT_SIMD=avx2`.
+pub fn q8_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let other = std::env::var("TANDEM_Q8_KERNEL").is_ok_and(|v| v == "ours" || v == "candle");
+            available() && simd() == Some(Simd::Avx512) && !other
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether Q5_0 and Q4_0 matrices load as [`tile50::Tile50`]s and [`tile40::Tile40`]s: on
+/// CPUs that run the kernel (AVX-512 VNNI or AVX2), unless `TANDEM_Q5_0_TILES=0` keeps Q5_0
+/// on the row-major block kernels (ggml's order) and Q4_0 on candle's.
+pub fn q50_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let off = std::env::var("TANDEM_Q5_0_TILES").as_deref() == Ok("0");
+            available() && !off
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether a `dtype` matrix with rows of `k` values can be packed: whole superblocks, or for
+/// Q5_0 and Q4_0 whole 32-value blocks (padded to superblocks).
+pub fn fits(dtype: GgmlDType, k: usize) -> bool {
+    k > 0 && if block32(dtype) { k.is_multiple_of(32) } else { k.is_multiple_of(QK_K) }
+}
+
+/// Whether `dtype`'s rows may be any multiple of 32 values (padded to whole stretches).
+pub(super) fn block32(dtype: GgmlDType) -> bool {
+    matches!(dtype, GgmlDType::Q5_0 | GgmlDType::Q4_0)
+}
+
+/// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
+/// default: one row at a time, its Q6K tiles run slower than the Q6K pair kernel that reads the
+/// file's blocks, while several rows run faster: a prefill-heavy workload's choice).
+pub fn q6k_layers() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_KQUANT_Q6K").as_deref() == Ok("1"))
+}
