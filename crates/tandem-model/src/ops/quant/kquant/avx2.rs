@@ -270,7 +270,8 @@ pub unsafe fn rows8<const R: usize>(
 
 /// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]), as [`super::avx512::rows50`], half by
 /// half: per 32-value block the integer sum from `-OFFSET · Σ a`, two groups at a time in i16
-/// (at most 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`.
+/// (at most 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`; the
+/// last stretch's padding blocks skipped, as there.
 ///
 /// # Safety
 /// As [`rows`].
@@ -278,6 +279,7 @@ pub unsafe fn rows8<const R: usize>(
 pub unsafe fn rows50<T: Tile32, const R: usize>(
     tiles: *const T,
     nb: usize,
+    last: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
     ldo: usize,
@@ -295,7 +297,7 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
             }
             let t = &*tiles.add(b);
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-            for s in 0..8 {
+            for s in 0..if b + 1 == nb { last } else { 8 } {
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
                     _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });

@@ -72,7 +72,8 @@ pub unsafe fn rows8<const R: usize>(
 /// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]): per 32-value block, the four groups'
 /// nibbles (Q5_0: with the fifth bits added as 16 under byte masks), eight `dpbusd`s (two
 /// chains a row) started at `-OFFSET · Σ a`, then one multiply-add by `d_s · D`
-/// ([`super::tile50::dot`]'s order).
+/// ([`super::tile50::dot`]'s order); in the last stretch only its first `last` blocks (the
+/// rest pad the row to whole stretches).
 ///
 /// # Safety
 /// As [`rows`].
@@ -80,6 +81,7 @@ pub unsafe fn rows8<const R: usize>(
 pub unsafe fn rows50<T: Tile32, const R: usize>(
     tiles: *const T,
     nb: usize,
+    last: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
     ldo: usize,
@@ -93,7 +95,9 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
         prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-        for s in 0..8 {
+        // The last stretch's padding blocks (d = 0 against zero activations) add an exact
+        // +0.0 to a sum that is never -0.0: skipping them keeps the reference's bits.
+        for s in 0..if b + 1 == nb { last } else { 8 } {
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {

@@ -411,18 +411,20 @@ impl KQuantMatrix {
         cols: usize,
     ) {
         let nb = self.nb();
+        // Blocks of the last stretch that hold the row's values (the rest is padding).
+        let last = (self.k / 32 - 1) % 8 + 1;
         if !self.five0.is_empty() {
             let tiles = self.five0[ct * nb..].as_ptr();
             return match simd {
-                Simd::Avx512 => avx512::rows50::<Tile50, R>(tiles, nb, rows, out, ldo, cols),
-                Simd::Avx2 => avx2::rows50::<Tile50, R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx512 => avx512::rows50::<Tile50, R>(tiles, nb, last, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<Tile50, R>(tiles, nb, last, rows, out, ldo, cols),
             };
         }
         if !self.four0.is_empty() {
             let tiles = self.four0[ct * nb..].as_ptr();
             return match simd {
-                Simd::Avx512 => avx512::rows50::<Tile40, R>(tiles, nb, rows, out, ldo, cols),
-                Simd::Avx2 => avx2::rows50::<Tile40, R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx512 => avx512::rows50::<Tile40, R>(tiles, nb, last, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows50::<Tile40, R>(tiles, nb, last, rows, out, ldo, cols),
             };
         }
         if !self.eight.is_empty() {
