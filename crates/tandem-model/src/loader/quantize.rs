@@ -276,10 +276,15 @@ mod tests {
             ("q4_k", "blk.0.attn_q.weight", GgmlDType::Q4K),
             ("q4_k", "output.weight", GgmlDType::Q6K),
             ("q5_0", "blk.0.attn_q.weight", GgmlDType::Q5_0),
+            ("q4_0", "blk.0.attn_q.weight", GgmlDType::Q4_0),
             ("q2_k", "blk.0.attn_q.weight", GgmlDType::Q2K),
         ] {
             let quant = Quantizing::new(&src, target.parse().unwrap());
             let got = quant.qmatmul(name).unwrap().forward(&x).unwrap();
+            if target == "q4_0" && crate::ops::quant::kquant::available() {
+                let on_tiles = matches!(quant.qmatmul(name).unwrap(), LinearWeight::KQuant(_));
+                assert!(on_tiles, "q4_0 at load runs on the Q4_0 tiles");
+            }
             let by_hand = candle_core::quantized::QTensor::quantize(&w, want).unwrap();
             let direct = GgmlMatrix::from_bytes(
                 QuantType::from_ggml(want).unwrap_or(QuantType::Q8_0),
