@@ -322,6 +322,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     const int g = lane >> 2, t = lane & 3;
     const int wn = warp & 1, wm = warp >> 1;
     const int row0 = blockIdx.x * TG_BM, col0 = blockIdx.y * TG_BN;
+    const bool live = row0 + wm * 32 < m;
     const int steps = k >> 5, k8 = k >> 3;
     const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
     const int nseg = (steps + L - 1) / L;
@@ -372,7 +373,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 cp_async_commit();
                 cp_async_wait<1>();
                 __syncthreads();
-                tg_step(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
+                // A warp whose 32 rows all lie past m (a batch of fewer than 128 rows)
+                // skips its products: only rows >= m, never stored, would change.
+                if (live) tg_step(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
                 __syncthreads();
                 st ^= 1;
             }
