@@ -17,8 +17,8 @@
 //! the order of [`super::tile50::dot`], which is this tile's reference too; rows whose length
 //! is not a multiple of 256 are padded as there (blocks of `d = 0` against zero activations).
 
-use super::tile::{interleave, nibble, nibbles8, COLS, QK_K};
-use super::tile50::Tile32;
+use super::tile::{nibble, COLS, QK_K};
+use super::tile50::{fill_nibbles, pack_blocks32, Tile32};
 
 /// Bytes of one GGUF `block_q4_0`: `d` (f16), 16 bytes of nibbles (value `j` low, `j + 16` high).
 pub const BLOCK40_BYTES: usize = 18;
@@ -56,28 +56,9 @@ impl Tile32 for Tile40 {
 /// column tile, stretches in order (column tiles in parallel). Missing columns and the padding
 /// past `k` are blocks of `d = 0`.
 pub fn pack40(bytes: &[u8], n: usize, k: usize) -> Vec<Tile40> {
-    use rayon::prelude::*;
-    let (blocks, nb) = (k / 32, k.div_ceil(QK_K));
-    (0..n.div_ceil(COLS) * nb)
-        .into_par_iter()
-        .map(|i| {
-            let (ct, b) = (i / nb, i % nb);
-            let mut t = Tile40 { qs: [0; QK_K / 8 * COLS * 4], d: [[0; COLS]; 8] };
-            for c in 0..COLS.min(n - ct * COLS) {
-                let row = &bytes[(ct * COLS + c) * blocks * BLOCK40_BYTES..][..blocks * BLOCK40_BYTES];
-                for s in 0..8.min(blocks - 8 * b) {
-                    let blk = &row[(8 * b + s) * BLOCK40_BYTES..][..BLOCK40_BYTES];
-                    t.d[s][c] = u16::from_le_bytes([blk[0], blk[1]]);
-                    // Values 0..15 in the low nibbles of qs, 16..31 in the high ones; the
-                    // block's four groups of eight are groups 4s .. 4s + 3 of the tile.
-                    for q in 0..4 {
-                        let (at, shift) = (2 + 8 * (q % 2), if q < 2 { 0 } else { 4 });
-                        let v = interleave(nibbles8(&blk[at..at + 8], shift));
-                        t.qs[64 * (4 * s + q) + 4 * c..][..4].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-            }
-            t
-        })
-        .collect()
+    let zeroed = || Tile40 { qs: [0; QK_K / 8 * COLS * 4], d: [[0; COLS]; 8] };
+    pack_blocks32(bytes, n, k, BLOCK40_BYTES, zeroed, |t, c, s, blk| {
+        t.d[s][c] = u16::from_le_bytes([blk[0], blk[1]]);
+        fill_nibbles(&mut t.qs, c, s, &blk[2..18]);
+    })
 }

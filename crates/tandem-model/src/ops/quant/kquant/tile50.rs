@@ -104,17 +104,31 @@ impl Tile32 for Tile50 {
 /// order; `k` a multiple of 32) into `ceil(n / 16) · ceil(k / 256)` tiles, column tile by
 /// column tile, stretches in order (column tiles in parallel).
 pub fn pack50(bytes: &[u8], n: usize, k: usize) -> Vec<Tile50> {
+    pack_blocks32(bytes, n, k, BLOCK50_BYTES, Tile50::zeroed, fill)
+}
+
+/// The packing of [`pack50`] for any tile of 32-value blocks of `block` bytes: `zeroed` makes
+/// a tile (missing columns and the padding past `k` stay as it leaves them), `fill(t, c, s,
+/// blk)` writes block `s` of column `c` from the file's bytes `blk`.
+pub(super) fn pack_blocks32<T: Send>(
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    block: usize,
+    zeroed: impl Fn() -> T + Sync,
+    fill: impl Fn(&mut T, usize, usize, &[u8]) + Sync,
+) -> Vec<T> {
     use rayon::prelude::*;
     let (blocks, nb) = (k / 32, k.div_ceil(QK_K));
     (0..n.div_ceil(COLS) * nb)
         .into_par_iter()
         .map(|i| {
             let (ct, b) = (i / nb, i % nb);
-            let mut t = Tile50::zeroed();
+            let mut t = zeroed();
             for c in 0..COLS.min(n - ct * COLS) {
-                let row = &bytes[(ct * COLS + c) * blocks * BLOCK50_BYTES..][..blocks * BLOCK50_BYTES];
+                let row = &bytes[(ct * COLS + c) * blocks * block..][..blocks * block];
                 for s in 0..8.min(blocks - 8 * b) {
-                    fill(&mut t, c, s, &row[(8 * b + s) * BLOCK50_BYTES..][..BLOCK50_BYTES]);
+                    fill(&mut t, c, s, &row[(8 * b + s) * block..][..block]);
                 }
             }
             t
@@ -122,17 +136,24 @@ pub fn pack50(bytes: &[u8], n: usize, k: usize) -> Vec<Tile50> {
         .collect()
 }
 
+/// Block `s` of column `c` from the 16 nibble bytes of a Q5_0 / Q4_0 block (values 0..15 in
+/// the low nibbles, 16..31 in the high ones) into interleaved `qs`: the block's four groups of
+/// eight are groups 4s .. 4s + 3 of the tile.
+pub(super) fn fill_nibbles(qs: &mut [u8; QK_K / 8 * COLS * 4], c: usize, s: usize, nibbles: &[u8]) {
+    for q in 0..4 {
+        let (at, shift) = (8 * (q % 2), if q < 2 { 0 } else { 4 });
+        let v = interleave(nibbles8(&nibbles[at..at + 8], shift));
+        qs[64 * (4 * s + q) + 4 * c..][..4].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
 /// Block `s` of column `c` from one `block_q5_0`.
 fn fill(t: &mut Tile50, c: usize, s: usize, blk: &[u8]) {
     t.d[s][c] = u16::from_le_bytes([blk[0], blk[1]]);
     let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-    let qs = &blk[6..22];
-    // Values 0..15 in the low nibbles of qs, 16..31 in the high ones; the block's four groups
-    // of eight are groups 4s .. 4s + 3 of the tile.
+    fill_nibbles(&mut t.qs, c, s, &blk[6..22]);
     for q in 0..4 {
         let g = 4 * s + q;
-        let (at, shift) = (8 * (q % 2), if q < 2 { 0 } else { 4 });
-        t.qs[64 * g + 4 * c..][..4].copy_from_slice(&interleave(nibbles8(&qs[at..at + 8], shift)).to_le_bytes());
         // Fifth bits of values 8q .. 8q + 7, one to a byte, then as the two masks' nibbles.
         let bits = (0..8).fold(0u64, |acc, j| acc | ((((qh >> (8 * q + j)) & 1) as u64) << (8 * j)));
         for (word, part) in [(2 * g, bits as u32), (2 * g + 1, (bits >> 32) as u32)] {
