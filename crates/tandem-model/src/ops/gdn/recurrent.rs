@@ -26,11 +26,13 @@ fn head_step(inputs: RuleInputs<'_>, s: &mut [f32], o: &mut [f32], h: usize, d: 
     let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
     let vv = &v[h * dv..(h + 1) * dv];
     let decay = g[h].exp();
-    s.iter_mut().for_each(|x| *x *= decay);
+    // The decay of state row i right before row i's part of Sᵀk: each element is decayed once
+    // and then read, as in two passes, with one pass less over the state.
     let mut delta = vv.to_vec();
     for (i, &ki) in kv.iter().enumerate() {
-        for (dj, &sij) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-            *dj -= sij * ki;
+        for (dj, sij) in delta.iter_mut().zip(&mut s[i * dv..(i + 1) * dv]) {
+            *sij *= decay;
+            *dj -= *sij * ki;
         }
     }
     delta.iter_mut().for_each(|x| *x *= beta[h]);
@@ -136,4 +138,69 @@ pub fn recurrent_reference_head(
         }
     }
     (out, s.into_iter().map(|x| x as f32).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testdata::Rng;
+    use super::*;
+
+    /// One token of every head in three passes over the state (decay, `Sᵀk`, update): the
+    /// form `head_step` fuses the first two of.
+    fn three_pass(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], s: &mut [f32], d: GdnDims) -> Vec<f32> {
+        let (dk, dv) = (d.dk, d.dv);
+        let mut out = vec![0f32; d.nv * dv];
+        for h in 0..d.nv {
+            let kh = h / d.ratio();
+            let (kv, qv, vv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk], &v[h * dv..(h + 1) * dv]);
+            let st = &mut s[h * dk * dv..(h + 1) * dk * dv];
+            let decay = g[h].exp();
+            st.iter_mut().for_each(|x| *x *= decay);
+            let mut delta = vv.to_vec();
+            for i in 0..dk {
+                for j in 0..dv {
+                    delta[j] -= st[i * dv + j] * kv[i];
+                }
+            }
+            delta.iter_mut().for_each(|x| *x *= beta[h]);
+            for i in 0..dk {
+                for j in 0..dv {
+                    st[i * dv + j] += kv[i] * delta[j];
+                    out[h * dv + j] += st[i * dv + j] * qv[i];
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fused_decay_pass_gives_the_three_pass_bits() {
+        let d = GdnDims { nk: 2, nv: 4, dk: 16, dv: 24 };
+        let t = 5;
+        let mut rng = Rng(11);
+        let (q, k, v) = (rng.vec(t * d.nk * d.dk), rng.vec(t * d.nk * d.dk), rng.vec(t * d.nv * d.dv));
+        let beta: Vec<f32> = rng.vec(t * d.nv).into_iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
+        let g: Vec<f32> = rng.vec(t * d.nv).into_iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let s0 = rng.vec(d.state_len());
+        let (mut a, mut b) = (s0.clone(), s0);
+        let out = gated_delta_recurrent(&q, &k, &v, &beta, &g, &mut a, d);
+        let (qk, vs) = (d.nk * d.dk, d.nv * d.dv);
+        for ti in 0..t {
+            let o = three_pass(
+                &q[ti * qk..(ti + 1) * qk],
+                &k[ti * qk..(ti + 1) * qk],
+                &v[ti * vs..(ti + 1) * vs],
+                &beta[ti * d.nv..(ti + 1) * d.nv],
+                &g[ti * d.nv..(ti + 1) * d.nv],
+                &mut b,
+                d,
+            );
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out[ti * vs..(ti + 1) * vs]), bits(&o), "token {ti}");
+        }
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
 }
