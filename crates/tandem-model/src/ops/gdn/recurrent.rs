@@ -145,28 +145,30 @@ mod tests {
     use super::super::testdata::Rng;
     use super::*;
 
-    /// One token of every head in three passes over the state (decay, `Sᵀk`, update): the
-    /// form `head_step` fuses the first two of.
+    /// Every token of every head in three passes over the state (decay, `Sᵀk`, update): the
+    /// form `head_step` fuses the first two of. Returns `[t, nv, dv]`.
     fn three_pass(q: &[f32], k: &[f32], v: &[f32], beta: &[f32], g: &[f32], s: &mut [f32], d: GdnDims) -> Vec<f32> {
-        let (dk, dv) = (d.dk, d.dv);
-        let mut out = vec![0f32; d.nv * dv];
-        for h in 0..d.nv {
-            let kh = h / d.ratio();
-            let (kv, qv, vv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk], &v[h * dv..(h + 1) * dv]);
-            let st = &mut s[h * dk * dv..(h + 1) * dk * dv];
-            let decay = g[h].exp();
-            st.iter_mut().for_each(|x| *x *= decay);
-            let mut delta = vv.to_vec();
-            for i in 0..dk {
-                for j in 0..dv {
-                    delta[j] -= st[i * dv + j] * kv[i];
+        let (dk, dv, t) = (d.dk, d.dv, beta.len() / d.nv);
+        let mut out = vec![0f32; t * d.nv * dv];
+        for ti in 0..t {
+            for h in 0..d.nv {
+                let (kh, th) = (ti * d.nk + h / d.ratio(), ti * d.nv + h);
+                let (kv, qv) = (&k[kh * dk..(kh + 1) * dk], &q[kh * dk..(kh + 1) * dk]);
+                let st = &mut s[h * dk * dv..(h + 1) * dk * dv];
+                let decay = g[th].exp();
+                st.iter_mut().for_each(|x| *x *= decay);
+                let mut delta = v[th * dv..(th + 1) * dv].to_vec();
+                for i in 0..dk {
+                    for j in 0..dv {
+                        delta[j] -= st[i * dv + j] * kv[i];
+                    }
                 }
-            }
-            delta.iter_mut().for_each(|x| *x *= beta[h]);
-            for i in 0..dk {
-                for j in 0..dv {
-                    st[i * dv + j] += kv[i] * delta[j];
-                    out[h * dv + j] += st[i * dv + j] * qv[i];
+                delta.iter_mut().for_each(|x| *x *= beta[th]);
+                for i in 0..dk {
+                    for j in 0..dv {
+                        st[i * dv + j] += kv[i] * delta[j];
+                        out[th * dv + j] += st[i * dv + j] * qv[i];
+                    }
                 }
             }
         }
@@ -184,23 +186,11 @@ mod tests {
         let s0 = rng.vec(d.state_len());
         let (mut a, mut b) = (s0.clone(), s0);
         let out = gated_delta_recurrent(&q, &k, &v, &beta, &g, &mut a, d);
-        let (qk, vs) = (d.nk * d.dk, d.nv * d.dv);
-        for ti in 0..t {
-            let o = three_pass(
-                &q[ti * qk..(ti + 1) * qk],
-                &k[ti * qk..(ti + 1) * qk],
-                &v[ti * vs..(ti + 1) * vs],
-                &beta[ti * d.nv..(ti + 1) * d.nv],
-                &g[ti * d.nv..(ti + 1) * d.nv],
-                &mut b,
-                d,
-            );
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&out[ti * vs..(ti + 1) * vs]), bits(&o), "token {ti}");
+        let want = three_pass(&q, &k, &v, &beta, &g, &mut b, d);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (ti, (o, w)) in out.chunks(d.nv * d.dv).zip(want.chunks(d.nv * d.dv)).enumerate() {
+            assert_eq!(bits(o), bits(w), "token {ti}");
         }
-        assert_eq!(
-            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        assert_eq!(bits(&a), bits(&b));
     }
 }
