@@ -20,7 +20,7 @@ use crate::error::{ModelError, Result};
 use crate::kv::RecurrentState;
 use crate::loader::{Linear, WeightSource};
 use crate::ops::gdn::{
-    causal_conv_silu, device as gdn_dev, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states,
+    causal_conv_silu_taps, device as gdn_dev, gated_delta_chunked, gated_delta_recurrent, gated_delta_recurrent_states,
     gated_rms_norm, l2_normalize, step::gates as gdn_gates, GdnDims,
 };
 
@@ -125,7 +125,8 @@ pub struct GdnLayer {
     out: Linear,
     /// Tiled V-head order: the `out_proj` input columns, gathered from grouped order.
     out_cols: Option<Tensor>,
-    conv_w: Vec<f32>,
+    /// The conv weights as taps `[K, channels]` (`gdn::conv_taps`).
+    conv_taps: Vec<f32>,
     neg_a: Vec<f32>,
     dt_bias: Vec<f32>,
     norm_w: Vec<f32>,
@@ -273,7 +274,7 @@ impl GdnLayer {
             },
             out: ws.linear(&n("out_proj.weight"))?,
             out_cols,
-            conv_w,
+            conv_taps: crate::ops::gdn::conv_taps(&conv_w, channels, cfg.conv_kernel),
             neg_a,
             dt_bias,
             norm_w,
@@ -337,12 +338,12 @@ impl GdnLayer {
                 // Verify mode: one token at a time so every position's conv state is kept.
                 let mut u = Vec::with_capacity(t * ch);
                 for i in 0..t {
-                    u.extend(causal_conv_silu(&x[i * ch..(i + 1) * ch], conv_state, &self.conv_w, ch, self.kernel));
+                    u.extend(causal_conv_silu_taps(&x[i * ch..(i + 1) * ch], conv_state, &self.conv_taps, ch, self.kernel));
                     conv_states.push(conv_state.clone());
                 }
                 u
             } else {
-                causal_conv_silu(x, conv_state, &self.conv_w, ch, self.kernel)
+                causal_conv_silu_taps(x, conv_state, &self.conv_taps, ch, self.kernel)
             };
             let (mut q, mut k, mut v) =
                 (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * nv * dv));

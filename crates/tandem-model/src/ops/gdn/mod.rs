@@ -28,7 +28,7 @@ pub mod recurrent;
 pub mod step;
 
 pub use chunked::{gated_delta_chunked, CHUNK};
-pub use conv::causal_conv_silu;
+pub use conv::{causal_conv_silu, causal_conv_silu_taps, conv_taps};
 pub use norm::{gated_rms_norm, l2_normalize};
 pub use recurrent::{gated_delta_recurrent, gated_delta_recurrent_states};
 
