@@ -11,7 +11,9 @@
 //   thread, a fixed butterfly in each warp, the warps' sums in warp order, then x * inv * w):
 //   the same bits, and per token, whatever else shares the launch. RoPE: NeoX pairs (i, i +
 //   rot / 2) of the first rot dims with the token's cos / sin row, written as candle's rope
-//   kernel writes them; the dims past rot pass through.
+//   kernel writes them; the dims past rot pass through. The same kernel serves the plain
+//   (Llama-family) layer: qhead = hd (q rows hold only the queries, not [query | gate] pairs:
+//   qhead = 2 hd) and, without per-head norms (wq = wk = null), x rotated as it is.
 // attn_gate: out [tokens, nh hd] = att [nh, tokens, hd] * sigmoid(gate), the gate read in place
 //   from q_proj's rows.
 #include "common.cuh"
@@ -21,25 +23,28 @@ extern "C" __global__ void __launch_bounds__(1024)
               const float* __restrict__ qg, long long ldq, const float* __restrict__ kx, long long ldk,
               const float* __restrict__ vx, long long ldv, const float* __restrict__ wq, const float* __restrict__ wk,
               const float* __restrict__ cosv, const float* __restrict__ sinv, float eps, int total, int nh, int hd,
-              int rot) {
+              int rot, int qhead) {
     __shared__ float part[32];
     __shared__ float inv;
     __shared__ float y[1024];
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const bool is_q = h < nh;
     const int kh = h - nh;
-    const float* src = is_q ? qg + (long long)t * ldq + (long long)h * 2 * hd : kx + (long long)t * ldk + (long long)kh * hd;
+    const float* src = is_q ? qg + (long long)t * ldq + (long long)h * qhead : kx + (long long)t * ldk + (long long)kh * hd;
     const float x = src[d];
-    const float ss = warp_sum(fmaf(x, x, 0.f));
-    if ((d & 31) == 0) part[d >> 5] = ss;
-    __syncthreads();
-    if (d == 0) {
-        float s = part[0];
-        for (int i = 1; i < (hd >> 5); i++) s += part[i];
-        inv = rsqrtf(s / (float)hd + eps);
+    float yv = x;
+    if (wq) {
+        const float ss = warp_sum(fmaf(x, x, 0.f));
+        if ((d & 31) == 0) part[d >> 5] = ss;
+        __syncthreads();
+        if (d == 0) {
+            float s = part[0];
+            for (int i = 1; i < (hd >> 5); i++) s += part[i];
+            inv = rsqrtf(s / (float)hd + eps);
+        }
+        __syncthreads();
+        yv = x * inv * (is_q ? wq : wk)[d];
     }
-    __syncthreads();
-    const float yv = x * inv * (is_q ? wq : wk)[d];
     y[d] = yv;
     __syncthreads();
     float o = yv;

@@ -12,21 +12,13 @@
 
 #define RN_THREADS 256
 
-extern "C" __global__ void __launch_bounds__(RN_THREADS)
-    rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ d, const float* __restrict__ w, float eps,
-                 int n, float* __restrict__ x_out, float* __restrict__ h_out) {
-    const size_t off = (size_t)blockIdx.x * n;
-    const float* xr = x + off;
-    const float* dr = d ? d + off : nullptr;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += RN_THREADS) {
-        float s = xr[i];
-        if (dr) {
-            s = s + dr[i];
-            x_out[off + i] = s;
-        }
-        ss = fmaf(s, s, ss);
-    }
+// Rows of up to RN_THREADS * RN_KEEP values are read once, every load of a thread issued
+// together (the row's values and its weights in flight at once, not one dependent round trip
+// per 256 values), and kept in registers for the output; longer rows stream twice. Either way
+// thread t sums the squares of values t, t + 256, ... in that order: the same bits.
+#define RN_KEEP 32
+
+__device__ __forceinline__ float rn_inv(float ss, int n, float eps) {
     ss = warp_sum(ss);
     __shared__ float part[RN_THREADS / 32];
     __shared__ float inv;
@@ -39,6 +31,60 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
         inv = rsqrtf(t / (float)n + eps);
     }
     __syncthreads();
+    return inv;
+}
+
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+    rmsnorm_rows(const float* __restrict__ x, const float* __restrict__ d, const float* __restrict__ w, float eps,
+                 int n, float* __restrict__ x_out, float* __restrict__ h_out) {
+    const size_t off = (size_t)blockIdx.x * n;
+    const float* xr = x + off;
+    const float* dr = d ? d + off : nullptr;
+    float ss = 0.f;
+    if (n <= RN_THREADS * RN_KEEP) {
+        float v[RN_KEEP], wv[RN_KEEP];
+#pragma unroll
+        for (int j = 0; j < RN_KEEP; j++) {
+            const int i = threadIdx.x + j * RN_THREADS;
+            v[j] = 0.f;
+            wv[j] = 0.f;
+            if (i < n) {
+                v[j] = xr[i];
+                wv[j] = w[i];
+            }
+        }
+        if (dr) {
+#pragma unroll
+            for (int j = 0; j < RN_KEEP; j++) {
+                const int i = threadIdx.x + j * RN_THREADS;
+                if (i < n) v[j] = v[j] + dr[i];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RN_KEEP; j++) {
+            const int i = threadIdx.x + j * RN_THREADS;
+            if (i < n) {
+                if (dr) x_out[off + i] = v[j];
+                ss = fmaf(v[j], v[j], ss);
+            }
+        }
+        const float inv = rn_inv(ss, n, eps);
+#pragma unroll
+        for (int j = 0; j < RN_KEEP; j++) {
+            const int i = threadIdx.x + j * RN_THREADS;
+            if (i < n) h_out[off + i] = v[j] * inv * wv[j];
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < n; i += RN_THREADS) {
+        float s = xr[i];
+        if (dr) {
+            s = s + dr[i];
+            x_out[off + i] = s;
+        }
+        ss = fmaf(s, s, ss);
+    }
+    const float inv = rn_inv(ss, n, eps);
     const float* sr = dr ? x_out + off : xr;
     for (int i = threadIdx.x; i < n; i += RN_THREADS) h_out[off + i] = sr[i] * inv * w[i];
 }

@@ -28,7 +28,7 @@
 #include "common.cuh"
 #include "kv_quant.cuh"
 
-#define WARPS 4
+#define WARPS 8  // warps a block (the launchers' THREADS = WARPS * 32)
 #define SPLIT 256
 
 // Element d of one head row of a pool, as f32.
@@ -306,6 +306,36 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
     }
 }
 
+// Writes a batch's new keys and values into plain pools in one launch (instead of a cast and
+// a scatter each): k, v [nkv, total, hd] f32 (row i of head h at (h * total + i) * hd), pool
+// row slots[i], head h <- row (i, h) rounded to T to nearest even, the rounding of candle's
+// casts (check-device's `attention batch` compares the pools bit for bit). One warp per
+// (row, head).
+__device__ __forceinline__ float round_to(float x, float*) { return x; }
+__device__ __forceinline__ __half round_to(float x, __half*) { return __float2half_rn(x); }
+template <typename T>
+__device__ void store_rows(T* __restrict__ kpool, T* __restrict__ vpool, const float* __restrict__ k,
+                           const float* __restrict__ v, const uint32_t* __restrict__ slots, int total, int nkv,
+                           int hd) {
+    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (w >= total * nkv) return;
+    const int i = w / nkv, h = w % nkv;
+    const size_t src = ((size_t)h * total + i) * hd;
+    const size_t dst = ((size_t)slots[i] * nkv + h) * hd;
+    for (int d = lane; d < hd; d += 32) {
+        kpool[dst + d] = round_to(k[src + d], (T*)nullptr);
+        vpool[dst + d] = round_to(v[src + d], (T*)nullptr);
+    }
+}
+#define KV_STORE(name, T)                                                                                        \
+    extern "C" __global__ void name(T* kpool, T* vpool, const float* k, const float* v, const uint32_t* slots, \
+                                    int total, int nkv, int hd) {                                              \
+        store_rows<T>(kpool, vpool, k, v, slots, total, nkv, hd);                                              \
+    }
+KV_STORE(kv_store_rows_f32, float)
+KV_STORE(kv_store_rows_f16, __half)
+
 #define PAGED_ONE(name, L, NR, U) PAGED_ONE_B(name, L, NR, U, (WARPS * 32))
 // LB: the launch bounds, (WARPS * 32) or (WARPS * 32, blocks an SM).
 #define PAGED_ONE_B(name, L, NR, U, LB)                                                                    \
@@ -331,12 +361,11 @@ extern "C" __global__ void kv_scatter_rows(uint8_t* __restrict__ pool, const uin
     }
 // Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4); and for decode
 // (one query row) of GQA groups of up to 4 heads, 128 with 4 units: the same bits per unit
-// (a unit's arithmetic never depends on the others of its block) in fewer registers, so
-// three blocks an SM where the 8-unit kernel fits two.
+// (a unit's arithmetic never depends on the others of its block) in fewer registers.
 #define PAGED(name, L)                     \
     PAGED_ONE(name##_d64, L, 2, 16)        \
     PAGED_ONE(name##_d128, L, 4, 8)        \
-    PAGED_ONE_B(name##_d128u4, L, 4, 4, (WARPS * 32, 3)) \
+    PAGED_ONE(name##_d128u4, L, 4, 4)       \
     PAGED_ONE(name##_d256, L, 8, 4)
 
 PAGED(paged_attention_f32, Plain<float>)

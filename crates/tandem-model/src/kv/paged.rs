@@ -399,8 +399,13 @@ impl PagedKvStore {
     ) -> Result<Tensor> {
         use crate::ops::paged_attention::cuda_batch;
         let l = self.layer(li)?;
-        cuda_batch::scatter_rows(&l.k, &self.encode(k)?, bt)?;
-        cuda_batch::scatter_rows(&l.v, &self.encode(v)?, bt)?;
+        if !self.dtype.is_quantized() && k.dtype() == DType::F32 && v.dtype() == DType::F32 {
+            // Plain pools: rounding, transpose and scatter of both in one launch.
+            cuda_batch::store_rows(&l.k, &l.v, k, v, bt)?;
+        } else {
+            cuda_batch::scatter_rows(&l.k, &self.encode(k)?, bt)?;
+            cuda_batch::scatter_rows(&l.v, &self.encode(v)?, bt)?;
+        }
         cuda_batch::attention(q, &l.k, &l.v, self.dtype, bt, self.block_size, l.window, scale)
     }
 

@@ -6,7 +6,9 @@
 //! views in place, where candle's ops took about fourteen launches a layer in a decode step and
 //! twenty in a verify step; elsewhere (and with `TANDEM_ATTN_GLUE=0`) candle's ops compose it.
 //! [`reference_prep`] and [`reference_gate`] are the plain per-value definitions both are
-//! checked against (`conformance::attn_glue`).
+//! checked against (`conformance::attn_glue`). The plain (Llama-family) layer's q / k norms
+//! (where it has them), rotations and head-major copies take the same kernel on CUDA
+//! (`cuda::prep_plain`).
 
 use candle_core::Tensor;
 
@@ -72,30 +74,38 @@ pub fn fits(hd: usize, rot: usize, style: RopeStyle) -> bool {
 }
 
 /// The plain definition of [`cuda::prep`] for one token: `q` holds `nh` heads of `[query |
-/// gate]` (2 hd values each), `k` and `v` `nkv` heads of hd; `pos` the token's position.
-/// Returns (q heads, k heads, v heads), each `heads x hd` values.
+/// gate]` (2 hd values each) when `gated`, else of the queries alone (`cuda::prep_plain`),
+/// `k` and `v` `nkv` heads of hd; `norms` the per-head RMSNorm weights of q and k, if any;
+/// `pos` the token's position. Returns (q heads, k heads, v heads), each `heads x hd` values.
 #[allow(clippy::too_many_arguments)]
 pub fn reference_prep(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    wq: &[f32],
-    wk: &[f32],
+    norms: Option<(&[f32], &[f32])>,
+    gated: bool,
     eps: f32,
     pos: usize,
     inv_freq: &[f32],
     (nh, nkv, hd): (usize, usize, usize),
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rot = 2 * inv_freq.len();
-    let head = |x: &[f32], w: &[f32]| -> Vec<f32> {
-        let ss: f64 = x.iter().map(|&a| (a as f64) * (a as f64)).sum();
-        let inv = 1.0 / (ss / hd as f64 + eps as f64).sqrt();
-        let y: Vec<f32> = x.iter().zip(w).map(|(&a, &b)| (a as f64 * inv * b as f64) as f32).collect();
+    let head = |x: &[f32], w: Option<&[f32]>| -> Vec<f32> {
+        let y: Vec<f32> = match w {
+            Some(w) => {
+                let ss: f64 = x.iter().map(|&a| (a as f64) * (a as f64)).sum();
+                let inv = 1.0 / (ss / hd as f64 + eps as f64).sqrt();
+                x.iter().zip(w).map(|(&a, &b)| (a as f64 * inv * b as f64) as f32).collect()
+            }
+            None => x.to_vec(),
+        };
         let mut r = rope_reference(&y[..rot], pos, inv_freq, RopeStyle::Half);
         r.extend_from_slice(&y[rot..]);
         r
     };
-    let qo = (0..nh).flat_map(|h| head(&q[h * 2 * hd..h * 2 * hd + hd], wq)).collect();
+    let qhead = if gated { 2 * hd } else { hd };
+    let (wq, wk) = (norms.map(|n| n.0), norms.map(|n| n.1));
+    let qo = (0..nh).flat_map(|h| head(&q[h * qhead..h * qhead + hd], wq)).collect();
     let ko = (0..nkv).flat_map(|h| head(&k[h * hd..(h + 1) * hd], wk)).collect();
     (qo, ko, v[..nkv * hd].to_vec())
 }
@@ -113,7 +123,7 @@ pub fn reference_gate(att: &[f32], q: &[f32], nh: usize, hd: usize) -> Vec<f32> 
 }
 
 #[cfg(feature = "cuda")]
-mod cuda {
+pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{DType, Tensor};
 
@@ -141,16 +151,49 @@ mod cuda {
         eps: f32,
         cos: &Tensor,
         sin: &Tensor,
+        dims: (usize, usize, usize),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        prep_heads(qg, k, v, Some((wq, wk)), true, eps, cos, sin, dims)
+    }
+
+    /// [`prep`] for a plain (Llama-family) attention layer: `q [total, nh hd]` holds only the
+    /// queries, and q and k are normed per head with `norms` (`wq`, `wk`: `hd` values) only
+    /// where the model has such norms (Qwen3), with `rmsnorm_rows`' bits: one launch for the
+    /// norms, both rotations and the head-major copies of q, k and v.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prep_plain(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        norms: Option<(&Tensor, &Tensor)>,
+        eps: f32,
+        cos: &Tensor,
+        sin: &Tensor,
+        dims: (usize, usize, usize),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        prep_heads(q, k, v, norms, false, eps, cos, sin, dims)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prep_heads(
+        qg: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        norms: Option<(&Tensor, &Tensor)>,
+        gated: bool,
+        eps: f32,
+        cos: &Tensor,
+        sin: &Tensor,
         (nh, nkv, hd): (usize, usize, usize),
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let dev = cuda_device(qg).ok_or_else(|| ModelError::Input("attention glue: not a CUDA tensor".into()))?;
         let total = qg.dim(0)?;
         let rot = 2 * cos.dim(1)?;
-        let shapes_ok = qg.dims() == [total, 2 * nh * hd]
+        let qhead = if gated { 2 * hd } else { hd };
+        let shapes_ok = qg.dims() == [total, nh * qhead]
             && k.dims() == [total, nkv * hd]
             && v.dims() == [total, nkv * hd]
-            && wq.elem_count() == hd
-            && wk.elem_count() == hd
+            && norms.is_none_or(|(wq, wk)| wq.elem_count() == hd && wk.elem_count() == hd)
             && cos.dims() == [total, rot / 2]
             && sin.dims() == cos.dims()
             && super::fits(hd, rot, crate::config::RopeStyle::Half);
@@ -170,27 +213,35 @@ mod cuda {
             let (rows, lds): (Vec<Tensor>, Vec<usize>) =
                 [qg, k, v].into_iter().map(f32_rows).collect::<Result<Vec<_>>>()?.into_iter().unzip();
             let f32c = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
+            // Without norms the weights' slots hold cos (never read: the kernel takes a null).
+            let (wq, wk) = norms.unwrap_or((cos, cos));
             let rest = [wq, wk, cos, sin].map(f32c);
             let ts: Vec<Tensor> = rows.into_iter().map(Ok).chain(rest).collect::<Result<_>>()?;
             let inputs = Inputs::new_rows(&ts.iter().collect::<Vec<_>>())?;
             let view = |i: usize| inputs.view::<f32>(i);
             let (qv, kv, vv, wqv, wkv, cv, sv) = (view(0)?, view(1)?, view(2)?, view(3)?, view(4)?, view(5)?, view(6)?);
             let [ldq, ldk, ldv] = [lds[0], lds[1], lds[2]].map(|l| l as i64);
-            let (ti, nhi, hdi, roti) = (i32_of(total)?, i32_of(nh)?, i32_of(hd)?, i32_of(rot)?);
+            let (ti, nhi, hdi, roti, qhi) = (i32_of(total)?, i32_of(nh)?, i32_of(hd)?, i32_of(rot)?, i32_of(qhead)?);
             let grid_x = u32::try_from(total).map_err(|_| ModelError::Input("attention glue: too many rows".into()))?;
+            let null = 0u64;
             let f = dev.get_or_load_custom_func("attn_prep", MODULE, ptx())?;
             let mut b = f.builder();
             b.arg(&qo).arg(&ko).arg(&vo).arg(&qv).arg(&ldq).arg(&kv).arg(&ldk).arg(&vv).arg(&ldv);
-            b.arg(&wqv).arg(&wkv).arg(&cv).arg(&sv).arg(&eps).arg(&ti).arg(&nhi).arg(&hdi).arg(&roti);
+            if norms.is_some() {
+                b.arg(&wqv).arg(&wkv);
+            } else {
+                b.arg(&null).arg(&null);
+            }
+            b.arg(&cv).arg(&sv).arg(&eps).arg(&ti).arg(&nhi).arg(&hdi).arg(&roti).arg(&qhi);
             let cfg = LaunchConfig {
                 grid_dim: (grid_x, (nh + nkv) as u32, 1),
                 block_dim: (hd as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: arguments in attn_prep's order; qg, k, v hold `total` rows ldq / ldk / ldv
-            // apart of at least 2 nh hd / nkv hd values (checked shapes, f32_rows); wq, wk hd
-            // values, cos / sin total x rot / 2; the outputs nh (nkv) x total x hd; a block of hd
-            // threads (<= 256, a multiple of 32: fits) per (token, head).
+            // apart of at least nh qhead / nkv hd values (checked shapes, f32_rows); wq, wk hd
+            // values or null (no norms), cos / sin total x rot / 2; the outputs nh (nkv) x total
+            // x hd; a block of hd threads (<= 256, a multiple of 32: fits) per (token, head).
             unsafe { run(&mut b, cfg, "attn_prep")? };
         }
         Ok((tensor(qo, &dev, (nh, total, hd)), tensor(ko, &dev, (nkv, total, hd)), tensor(vo, &dev, (nkv, total, hd))))
@@ -225,25 +276,25 @@ mod cuda {
 }
 
 /// The plain reference over many tokens: `rows` token rows of the projection (`qs` of 2 nh hd
-/// values, `ks` / `vs` of nkv hd each), returned head-major like the kernel's outputs.
+/// values, nh hd when not `gated`, `ks` / `vs` of nkv hd each), returned head-major like the kernel's outputs.
 #[allow(clippy::too_many_arguments)]
 pub fn reference_prep_rows(
     qs: &[f32],
     ks: &[f32],
     vs: &[f32],
-    wq: &[f32],
-    wk: &[f32],
+    norms: Option<(&[f32], &[f32])>,
+    gated: bool,
     eps: f32,
     positions: &[usize],
     inv_freq: &[f32],
     (nh, nkv, hd): (usize, usize, usize),
 ) -> [Vec<f32>; 3] {
     let total = positions.len();
-    let (qw, kw) = (2 * nh * hd, nkv * hd);
+    let (qw, kw) = (if gated { 2 } else { 1 } * nh * hd, nkv * hd);
     let mut out = [vec![0f32; nh * total * hd], vec![0f32; nkv * total * hd], vec![0f32; nkv * total * hd]];
     for (t, &pos) in positions.iter().enumerate() {
         let (q, k, v) = (&qs[t * qw..(t + 1) * qw], &ks[t * kw..(t + 1) * kw], &vs[t * kw..(t + 1) * kw]);
-        let (qo, ko, vo) = reference_prep(q, k, v, wq, wk, eps, pos, inv_freq, (nh, nkv, hd));
+        let (qo, ko, vo) = reference_prep(q, k, v, norms, gated, eps, pos, inv_freq, (nh, nkv, hd));
         for (heads, o, src) in [(nh, 0, &qo), (nkv, 1, &ko), (nkv, 2, &vo)] {
             for h in 0..heads {
                 out[o][(h * total + t) * hd..(h * total + t + 1) * hd].copy_from_slice(&src[h * hd..(h + 1) * hd]);

@@ -147,7 +147,7 @@ pub fn paged_attention(
     )?;
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
-        block_dim: (128, 1, 1),
+        block_dim: (super::cuda_batch::THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     macro_rules! go {

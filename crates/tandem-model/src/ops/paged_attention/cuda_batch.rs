@@ -1,6 +1,6 @@
 //! One attention layer's work for a whole batch of sequences in a few launches (CUDA): the new
-//! keys and values of every sequence written into the pools by one scatter each
-//! (`kv_scatter_rows`), and attention over every sequence's own blocks by one launch of the
+//! keys and values of every sequence written into the pools by one launch (`kv_store_rows_*`,
+//! plain pools) or one scatter each (`kv_scatter_rows`, rows already encoded), and attention over every sequence's own blocks by one launch of the
 //! `*_batch` kernels of `paged_attention.cu` (plus one merge when some sequence's context
 //! spans several segments), instead of those launches and the slicing around them once per
 //! sequence. Each sequence runs exactly the thread blocks it would alone (its own tiles and
@@ -15,6 +15,8 @@ use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run,
 
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
 pub(crate) const SPLIT: usize = 256;
+/// Threads of an attention block (`WARPS * 32` in `cuda/paged_attention.cu`).
+pub(crate) const THREADS: u32 = 256;
 const MODULE: &str = "tandem_paged_attention";
 
 /// One sequence of a batch: its block table, positions already written, new rows.
@@ -158,6 +160,55 @@ pub fn scatter_rows(pool: &Tensor, rows: &Tensor, bt: &BatchTables) -> Result<()
     Ok(())
 }
 
+/// Writes the batch's new keys and values `k`, `v` `[nkv, total, hd]` f32 into plain (f32 or
+/// f16) pools `[rows, nkv, hd]` at the batch's slots in one launch (`kv_store_rows_*`): the
+/// transpose, the rounding to the pool's dtype and the scatter of both, which otherwise take
+/// a cast and a [`scatter_rows`] each. The pools get the bits of that path.
+pub fn store_rows(k_pool: &Tensor, v_pool: &Tensor, k: &Tensor, v: &Tensor, bt: &BatchTables) -> Result<()> {
+    let dev = cuda_device(k_pool).ok_or_else(|| ModelError::Input("KV store: not a CUDA tensor".into()))?;
+    let (nkv, total, hd) = k.dims3()?;
+    let name = match k_pool.dtype() {
+        DType::F32 => "kv_store_rows_f32",
+        DType::F16 => "kv_store_rows_f16",
+        other => return Err(ModelError::Input(format!("KV store: {other:?} pools take scatter_rows"))),
+    };
+    let pool_row = nkv * hd;
+    if k.dtype() != DType::F32
+        || v.dims3()? != (nkv, total, hd)
+        || v.dtype() != DType::F32
+        || total != bt.total
+        || v_pool.dtype() != k_pool.dtype()
+        || k_pool.elem_count() / k_pool.dim(0)?.max(1) != pool_row
+        || v_pool.elem_count() != k_pool.elem_count()
+    {
+        return Err(ModelError::Input(format!(
+            "KV store: rows {:?} / {:?} into pools {:?}",
+            k.dims(),
+            v.dims(),
+            k_pool.dims()
+        )));
+    }
+    let (k, v) = (k.contiguous()?, v.contiguous()?);
+    let (kd, vd) = (device_address(k_pool)?, device_address(v_pool)?);
+    let inputs = Inputs::new(&[&bt.buf, &k, &v])?;
+    let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
+    let (kv_, vv) = (inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
+    let (ti, nkvi, hdi) = (i32_of(total)?, i32_of(nkv)?, i32_of(hd)?);
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+    let mut b = f.builder();
+    b.arg(&kd).arg(&vd).arg(&kv_).arg(&vv).arg(&slots).arg(&ti).arg(&nkvi).arg(&hdi);
+    let warps = total * nkv;
+    let cfg = LaunchConfig { grid_dim: (warps.div_ceil(8).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: kv_store_rows_*(kpool, vpool, k, v, slots, total, nkv, hd): k and v hold
+    // nkv * total * hd f32, the pools rows of nkv * hd elements of their dtype, and every slot
+    // was checked against the pool's blocks in `BatchTables::new`.
+    unsafe { run(&mut b, cfg, name)? };
+    drop(b);
+    drop((slots, kv_, vv));
+    drop(inputs);
+    Ok(())
+}
+
 /// Attention of `q` `[nh, total, hd]` (the batch's rows, sequence after sequence) over each
 /// sequence's own blocks of the pools `[rows, nkv, hd]` (their new rows already written);
 /// `[nh, total, hd]` f32.
@@ -203,7 +254,7 @@ pub fn attention(
         tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
     )?;
     let cfg =
-        LaunchConfig { grid_dim: (tiles as u32, nkv as u32, grid_z), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        LaunchConfig { grid_dim: (tiles as u32, nkv as u32, grid_z), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     macro_rules! go {
         ($T:ty) => {{
             let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
