@@ -28,7 +28,7 @@
 #include "common.cuh"
 #include "kv_quant.cuh"
 
-#define WARPS 8  // warps a block (the launchers' THREADS = WARPS * 32)
+#define WARPS 4  // warps a block (the launchers' THREADS = WARPS * 32)
 #define SPLIT 256
 
 // Element d of one head row of a pool, as f32.
@@ -361,11 +361,14 @@ KV_STORE(kv_store_rows_f16, __half)
     }
 // Per format: head dims up to 64 (16 units a block), 128 (8) and 256 (4); and for decode
 // (one query row) of GQA groups of up to 4 heads, 128 with 4 units: the same bits per unit
-// (a unit's arithmetic never depends on the others of its block) in fewer registers.
+// (a unit's arithmetic never depends on the others of its block) in fewer registers, so
+// three blocks an SM where the 8-unit kernel fits two. (Eight warps a block, each walking
+// every eighth key, took Llama-3-8B decode 1.09x on an H100 but prefill at depth 0.88x:
+// docs/PERFORMANCE.md, 2026-12-06; one chain per head dim, so not both.)
 #define PAGED(name, L)                     \
     PAGED_ONE(name##_d64, L, 2, 16)        \
     PAGED_ONE(name##_d128, L, 4, 8)        \
-    PAGED_ONE(name##_d128u4, L, 4, 4)       \
+    PAGED_ONE_B(name##_d128u4, L, 4, 4, (WARPS * 32, 3)) \
     PAGED_ONE(name##_d256, L, 8, 4)
 
 PAGED(paged_attention_f32, Plain<float>)

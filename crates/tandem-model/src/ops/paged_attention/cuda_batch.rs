@@ -16,7 +16,7 @@ use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run,
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
 pub(crate) const SPLIT: usize = 256;
 /// Threads of an attention block (`WARPS * 32` in `cuda/paged_attention.cu`).
-pub(crate) const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 128;
 const MODULE: &str = "tandem_paged_attention";
 
 /// One sequence of a batch: its block table, positions already written, new rows.
