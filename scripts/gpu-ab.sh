@@ -3,7 +3,8 @@
 # branch. PACK_A and PACK_B are directories made by scripts/gpu-pack.sh (PACK_DIR=... make
 # gpu-pack on each checkout; carry both). Runs `check-device` with B, then for each case of
 # CASES ("preset:dtype", default "9b:q8_0 9b:bf16") `tandem bench` with A and with B, one
-# after the other, so that both see the same machine state. BENCH_ARGS adds flags (default
+# after the other, so that both see the same machine state (llama8b:bf16 and the like: a
+# random Llama-family preset). BENCH_ARGS adds flags (default
 # "-p 512 -g 64 -r 1"; e.g. "--verify 4"). Results go to ${OUT:-target/gpu-results}/ab.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +24,10 @@ for c in ${CASES:-9b:q8_0 9b:bf16}; do
   p=${c%%:*}; t=${c##*:}
   for side in A B; do
     echo "== $side $p $t" | tee -a "$res/ab.md"
+    # llama8b:bf16 and the like: a random Llama-family preset.
+    model=(--random-hybrid "$p"); [ "${p#llama}" != "$p" ] && model=(--random-llama "${p#llama}")
     # shellcheck disable=SC2086
-    timeout "${BENCH_TIMEOUT:-150}" "/tmp/tandem-gpu/tandem-$side" bench --device cuda --random-hybrid "$p" --random-dtype "$t" \
+    timeout "${BENCH_TIMEOUT:-150}" "/tmp/tandem-gpu/tandem-$side" bench --device cuda "${model[@]}" --random-dtype "$t" \
       ${BENCH_ARGS:--p 512 -g 64 -r 1} 2>&1 | grep -E "^\| (pp|tg|tv)|rror" | tee -a "$res/ab.md"
   done
 done
