@@ -213,8 +213,16 @@ impl Llama {
             #[cfg(feature = "cuda")]
             if glue && layer.q_norm.is_some() == layer.k_norm.is_some() {
                 let norms = layer.q_norm.as_ref().zip(layer.k_norm.as_ref());
-                let (q, k, v) =
-                    crate::ops::attn_glue::cuda::prep_plain(&q, &k, &v, norms, cfg.rms_norm_eps as f32, cos, sin, (nh, nkv, hd))?;
+                let (q, k, v) = crate::ops::attn_glue::cuda::prep_plain(
+                    &q,
+                    &k,
+                    &v,
+                    norms,
+                    cfg.rms_norm_eps as f32,
+                    cos,
+                    sin,
+                    (nh, nkv, hd),
+                )?;
                 let att = attend(li, &q, &k, &v, scale)?;
                 let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
                 (x, h) = self.mlp_block(li, &x, &att)?;

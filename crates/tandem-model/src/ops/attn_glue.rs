@@ -303,3 +303,55 @@ pub fn reference_prep_rows(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::reference_prep_rows;
+    use crate::config::{RopeScaling, RopeStyle};
+    use crate::ops::rope::Rope;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001)
+            .map(|v| v as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// The plain (Llama-family) reference, which check-device holds `cuda::prep_plain` to,
+    /// against the CPU path of the Llama layer: per-head RMSNorm where the model has it, then
+    /// candle's rope on head-major rows; v passed through head-major.
+    #[test]
+    fn plain_reference_is_the_llama_layers_cpu_path() -> crate::error::Result<()> {
+        let (nh, nkv, hd, t) = (4, 2, 64, 3);
+        let positions = [5usize, 6, 700];
+        let rope = Rope::new(hd, 5e5, &RopeScaling::None, RopeStyle::Half, None);
+        let (qs, ks, vs) = (values(t * nh * hd, 1), values(t * nkv * hd, 2), values(t * nkv * hd, 3));
+        let wq: Vec<f32> = values(hd, 4).iter().map(|w| 1.0 + 0.5 * w).collect();
+        let wk: Vec<f32> = values(hd, 5).iter().map(|w| 1.0 + 0.5 * w).collect();
+        let dev = Device::Cpu;
+        let (cos, sin) = rope.tables(&positions, &dev)?;
+        for norms in [false, true] {
+            let host_norms = norms.then_some((wq.as_slice(), wk.as_slice()));
+            let want =
+                reference_prep_rows(&qs, &ks, &vs, host_norms, false, 1e-6, &positions, rope.inv_freq(), (nh, nkv, hd));
+            let heads = |x: &[f32], n: usize, w: &[f32]| -> crate::error::Result<Vec<f32>> {
+                let mut x = Tensor::from_vec(x.to_vec(), (t, n, hd), &dev)?;
+                if norms {
+                    x = crate::ops::norm::rms_norm(&x, &Tensor::from_slice(w, hd, &dev)?, 1e-6)?;
+                }
+                let x = rope.apply(&x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?, &cos, &sin)?;
+                Ok(x.flatten_all()?.to_vec1::<f32>()?)
+            };
+            let v = Tensor::from_vec(vs.clone(), (t, nkv, hd), &dev)?.transpose(0, 1)?.contiguous()?;
+            let got = [heads(&qs, nh, &wq)?, heads(&ks, nkv, &wk)?, v.flatten_all()?.to_vec1::<f32>()?];
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.len(), w.len());
+                let err = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(err < 1e-5, "norms {norms}: max |diff| {err}");
+            }
+        }
+        Ok(())
+    }
+}

@@ -338,7 +338,13 @@ impl GdnLayer {
                 // Verify mode: one token at a time so every position's conv state is kept.
                 let mut u = Vec::with_capacity(t * ch);
                 for i in 0..t {
-                    u.extend(causal_conv_silu_taps(&x[i * ch..(i + 1) * ch], conv_state, &self.conv_taps, ch, self.kernel));
+                    u.extend(causal_conv_silu_taps(
+                        &x[i * ch..(i + 1) * ch],
+                        conv_state,
+                        &self.conv_taps,
+                        ch,
+                        self.kernel,
+                    ));
                     conv_states.push(conv_state.clone());
                 }
                 u

@@ -134,7 +134,10 @@ mod tests {
             want.iter_mut().for_each(|v| *v = silu(*v));
             want_state = window[window.len() - (k - 1) * ch..].to_vec();
             let got = causal_conv_silu_taps(xs, &mut state, &taps, ch, k);
-            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
             assert_eq!(state, want_state);
         }
     }

@@ -194,11 +194,16 @@ pub fn store_rows(k_pool: &Tensor, v_pool: &Tensor, k: &Tensor, v: &Tensor, bt: 
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let (kv_, vv) = (inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, nkvi, hdi) = (i32_of(total)?, i32_of(nkv)?, i32_of(hd)?);
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+    let f = dev.get_or_load_custom_func(
+        name,
+        MODULE,
+        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
+    )?;
     let mut b = f.builder();
     b.arg(&kd).arg(&vd).arg(&kv_).arg(&vv).arg(&slots).arg(&ti).arg(&nkvi).arg(&hdi);
     let warps = total * nkv;
-    let cfg = LaunchConfig { grid_dim: (warps.div_ceil(8).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (warps.div_ceil(8).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: kv_store_rows_*(kpool, vpool, k, v, slots, total, nkv, hd): k and v hold
     // nkv * total * hd f32, the pools rows of nkv * hd elements of their dtype, and every slot
     // was checked against the pool's blocks in `BatchTables::new`.
