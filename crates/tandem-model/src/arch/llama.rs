@@ -188,80 +188,70 @@ impl Llama {
     fn layers_forward(
         &self,
         ids: &Tensor,
-        (cos, sin): &(Tensor, Tensor),
+        tables: &(Tensor, Tensor),
         mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (nh, hd) = (cfg.num_heads, cfg.head_dim);
         let total = ids.dim(0)?;
         let mut x = self.embed.forward(ids)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        let eps = cfg.rms_norm_eps as f32;
         // Each residual add is fused with the norm after it (one launch on CUDA): `h` is the
         // normed `x` the next projection reads.
         let mut h = match self.layers.first() {
             Some(l) => self.rms(&x, &l.attn_norm)?,
             None => x.clone(),
         };
-        // On CUDA the per-head norms, both rotations and the head-major copies of q, k and v
-        // are one launch a layer (`ops::attn_glue`, `TANDEM_ATTN_GLUE=0`: candle's ops).
-        #[cfg(feature = "cuda")]
-        let glue = x.device().is_cuda()
-            && crate::ops::attn_glue::enabled()
-            && crate::ops::attn_glue::fits(hd, self.rope.rot_dim(), self.rope.style());
         for (li, layer) in self.layers.iter().enumerate() {
-            let [q, k, v] = layer.qkv.forward_array(&h)?;
-            #[cfg(feature = "cuda")]
-            if glue && layer.q_norm.is_some() == layer.k_norm.is_some() {
-                let norms = layer.q_norm.as_ref().zip(layer.k_norm.as_ref());
-                let (q, k, v) = crate::ops::attn_glue::cuda::prep_plain(
-                    &q,
-                    &k,
-                    &v,
-                    norms,
-                    cfg.rms_norm_eps as f32,
-                    cos,
-                    sin,
-                    (nh, nkv, hd),
-                )?;
-                let att = attend(li, &q, &k, &v, scale)?;
-                let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
-                (x, h) = self.mlp_block(li, &x, &att)?;
-                continue;
-            }
             // Norms and RoPE are per token: once over the batch; attention per sequence.
-            let mut q = q.reshape((total, nh, hd))?;
-            let mut k = k.reshape((total, nkv, hd))?;
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = self.rms(&q.contiguous()?, qn)?;
-                k = self.rms(&k.contiguous()?, kn)?;
-            }
-            // [heads, tokens, head_dim]
-            let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
+            let (q, k, v) = self.heads(layer, layer.qkv.forward_array(&h)?, tables)?;
             let att = attend(li, &q, &k, &v, scale)?;
             let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
-            (x, h) = self.mlp_block(li, &x, &att)?;
+            let (x1, h1) = crate::ops::norm::add_rms_norm(&x, &layer.o.forward(&att)?, &layer.ffn_norm, eps)?;
+            let [g, u] = layer.gate_up.forward_array(&h1)?;
+            let down = layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)?;
+            match self.layers.get(li + 1) {
+                Some(next) => (x, h) = crate::ops::norm::add_rms_norm(&x1, &down, &next.attn_norm, eps)?,
+                None => x = (x1 + down)?,
+            }
         }
         Ok(x)
     }
 
-    /// The rest of layer `li` after attention (`att [total, nh hd]`): the output projection and
-    /// residual, the MLP and its residual; returns the residual stream and, where a layer
-    /// follows, its normed input (each residual add fused with the norm after it).
-    fn mlp_block(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)> {
-        let eps = self.cfg.rms_norm_eps as f32;
-        let layer = &self.layers[li];
-        let (x1, h1) = crate::ops::norm::add_rms_norm(x, &layer.o.forward(att)?, &layer.ffn_norm, eps)?;
-        let [g, u] = layer.gate_up.forward_array(&h1)?;
-        let down = layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)?;
-        Ok(match self.layers.get(li + 1) {
-            Some(next) => crate::ops::norm::add_rms_norm(&x1, &down, &next.attn_norm, eps)?,
-            None => {
-                let x = (x1 + down)?;
-                (x.clone(), x)
-            }
-        })
+    /// Layer `layer`'s projections `[q, k, v]` (`[total, heads hd]` rows) as head-major `[heads,
+    /// total, hd]` after its per-head q / k norms (where it has them) and RoPE with `tables`: on
+    /// CUDA one `attn_glue` launch where it fits (`TANDEM_ATTN_GLUE=0`: candle's ops), else
+    /// candle's ops.
+    fn heads(
+        &self,
+        layer: &Layer,
+        [q, k, v]: [Tensor; 3],
+        (cos, sin): &(Tensor, Tensor),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda()
+            && crate::ops::attn_glue::enabled()
+            && crate::ops::attn_glue::fits(hd, self.rope.rot_dim(), self.rope.style())
+            && layer.q_norm.is_some() == layer.k_norm.is_some()
+        {
+            let norms = layer.q_norm.as_ref().zip(layer.k_norm.as_ref());
+            let eps = cfg.rms_norm_eps as f32;
+            return crate::ops::attn_glue::cuda::prep_plain(&q, &k, &v, norms, eps, cos, sin, (nh, nkv, hd));
+        }
+        let total = q.dim(0)?;
+        let mut q = q.reshape((total, nh, hd))?;
+        let mut k = k.reshape((total, nkv, hd))?;
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            q = self.rms(&q.contiguous()?, qn)?;
+            k = self.rms(&k.contiguous()?, kn)?;
+        }
+        let q = self.rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let k = self.rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
+        Ok((q, k, v))
     }
 
     /// Runs `chunks` as a CUDA graph's decode or verify step when they fit one

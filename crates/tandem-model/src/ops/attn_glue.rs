@@ -213,13 +213,13 @@ pub(crate) mod cuda {
             let (rows, lds): (Vec<Tensor>, Vec<usize>) =
                 [qg, k, v].into_iter().map(f32_rows).collect::<Result<Vec<_>>>()?.into_iter().unzip();
             let f32c = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
-            // Without norms the weights' slots hold cos (never read: the kernel takes a null).
-            let (wq, wk) = norms.unwrap_or((cos, cos));
-            let rest = [wq, wk, cos, sin].map(f32c);
+            // cos, sin, then the norms' weights where the layer has them.
+            let rest = [cos, sin].into_iter().chain(norms.into_iter().flat_map(|(wq, wk)| [wq, wk])).map(f32c);
             let ts: Vec<Tensor> = rows.into_iter().map(Ok).chain(rest).collect::<Result<_>>()?;
             let inputs = Inputs::new_rows(&ts.iter().collect::<Vec<_>>())?;
             let view = |i: usize| inputs.view::<f32>(i);
-            let (qv, kv, vv, wqv, wkv, cv, sv) = (view(0)?, view(1)?, view(2)?, view(3)?, view(4)?, view(5)?, view(6)?);
+            let (qv, kv, vv, cv, sv) = (view(0)?, view(1)?, view(2)?, view(3)?, view(4)?);
+            let weights = if norms.is_some() { Some((view(5)?, view(6)?)) } else { None };
             let [ldq, ldk, ldv] = [lds[0], lds[1], lds[2]].map(|l| l as i64);
             let (ti, nhi, hdi, roti, qhi) = (i32_of(total)?, i32_of(nh)?, i32_of(hd)?, i32_of(rot)?, i32_of(qhead)?);
             let grid_x = u32::try_from(total).map_err(|_| ModelError::Input("attention glue: too many rows".into()))?;
@@ -227,11 +227,10 @@ pub(crate) mod cuda {
             let f = dev.get_or_load_custom_func("attn_prep", MODULE, ptx())?;
             let mut b = f.builder();
             b.arg(&qo).arg(&ko).arg(&vo).arg(&qv).arg(&ldq).arg(&kv).arg(&ldk).arg(&vv).arg(&ldv);
-            if norms.is_some() {
-                b.arg(&wqv).arg(&wkv);
-            } else {
-                b.arg(&null).arg(&null);
-            }
+            match &weights {
+                Some((wqv, wkv)) => b.arg(wqv).arg(wkv),
+                None => b.arg(&null).arg(&null),
+            };
             b.arg(&cv).arg(&sv).arg(&eps).arg(&ti).arg(&nhi).arg(&hdi).arg(&roti).arg(&qhi);
             let cfg = LaunchConfig {
                 grid_dim: (grid_x, (nh + nkv) as u32, 1),
