@@ -12,7 +12,10 @@ mkdir -p "$res"
 PACK=$pack gpu_unpack tandem && PACK=$pack gpu_unpack device_suite
 export TANDEM_DEVICE=cuda
 status=0
-/tmp/tandem-gpu/tandem check-device --fixtures fixtures --output "$res/check-device.md" || status=1
+# NO_CHECK=1: the suite only (check-device already ran in this call, e.g. from gpu-ab.sh).
+if [ "${NO_CHECK:-0}" != 1 ]; then
+  /tmp/tandem-gpu/tandem check-device --fixtures fixtures --output "$res/check-device.md" || status=1
+fi
 # The suite finds fixtures relative to its build directory; point it at this checkout. Each
 # test runs in its own process under a time limit, so one that hangs cannot hide the rest.
 export TANDEM_FIXTURES="$PWD/fixtures"

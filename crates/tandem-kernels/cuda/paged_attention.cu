@@ -376,3 +376,6 @@ PAGED(paged_attention_f16, Plain<__half>)
 PAGED(paged_attention_bf16, Plain<__nv_bfloat16>)
 PAGED(paged_attention_q8_0, Q8)
 PAGED(paged_attention_q4_0, Q4)
+
+// f16 pools on the tensor cores (head dims 64, 128, 256).
+#include "paged_attention_mma.cuh"

@@ -11,7 +11,7 @@ use candle_core::{DType, Tensor};
 use super::PagedKv;
 use crate::error::{ModelError, Result};
 use crate::kv::KvDtype;
-use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 /// Whether the kernel takes pools in `kv` format with head dim `hd`.
 pub fn supports(kv: KvDtype, hd: usize) -> bool {
@@ -56,9 +56,10 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     Ok(tensor(out, &dev, (n, row_bytes)))
 }
 
-/// The kernel (`paged_attention_{format}_{d64|d128|d256}`) for a `kv` cache in `pool` tensors
-/// and the thread-block tiles `t` query rows take: each block holds U (query row, query head)
-/// units, fixed by the head dim, as many heads of a GQA group as fit, then rows.
+/// The kernel (`paged_attention_{format}_{d64|d128|d256}`, or `paged_attention_f16mma_d{hd}`
+/// on the tensor cores for f16 pools) for a `kv` cache in `pool` tensors, the thread-block
+/// tiles `t` query rows take (each block holds U (query row, query head) units, fixed by the
+/// kernel, as many heads of a GQA group as fit, then rows) and its dynamic shared memory.
 pub(super) fn kernel_and_tiles(
     kv: KvDtype,
     pool: DType,
@@ -66,7 +67,7 @@ pub(super) fn kernel_and_tiles(
     nkv: usize,
     hd: usize,
     t: usize,
-) -> Result<(String, usize)> {
+) -> Result<(String, usize, u32)> {
     let format = match (kv, pool) {
         (KvDtype::Q8_0, DType::U8) => "q8_0",
         (KvDtype::Q4_0, DType::U8) => "q4_0",
@@ -81,6 +82,10 @@ pub(super) fn kernel_and_tiles(
         return Err(ModelError::Input(format!("paged attention on CUDA: {nh} heads over {nkv} KV heads of dim {hd}")));
     }
     let group = nh / nkv;
+    if format == "f16" && matches!(hd, 64 | 128 | 256) && mma_enabled() {
+        let tiles = t.div_ceil(MMA_UNITS / group.min(MMA_UNITS)) * group.div_ceil(MMA_UNITS);
+        return Ok((format!("paged_attention_f16mma_d{hd}"), tiles, mma_shared_bytes(hd)));
+    }
     let (class, units) = match hd {
         0..=64 => ("d64", 16),
         // One query row (decode) and a GQA group of up to 4 heads fill 4 units only: the
@@ -92,7 +97,26 @@ pub(super) fn kernel_and_tiles(
     };
     let heads_per_block = group.min(units);
     let tiles = t.div_ceil(units / heads_per_block) * group.div_ceil(heads_per_block);
-    Ok((format!("paged_attention_{format}_{class}"), tiles))
+    Ok((format!("paged_attention_{format}_{class}"), tiles, 0))
+}
+
+/// Units (query row, query head) of a tensor-core attention block (`MMA_U`).
+const MMA_UNITS: usize = 8;
+
+/// `MmaLayout<hd>::BYTES` of `cuda/paged_attention_mma.cuh`: the units' queries (f16 hi and
+/// lo) and two 16-key tiles of key and value rows for each of the four warps, rows padded by 8
+/// halves.
+pub(super) fn mma_shared_bytes(hd: usize) -> u32 {
+    let rs = hd + 8;
+    let stage = 2 * 16 * rs;
+    ((2 * MMA_UNITS * rs + 4 * 2 * stage) * 2) as u32
+}
+
+/// Whether f16 caches with head dims 64, 128 or 256 take the tensor-core kernels (the
+/// default); `TANDEM_ATTN_MMA=0` keeps the scalar ones (another chain: a process uses one).
+fn mma_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_ATTN_MMA").map_or(true, |v| v != "0"))
 }
 
 /// Whether one-row calls with 128-dim heads take `paged_attention_*_d128u4` (the default).
@@ -117,7 +141,7 @@ pub fn paged_attention(
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
     let (nh, t, hd) = q.dims3()?;
     let (_, nkv, _) = k_pool.dims3()?;
-    let (name, tiles) = kernel_and_tiles(kv.dtype, k_pool.dtype(), nh, nkv, hd, t)?;
+    let (name, tiles, smem) = kernel_and_tiles(kv.dtype, k_pool.dtype(), nh, nkv, hd, t)?;
     let need = (past + t).div_ceil(kv.block_size).min(kv.blocks.len());
     // An upload from pageable memory synchronises the stream: use the table the sequence
     // uploaded once for this step when there is one.
@@ -145,10 +169,13 @@ pub fn paged_attention(
         "tandem_paged_attention",
         tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
     )?;
+    if smem > 0 {
+        allow_dynamic_shared(&f, name.clone(), &name, smem)?;
+    }
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
         block_dim: (super::cuda_batch::THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: smem,
     };
     macro_rules! go {
         ($T:ty) => {{

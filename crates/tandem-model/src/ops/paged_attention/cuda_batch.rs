@@ -11,7 +11,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::kv::KvDtype;
-use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{
+    alloc_f32, allow_dynamic_shared, cuda_device, device_address, i32_of, run, tensor, Inputs,
+};
 
 /// Keys per split-KV segment (`SPLIT` in `cuda/paged_attention.cu`).
 pub(crate) const SPLIT: usize = 256;
@@ -233,7 +235,7 @@ pub fn attention(
     if total != bt.total {
         return Err(ModelError::Input(format!("batched paged attention: q {:?} for {} rows", q.dims(), bt.total)));
     }
-    let (base, tiles) = super::cuda::kernel_and_tiles(dtype, k_pool.dtype(), nh, nkv, hd, bt.t_max)?;
+    let (base, tiles, smem) = super::cuda::kernel_and_tiles(dtype, k_pool.dtype(), nh, nkv, hd, bt.t_max)?;
     let name = format!("{base}_batch");
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (k_pool, v_pool) = (k_pool.contiguous()?, v_pool.contiguous()?);
@@ -258,8 +260,14 @@ pub fn attention(
         MODULE,
         tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
     )?;
-    let cfg =
-        LaunchConfig { grid_dim: (tiles as u32, nkv as u32, grid_z), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    if smem > 0 {
+        allow_dynamic_shared(&f, name.clone(), &name, smem)?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, nkv as u32, grid_z),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
     macro_rules! go {
         ($T:ty) => {{
             let (kv_, vv) = (inputs.view::<$T>(1)?, inputs.view::<$T>(2)?);
