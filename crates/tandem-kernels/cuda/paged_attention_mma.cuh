@@ -14,7 +14,11 @@
 //                      a fixed butterfly order)
 //   O^T += V^T P^T    (dims x 8 units; V rows by ldmatrix.trans as A, the probabilities split
 //                      into f16 hi + lo and moved to B fragments by movmatrix)
-// then the four warps' states are merged in warp order. Every value a unit's output depends on
+// then the four warps' states are merged in warp order. For prefill and verify chunks with
+// 256-dim heads a block takes UG = 4 such unit groups (16 warps, the `_g4` kernel): the four warps of a key phase
+// (one per group) share that phase's tiles in shared memory, so each key row is read once for
+// 32 units instead of 8, and every warp does exactly what it would in a one-group block (the
+// same bits). Every value a unit's output depends on
 // (its query, its keys and values, its position) fixes its arithmetic: a tensor-core product's
 // column depends only on that column's operands, keys a unit cannot see enter with weight 0,
 // and a tile none of its keys fall in leaves its state exactly as it was. So a row decoded
@@ -47,43 +51,58 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
 }
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
-// Shared memory of attend_mma<HD> in bytes: the units' queries (hi, lo) and two tiles of key
+// Shared memory of attend_mma<HD, UG> in bytes: the units' queries (hi, lo) and two tiles of key
 // and value rows a warp, rows padded by 16 bytes (ldmatrix's eight rows in distinct banks).
 // `paged_attention::cuda::mma_shared_bytes` computes the same.
-template <int HD>
+template <int HD, int UG>
 struct MmaLayout {
     static constexpr int RS = HD + 8;                // halves a row
     static constexpr int STAGE = 2 * MMA_KT * RS;    // halves: a tile's key rows, then its value rows
-    static constexpr int Q = 2 * MMA_U * RS;         // halves: hi rows, then lo rows
+    static constexpr int Q = UG * 2 * MMA_U * RS;    // halves: per group hi rows, then lo rows
     static constexpr int BYTES = (Q + WARPS * 2 * STAGE) * 2;
 };
+// The warps of key phase w (one per unit group) wait for each other: bar.sync 1 + w over their
+// 32 UG threads; a lone warp needs only __syncwarp.
+template <int UG>
+__device__ __forceinline__ void phase_sync(int w) {
+    if constexpr (UG == 1) {
+        __syncwarp();
+    } else {
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + w), "r"(32 * UG) : "memory");
+    }
+}
 
-template <int HD>
+template <int HD, int UG>
 __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, const float* __restrict__ q,
                            const __half* __restrict__ kp, const __half* __restrict__ vp,
                            const uint32_t* __restrict__ blocks, int nh, int nkv, int t, int past, int bs, float scale,
                            int window, int tile, int sp, int nsplit, int qrows, int pstride) {
-    typedef MmaLayout<HD> Lay;
+    typedef MmaLayout<HD, UG> Lay;
     constexpr int U = MMA_U, RS = Lay::RS, PR = HD / 8;  // PR: 16-byte pieces a row
     extern __shared__ __align__(16) uint8_t pa_smem[];
-    __half* qs = reinterpret_cast<__half*>(pa_smem);  // [2][U][RS]
-    __half* st = qs + Lay::Q;                          // [WARPS][2][STAGE]
+    __half* qs0 = reinterpret_cast<__half*>(pa_smem);  // [UG][2][U][RS]
+    __half* st = qs0 + Lay::Q;                          // [WARPS][2][STAGE]
     const int G = nh / nkv;
     const int Gb = min(G, U), R = U / Gb, head_tiles = (G + Gb - 1) / Gb;
-    const int r0 = (tile / head_tiles) * R, hg0 = (tile % head_tiles) * Gb;
+    const int r0 = (tile / head_tiles) * R * UG, hg0 = (tile % head_tiles) * Gb;
     const int kvh = blockIdx.y;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Warp wi: key phase warp = wi / UG of unit group ug = wi % UG (rows r0 + ug R ..).
+    const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = wi / UG, ug = wi % UG;
+    __half* qs = qs0 + ug * 2 * U * RS;
     const int g = lane >> 2, tq = lane & 3;
     const int start = sp * SPLIT;
-    auto unit_len = [&](int u) {
-        const int hg = hg0 + u % Gb, qi = r0 + u / Gb;
+    // Unit u of group gr: head hg0 + u % Gb, row r0 + gr R + u / Gb; len 0 when it is not one.
+    auto unit_len_of = [&](int gr, int u) {
+        const int hg = hg0 + u % Gb, qi = r0 + gr * R + u / Gb;
         return u < R * Gb && hg < G && qi < t ? past + qi + 1 : 0;
     };
-    // The keys any unit sees in this segment: [start_min, end_max).
+    auto unit_len = [&](int u) { return unit_len_of(ug, u); };
+    // The keys any unit of the block sees in this segment: [start_min, end_max).
     int end_max = start, start_min = start + SPLIT;
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int len = unit_len(u);
+    for (int uu = 0; uu < UG * U; uu++) {
+        const int len = unit_len_of(uu / U, uu % U);
         if (len > 0) {
             end_max = max(end_max, min(len, start + SPLIT));
             start_min = min(start_min, max(start, window > 0 ? max(0, len - window) : 0));
@@ -96,13 +115,14 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
         khi[c] = unit_len(2 * tq + c);
         klo[c] = window > 0 ? max(0, khi[c] - window) : 0;
     }
-    for (int i = threadIdx.x; i < U * HD; i += blockDim.x) {
-        const int u = i / HD, d = i % HD;
+    for (int i = threadIdx.x; i < UG * U * HD; i += blockDim.x) {
+        const int gr = i / (U * HD), u = (i / HD) % U, d = i % HD;
         float x = 0.f;
-        if (unit_len(u) > 0) x = q[((size_t)(kvh * G + hg0 + u % Gb) * qrows + r0 + u / Gb) * HD + d];
+        if (unit_len_of(gr, u) > 0) x = q[((size_t)(kvh * G + hg0 + u % Gb) * qrows + r0 + gr * R + u / Gb) * HD + d];
         const __half h = __float2half_rn(x);
-        qs[u * RS + d] = h;
-        qs[(U + u) * RS + d] = __float2half_rn(x - __half2float(h));
+        __half* qg = qs0 + gr * 2 * U * RS;
+        qg[u * RS + d] = h;
+        qg[(U + u) * RS + d] = __float2half_rn(x - __half2float(h));
     }
     __syncthreads();
 
@@ -111,8 +131,9 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
     for (int mt = 0; mt < HD / 16; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
     float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
     __half* mine = st + warp * 2 * Lay::STAGE;
-    // Tile jj of the segment into stage s: rows clamped into [start_min, end_max) (always
-    // written rows; the keys outside a unit's range count for nothing).
+    // Tile jj of the segment into stage s, by the UG warps of this phase together: rows clamped
+    // into [start_min, end_max) (always written rows; the keys outside a unit's range count for
+    // nothing).
     auto load = [&](int jj, int s) {
         const int kb = start + jj * MMA_KT;
         uint32_t row = 0;
@@ -121,7 +142,7 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
             row = blocks[key / bs] * (uint32_t)bs + (uint32_t)(key % bs);
         }
         __half* dst = mine + s * Lay::STAGE;
-        for (int i = lane; i < 2 * MMA_KT * PR; i += 32) {
+        for (int i = ug * 32 + lane; i < 2 * MMA_KT * PR; i += 32 * UG) {
             const int which = i / (MMA_KT * PR), r = (i / PR) % MMA_KT, c = i % PR;
             const uint32_t pr = __shfl_sync(0xffffffffu, row, r);
             const __half* src = (which ? vp : kp) + ((size_t)pr * nkv + kvh) * HD + c * 8;
@@ -138,7 +159,7 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
         if (j + WARPS < jt1) load(j + WARPS, s ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
-        __syncwarp();
+        phase_sync<UG>(warp);
         const __half* ks = mine + s * Lay::STAGE;
         const __half* vs = ks + MMA_KT * RS;
         // S^T: rows keys g / g + 8 of the tile, columns units 2 tq, 2 tq + 1.
@@ -202,13 +223,14 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
             mma_f16(o[mt], a, bh0, bh1);
             mma_f16(o[mt], a, bl0, bl1);
         }
-        __syncwarp();  // every lane has read this stage: it may be refilled
+        phase_sync<UG>(warp);  // every lane of the phase has read this stage: it may be refilled
     }
     cp_async_wait<0>();
     __syncthreads();  // the stages are free: the warps' states go there
-    float* sacc = reinterpret_cast<float*>(st);  // [WARPS][U][HD]
-    float* smx = sacc + WARPS * U * HD;          // [WARPS][U]
-    float* slx = smx + WARPS * U;
+    // Group ug's states at [ug][WARPS][U][HD] (and [ug][WARPS][U] for m and l).
+    float* sacc = reinterpret_cast<float*>(st) + ug * WARPS * U * HD;
+    float* smx = reinterpret_cast<float*>(st) + UG * WARPS * U * HD + ug * WARPS * U;
+    float* slx = smx + UG * WARPS * U;
     if (g == 0) {
 #pragma unroll
         for (int c = 0; c < 2; c++) {
@@ -225,9 +247,13 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
         a0[HD + 8] = o[mt][3];
     }
     __syncthreads();
-    for (int u = 0; u < U; u++) {
-        if (unit_len(u) == 0) continue;
-        const int h = kvh * G + hg0 + u % Gb, qi = r0 + u / Gb;
+    for (int uu = 0; uu < UG * U; uu++) {
+        const int gr = uu / U, u = uu % U;
+        if (unit_len_of(gr, u) == 0) continue;
+        const int h = kvh * G + hg0 + u % Gb, qi = r0 + gr * R + u / Gb;
+        const float* sacc = reinterpret_cast<const float*>(st) + gr * WARPS * U * HD;
+        const float* smx = reinterpret_cast<const float*>(st) + UG * WARPS * U * HD + gr * WARPS * U;
+        const float* slx = smx + UG * WARPS * U;
         float gm = -INFINITY;
         for (int w = 0; w < WARPS; w++) gm = fmaxf(gm, smx[w * U + u]);
         float gl = 0.f;
@@ -257,30 +283,36 @@ __device__ void attend_mma(float* __restrict__ out, float* __restrict__ part, co
 }
 
 // paged_attention_f16mma_d<HD> (one sequence) and its _batch form, with the scalar kernels'
-// arguments (hd must be HD) and grids (tiles of U = 8 units); dynamic shared memory
-// MmaLayout<HD>::BYTES.
-#define PAGED_MMA(name, HD)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
+// arguments (hd must be HD) and grids (tiles of UG x 8 units: R rows of a group times UG), 128
+// UG threads; dynamic shared memory MmaLayout<HD, UG>::BYTES. The _g4 kernels (UG = 4) give
+// every row the bits of the one-group kernels.
+#define PAGED_MMA(name, HD, UG)                                                                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32 * UG)                                             \
         name(float* out, float* part, const float* q, const __half* kp, const __half* vp,                     \
              const uint32_t* blocks, int nh, int nkv, int t, int hd, int past, int bs, float scale,           \
              int window) {                                                                                    \
-        attend_mma<HD>(out, part, q, kp, vp, blocks, nh, nkv, t, past, bs, scale, window, blockIdx.x,          \
-                       blockIdx.z, gridDim.z, t, gridDim.z);                                                  \
+        attend_mma<HD, UG>(out, part, q, kp, vp, blocks, nh, nkv, t, past, bs, scale, window, blockIdx.x,      \
+                           blockIdx.z, gridDim.z, t, gridDim.z);                                              \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                  \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32 * UG)                                             \
         name##_batch(float* out, float* part, const float* q, const __half* kp, const __half* vp,             \
                      const uint32_t* tables, const int* meta, int nh, int nkv, int hd, int bs, int total,     \
                      int pstride, float scale, int window) {                                                  \
         int off, t, past, toff;                                                                               \
         batch_seq(meta, blockIdx.z / pstride, &off, &t, &past, &toff);                                        \
         const int sp = blockIdx.z % pstride, nsplit = (past + t + SPLIT - 1) / SPLIT;                         \
-        const int G = nh / nkv, Gb = min(G, MMA_U);                                                           \
-        const int tiles = (t + MMA_U / Gb - 1) / (MMA_U / Gb) * ((G + Gb - 1) / Gb);                          \
+        const int G = nh / nkv, Gb = min(G, MMA_U), rows = MMA_U / Gb * UG;                                   \
+        const int tiles = (t + rows - 1) / rows * ((G + Gb - 1) / Gb);                                        \
         if ((int)blockIdx.x >= tiles || sp >= nsplit) return;                                                 \
-        attend_mma<HD>(out + (size_t)off * HD, part + (size_t)off * nh * pstride * (HD + 2),                  \
-                       q + (size_t)off * HD, kp, vp, tables + toff, nh, nkv, t, past, bs, scale, window,      \
-                       blockIdx.x, sp, nsplit, total, pstride);                                               \
+        attend_mma<HD, UG>(out + (size_t)off * HD, part + (size_t)off * nh * pstride * (HD + 2),              \
+                           q + (size_t)off * HD, kp, vp, tables + toff, nh, nkv, t, past, bs, scale, window,  \
+                           blockIdx.x, sp, nsplit, total, pstride);                                           \
     }
-PAGED_MMA(paged_attention_f16mma_d64, 64)
-PAGED_MMA(paged_attention_f16mma_d128, 128)
-PAGED_MMA(paged_attention_f16mma_d256, 256)
+PAGED_MMA(paged_attention_f16mma_d64, 64, 1)
+PAGED_MMA(paged_attention_f16mma_d128, 128, 1)
+PAGED_MMA(paged_attention_f16mma_d256, 256, 1)
+// Four groups for 256-dim heads only: there one group's 143.6 KB of shared memory leaves a
+// single four-warp block an SM, and four groups (16 warps, 169 KB) prefilled the 9B shape 1.19x
+// at 4K of context and 1.46x at 16K on an H100; with 128-dim heads (three one-group blocks an
+// SM already) they measured 0.80-0.84x (PERFORMANCE.md, 2026-12-06).
+PAGED_MMA(paged_attention_f16mma_g4_d256, 256, 4)

@@ -56,10 +56,21 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     Ok(tensor(out, &dev, (n, row_bytes)))
 }
 
-/// The kernel (`paged_attention_{format}_{d64|d128|d256}`, or `paged_attention_f16mma_d{hd}`
-/// on the tensor cores for f16 pools) for a `kv` cache in `pool` tensors, the thread-block
-/// tiles `t` query rows take (each block holds U (query row, query head) units, fixed by the
-/// kernel, as many heads of a GQA group as fit, then rows) and its dynamic shared memory.
+/// A paged-attention kernel and how to launch it for a call ([`kernel_and_tiles`]).
+pub(super) struct AttnKernel {
+    pub name: String,
+    /// Thread blocks along the grid's x: tiles of the call's query rows x GQA heads.
+    pub tiles: usize,
+    pub threads: u32,
+    /// Dynamic shared memory, bytes (0: none).
+    pub smem: u32,
+}
+
+/// The kernel (`paged_attention_{format}_{d64|d128|d256}`, or `paged_attention_f16mma[_g4]_d{hd}`
+/// on the tensor cores for f16 pools) for a `kv` cache in `pool` tensors and calls of up to `t`
+/// query rows a sequence, with its tiles (each block holds U (query row, query head) units,
+/// fixed by the kernel, as many heads of a GQA group as fit, then rows), threads and dynamic
+/// shared memory.
 pub(super) fn kernel_and_tiles(
     kv: KvDtype,
     pool: DType,
@@ -67,7 +78,7 @@ pub(super) fn kernel_and_tiles(
     nkv: usize,
     hd: usize,
     t: usize,
-) -> Result<(String, usize, u32)> {
+) -> Result<AttnKernel> {
     let format = match (kv, pool) {
         (KvDtype::Q8_0, DType::U8) => "q8_0",
         (KvDtype::Q4_0, DType::U8) => "q4_0",
@@ -83,8 +94,18 @@ pub(super) fn kernel_and_tiles(
     }
     let group = nh / nkv;
     if format == "f16" && matches!(hd, 64 | 128 | 256) && mma_enabled() {
-        let tiles = t.div_ceil(MMA_UNITS / group.min(MMA_UNITS)) * group.div_ceil(MMA_UNITS);
-        return Ok((format!("paged_attention_f16mma_d{hd}"), tiles, mma_shared_bytes(hd)));
+        // Rows of one 8-unit group; with 256-dim heads, calls of at least two groups' rows
+        // (verify and prefill chunks) take four groups a block, which share each key tile (the
+        // same bits; 1.19-1.46x 9B prefill at depth, where 128-dim heads lost: see the kernel).
+        let rows = MMA_UNITS / group.min(MMA_UNITS);
+        let ug = if hd == 256 && t >= 2 * rows && mma_groups_enabled() { 4 } else { 1 };
+        let tiles = t.div_ceil(rows * ug) * group.div_ceil(MMA_UNITS);
+        let name = match ug {
+            1 => format!("paged_attention_f16mma_d{hd}"),
+            _ => format!("paged_attention_f16mma_g4_d{hd}"),
+        };
+        let threads = super::cuda_batch::THREADS * ug as u32;
+        return Ok(AttnKernel { name, tiles, threads, smem: mma_shared_bytes(hd, ug) });
     }
     let (class, units) = match hd {
         0..=64 => ("d64", 16),
@@ -97,19 +118,32 @@ pub(super) fn kernel_and_tiles(
     };
     let heads_per_block = group.min(units);
     let tiles = t.div_ceil(units / heads_per_block) * group.div_ceil(heads_per_block);
-    Ok((format!("paged_attention_{format}_{class}"), tiles, 0))
+    Ok(AttnKernel {
+        name: format!("paged_attention_{format}_{class}"),
+        tiles,
+        threads: super::cuda_batch::THREADS,
+        smem: 0,
+    })
 }
 
-/// Units (query row, query head) of a tensor-core attention block (`MMA_U`).
+/// Units (query row, query head) of one group of a tensor-core attention block (`MMA_U`).
 const MMA_UNITS: usize = 8;
 
-/// `MmaLayout<hd>::BYTES` of `cuda/paged_attention_mma.cuh`: the units' queries (f16 hi and
-/// lo) and two 16-key tiles of key and value rows for each of the four warps, rows padded by 8
-/// halves.
-pub(super) fn mma_shared_bytes(hd: usize) -> u32 {
+/// `MmaLayout<hd, ug>::BYTES` of `cuda/paged_attention_mma.cuh`: each group's queries (f16 hi
+/// and lo) and two 16-key tiles of key and value rows for each of the four key phases, rows
+/// padded by 8 halves.
+pub(super) fn mma_shared_bytes(hd: usize, ug: usize) -> u32 {
     let rs = hd + 8;
     let stage = 2 * 16 * rs;
-    ((2 * MMA_UNITS * rs + 4 * 2 * stage) * 2) as u32
+    ((ug * 2 * MMA_UNITS * rs + 4 * 2 * stage) * 2) as u32
+}
+
+/// Whether verify and prefill chunks with 256-dim heads take the four-group tensor-core kernel
+/// (`_g4`, the default; the same bits as the one-group one); `TANDEM_ATTN_MMA_GROUPS=1` keeps
+/// one group.
+fn mma_groups_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_ATTN_MMA_GROUPS").map_or(true, |v| v != "1"))
 }
 
 /// Whether f16 caches with head dims 64, 128 or 256 take the tensor-core kernels (the
@@ -141,7 +175,7 @@ pub fn paged_attention(
     let dev = cuda_device(q).ok_or_else(|| ModelError::Input("paged attention: not a CUDA tensor".into()))?;
     let (nh, t, hd) = q.dims3()?;
     let (_, nkv, _) = k_pool.dims3()?;
-    let (name, tiles, smem) = kernel_and_tiles(kv.dtype, k_pool.dtype(), nh, nkv, hd, t)?;
+    let AttnKernel { name, tiles, threads, smem } = kernel_and_tiles(kv.dtype, k_pool.dtype(), nh, nkv, hd, t)?;
     let need = (past + t).div_ceil(kv.block_size).min(kv.blocks.len());
     // An upload from pageable memory synchronises the stream: use the table the sequence
     // uploaded once for this step when there is one.
@@ -174,7 +208,7 @@ pub fn paged_attention(
     }
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
-        block_dim: (super::cuda_batch::THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
     macro_rules! go {

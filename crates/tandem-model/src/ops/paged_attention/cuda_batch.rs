@@ -235,7 +235,8 @@ pub fn attention(
     if total != bt.total {
         return Err(ModelError::Input(format!("batched paged attention: q {:?} for {} rows", q.dims(), bt.total)));
     }
-    let (base, tiles, smem) = super::cuda::kernel_and_tiles(dtype, k_pool.dtype(), nh, nkv, hd, bt.t_max)?;
+    let super::cuda::AttnKernel { name: base, tiles, threads, smem } =
+        super::cuda::kernel_and_tiles(dtype, k_pool.dtype(), nh, nkv, hd, bt.t_max)?;
     let name = format!("{base}_batch");
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (k_pool, v_pool) = (k_pool.contiguous()?, v_pool.contiguous()?);
@@ -265,7 +266,7 @@ pub fn attention(
     }
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, grid_z),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
     macro_rules! go {
