@@ -204,7 +204,7 @@ pub fn paged_attention(
         tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
     )?;
     if smem > 0 {
-        allow_dynamic_shared(&f, name.clone(), &name, smem)?;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
     }
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, nkv as u32, nsplit as u32),
