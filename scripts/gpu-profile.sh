@@ -5,7 +5,8 @@
 # (count, total microseconds, share) goes to $OUT/profile-*.md.
 #   CASES="9b:q8_0 9b:bf16 0.8b:q8_0" bash scripts/gpu-profile.sh
 # DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`). MODE=prefill
-# captures one timed prefill of PROMPT (default 512) tokens instead (TANDEM_PROFILE_PREFILL).
+# captures one timed prefill of PROMPT (default 512) tokens instead (TANDEM_PROFILE_PREFILL);
+# MODE=verify one verify step of VERIFY (default 4) positions (TANDEM_PROFILE_VERIFY).
 # A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset; a case
 # llama<preset>:<dtype> (llama8b:bf16) a random Llama-family preset.
 set -uo pipefail
@@ -22,6 +23,8 @@ for c in ${CASES:-9b:q8_0}; do
     [ "${p#llama}" != "$p" ] && model=(--random-llama "${p#llama}" --random-dtype "$t"); fi
   if [ "${MODE:-decode}" = prefill ]; then
     t=$t-pp${PROMPT:-512}; what=(env TANDEM_PROFILE_PREFILL=1); run=(-p "${PROMPT:-512}" -g 1)
+  elif [ "${MODE:-decode}" = verify ]; then
+    t=$t-tv${VERIFY:-4}; what=(env TANDEM_PROFILE_VERIFY="${PROFILE_STEPS:-1}"); run=(-p 0 -g 6 --verify "${VERIFY:-4}")
   else
     what=(env TANDEM_PROFILE_DECODE="${PROFILE_STEPS:-1}"); run=(-p 1 -g 6)
   fi

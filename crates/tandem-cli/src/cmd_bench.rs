@@ -306,16 +306,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             for (vi, &k) in verify.iter().enumerate() {
                 // Verify steps per second: forwards of `k` tokens in verify mode, each reading
                 // every position's argmax (the whole rows on the CPU) and keeping one position
-                // (the context grows as in the decode test).
-                let mut cache = cache_at_depth(&context, a.gen_tokens + k)?;
+                // (the context grows as in the decode test). Untimed warm-up steps first, as
+                // for decode: the first step of a shape captures its CUDA graph (milliseconds,
+                // which spread over the timed steps made a verify step look ~0.5 ms dearer).
+                let mut cache = cache_at_depth(&context, a.gen_tokens + WARM_STEPS + k)?;
                 let chunk: Vec<u32> = (0..k as u32).map(|i| 1 + i % 7).collect();
-                device.synchronize()?;
-                let t = Instant::now();
-                for _ in 0..a.gen_tokens {
+                let verify_step = |cache: &mut SequenceCache| -> anyhow::Result<()> {
                     if cache.has_recurrent() {
                         cache.begin_verify();
                     }
-                    let mut chunks = [SeqChunk { tokens: &chunk, cache: &mut cache, logits: LogitsWanted::All }];
+                    let mut chunks = [SeqChunk { tokens: &chunk, cache, logits: LogitsWanted::All }];
                     let out = model.forward(&mut chunks)?;
                     let logits = out.into_iter().next().flatten().context("no logits")?;
                     if device.is_cpu() {
@@ -327,7 +327,26 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                         let rows = logits.reshape((logits.elem_count() / vocab, vocab))?;
                         let _ = tandem_model::ops::sampling::argmax_rows(&rows)?;
                     }
-                    cache.commit_speculative(chunk.len(), 1)?;
+                    chunks[0].cache.commit_speculative(chunk.len(), 1)?;
+                    Ok(())
+                };
+                for _ in 0..WARM_STEPS {
+                    verify_step(&mut cache)?;
+                }
+                device.synchronize()?;
+                // `TANDEM_PROFILE_VERIFY=N`: the profiler captures N verify steps (after two) of
+                // each size's first repetition, as TANDEM_PROFILE_DECODE does for decode steps.
+                let profile = std::env::var("TANDEM_PROFILE_VERIFY").ok().and_then(|v| v.parse::<usize>().ok());
+                let profile = profile.filter(|_| tv[vi].is_empty());
+                let t = Instant::now();
+                for step in 0..a.gen_tokens {
+                    if let Some(n) = profile {
+                        if step == 2 || step == 2 + n {
+                            device.synchronize()?;
+                            tandem_model::device::profiler_capture(&device, step == 2);
+                        }
+                    }
+                    verify_step(&mut cache)?;
                 }
                 tv[vi].push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
             }
