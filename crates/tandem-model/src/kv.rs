@@ -450,18 +450,17 @@ impl SequenceCache {
         if keep == 0 || keep > t || t > self.pos {
             return Err(ModelError::Input(format!("cannot commit {keep} of {t} verified positions")));
         }
-        for (slot, lane) in self.recurrent.iter_mut().zip(lanes) {
-            if let Some(state) = slot {
-                let kept = lane.get(keep - 1).ok_or_else(|| ModelError::Input("verify lane too short".into()))?;
-                *state = match kept {
-                    RecurrentState::Host { .. } => kept.clone(),
-                    // Lanes are views of one buffer per layer: keep a copy of the chosen one,
-                    // not the whole buffer.
-                    RecurrentState::Device { conv, ssm } => {
-                        RecurrentState::Device { conv: conv.force_contiguous()?, ssm: ssm.force_contiguous()? }
-                    }
-                };
+        // Lanes are views of one buffer per layer (or per step): keep a copy of the chosen
+        // states, not the whole buffers; every layer's copy goes into one buffer.
+        let mut kept = Vec::new();
+        for (slot, lane) in self.recurrent.iter().zip(&lanes) {
+            if slot.is_some() {
+                kept.push(lane.get(keep - 1).ok_or_else(|| ModelError::Input("verify lane too short".into()))?);
             }
+        }
+        let mut copies = RecurrentState::detach_all(&kept)?.into_iter();
+        for state in self.recurrent.iter_mut().flatten() {
+            *state = copies.next().ok_or_else(|| ModelError::Input("verify lanes missing".into()))?;
         }
         let len = self.pos - t + keep;
         for l in &mut self.layers {

@@ -59,6 +59,61 @@ impl RecurrentState {
         }
     }
 
+    /// Copies of `states` that own their storage (host states are cloned): on a CUDA device
+    /// every device state's conv and SSM tensors go into one fresh buffer (one allocation and
+    /// a device copy per tensor), elsewhere each is copied on its own. Used where a sequence
+    /// keeps states that are views of a larger buffer (a verify step's lanes, a batch's rows).
+    pub fn detach_all(states: &[&RecurrentState]) -> Result<Vec<RecurrentState>> {
+        #[cfg(feature = "cuda")]
+        {
+            let dev = states.iter().find_map(|s| match s {
+                Self::Device { conv, ssm }
+                    if [conv, ssm].iter().all(|t| t.dtype() == DType::F32 && t.is_contiguous()) =>
+                {
+                    crate::ops::cuda_util::cuda_device(conv)
+                }
+                _ => None,
+            });
+            let all_cuda = states.iter().all(|s| match s {
+                Self::Host { .. } => true,
+                Self::Device { conv, ssm } => [conv, ssm]
+                    .iter()
+                    .all(|t| t.dtype() == DType::F32 && t.is_contiguous() && matches!(t.device(), Device::Cuda(_))),
+            });
+            if let (Some(dev), true) = (dev, all_cuda) {
+                let mut pieces = Vec::new();
+                for s in states {
+                    if let Self::Device { conv, ssm } = s {
+                        pieces.push(conv);
+                        pieces.push(ssm);
+                    }
+                }
+                let mut copies = crate::ops::cuda_util::copy_f32_together(&dev, &pieces)?.into_iter();
+                return states
+                    .iter()
+                    .map(|s| match s {
+                        Self::Host { .. } => Ok((*s).clone()),
+                        Self::Device { .. } => match (copies.next(), copies.next()) {
+                            (Some(conv), Some(ssm)) => Ok(Self::Device { conv, ssm }),
+                            _ => Err(crate::error::ModelError::Input("detach_all: copies missing".into())),
+                        },
+                    })
+                    .collect();
+            }
+        }
+        states
+            .iter()
+            .map(|s| {
+                Ok(match s {
+                    Self::Host { .. } => (*s).clone(),
+                    Self::Device { conv, ssm } => {
+                        Self::Device { conv: conv.force_contiguous()?, ssm: ssm.force_contiguous()? }
+                    }
+                })
+            })
+            .collect()
+    }
+
     /// The SSM state as host values (a device copy for device states).
     pub fn ssm_values(&self) -> Result<Vec<f32>> {
         match self {
@@ -100,18 +155,9 @@ impl RecurrentSnapshot {
     /// kept for long (a prefix-cache checkpoint) must not hold on to whole. Host states are
     /// their own already.
     pub fn detached(&self) -> Result<Self> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(match l {
-                    Some(RecurrentState::Device { conv, ssm }) => {
-                        Some(RecurrentState::Device { conv: conv.force_contiguous()?, ssm: ssm.force_contiguous()? })
-                    }
-                    other => other.clone(),
-                })
-            })
-            .collect::<Result<_>>()?;
+        let present: Vec<&RecurrentState> = self.layers.iter().flatten().collect();
+        let mut copies = RecurrentState::detach_all(&present)?.into_iter();
+        let layers = self.layers.iter().map(|l| l.as_ref().and_then(|_| copies.next())).collect();
         Ok(Self { position: self.position, layers, windows: self.windows.clone() })
     }
 

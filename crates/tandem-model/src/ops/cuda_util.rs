@@ -96,6 +96,42 @@ pub(crate) fn alloc_f32(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
     Ok(unsafe { dev.alloc::<f32>(n.max(1))? })
 }
 
+/// Copies of `ts` (contiguous f32 CUDA tensors) in one fresh buffer: one allocation and one
+/// device-to-device copy per tensor, each copy a view of its own range, with its shape. Where
+/// a commit or a snapshot copies a sequence's recurrent states (two per layer), this replaces
+/// an allocation and a copy per tensor, host time a GPU step waits through.
+pub(crate) fn copy_f32_together(dev: &CudaDevice, ts: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if let Some(t) = ts.iter().find(|t| t.dtype() != candle_core::DType::F32 || !t.is_contiguous()) {
+        return Err(ModelError::Input(format!("copy_f32_together: a {:?} {:?} tensor", t.dtype(), t.layout())));
+    }
+    let total: usize = ts.iter().map(|t| t.elem_count()).sum();
+    let whole = tensor(alloc_f32(dev, total)?, dev, total.max(1));
+    let base = device_address(&whole)?;
+    let stream = dev.cuda_stream();
+    let mut out = Vec::with_capacity(ts.len());
+    let mut off = 0;
+    for t in ts {
+        let n = t.elem_count();
+        if n > 0 {
+            let src = device_address(t)?;
+            // SAFETY: both ranges are live device memory of n f32 (src a contiguous tensor,
+            // dst inside the fresh buffer of `total`), on the device's one stream.
+            unsafe {
+                candle_core::cuda_backend::cudarc::driver::result::memcpy_dtod_async(
+                    base + 4 * off as u64,
+                    src,
+                    4 * n,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(err("copy_f32_together"))?;
+        }
+        out.push(whole.narrow(0, off, n)?.reshape(t.dims())?);
+        off += n;
+    }
+    Ok(out)
+}
+
 /// Wraps a device buffer into a tensor of `shape`.
 pub(crate) fn tensor<T: CudaDType + DeviceRepr>(
     slice: CudaSlice<T>,
