@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 
 use super::GdnDims;
 use crate::error::{ModelError, Result};
-use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
+use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, f32_rows, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_gdn_chunked";
 /// The kernels' chunk length (`WY_C`), the same as the CPU's [`super::CHUNK`].
@@ -59,11 +59,16 @@ pub fn step_chunked(
         )));
     }
     let f32c = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?.contiguous()?) };
-    let ts = [u, z, b, a, p.dt_bias, p.neg_a, p.norm_w, state].map(f32c);
+    let ts = [u, b, a, p.dt_bias, p.neg_a, p.norm_w, state].map(f32c);
     let ts = ts.into_iter().collect::<Result<Vec<_>>>()?;
     let inputs = Inputs::new(&ts.iter().collect::<Vec<_>>())?;
     let v = |i: usize| inputs.view::<f32>(i);
-    let (uv, zv, bv, av, dtb, nga, nw, sv) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?, v(7)?);
+    let (uv, bv, av, dtb, nga, nw, sv) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?);
+    // z is read in place where it is a column view of the fused projection (gdn_gated_norm
+    // takes its row stride): a copy of [t, nv dv] f32 a layer otherwise.
+    let (zt, ldz) = f32_rows(z)?;
+    let z_in = Inputs::new_rows(&[&zt])?;
+    let zv = z_in.view::<f32>(0)?;
     let chunks = t.div_ceil(WY_C);
     let (nv, dk, dv) = (d.nv, d.dk, d.dv);
     // Scratch: normalised q, k, the WY factors W and U, the cumulative decays, the causal scores.
@@ -125,7 +130,7 @@ pub fn step_chunked(
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
     )?;
     let mut bl = f.builder();
-    let ldz = i32_of(nv * dv)?; // z contiguous [t, nv dv]
+    let ldz = i32_of(ldz)?;
     bl.arg(&y).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dvi).arg(&eps).arg(&nvi).arg(&ldz);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: arguments in gdn_gated_norm's order; y and o_raw hold rows*dv, z rows*dv, one
@@ -134,5 +139,6 @@ pub fn step_chunked(
     drop(bl);
     drop((uv, zv, bv, av, dtb, nga, nw, sv));
     drop(inputs);
+    drop(z_in);
     Ok((tensor(y, &dev, (t, nv * dv)), tensor(next, &dev, (nv, dk, dv))))
 }
