@@ -8,8 +8,9 @@
 //! once, when they are written. Which blocks a sequence owns is decided
 //! outside the model (the engine's block pool and tables); the model only writes new
 //! positions into the blocks it is given and attends over them with
-//! [`crate::ops::paged_attention`]. Writes go through candle's in-place `slice_set`, so the
-//! store is shared behind `&` (one engine thread drives it).
+//! [`crate::ops::paged_attention`]. Writes go through candle's in-place `slice_set` (on a
+//! GPU, one scatter launch for all of a chunk's rows), so the store is shared behind `&` (one
+//! engine thread drives it).
 //!
 //! Sliding-window layers may instead keep a *ring* per sequence ([`PagedKvStore::with_rings`]):
 //! their pool is `ring_blocks` blocks that the engine deals out in fixed runs (one per running
