@@ -138,15 +138,19 @@ pub(crate) fn kernel_prefetch() -> usize {
 }
 
 /// How many tiles ahead the Q5_0 tile kernel prefetches in calls of up to four rows
-/// (`TANDEM_Q50_PREFETCH=N`, default 4; 0 off). Its column tiles are short (qwen2.5's 896-value
-/// rows: four 2,816-byte tiles), so the hardware prefetcher alone starts each one cold. Zen 4,
-/// qwen2.5-coder-0.5b Q4_K_M decode, tok/s at 0 / 1 / 2 / 3 / 4 / 8 ahead: 1 thread 23.7 / 35.9
-/// / 40.5 / 41.0 / 43.1 / 41.9; 2 threads (0 / 1 / 2 / 4) 45.4 / 62.1 / 65.7 / 64.2. Not
-/// measured on Intel.
+/// (`TANDEM_Q50_PREFETCH=N`, default 4, 2 on AMD family 0x1A (Zen 5) and later; 0 off). Its
+/// column tiles are short (qwen2.5's 896-value rows: four 2,816-byte tiles), so the hardware
+/// prefetcher alone starts each one cold. Zen 4, qwen2.5-coder-0.5b Q4_K_M decode, tok/s at 0 /
+/// 1 / 2 / 3 / 4 / 8 ahead: 1 thread 23.7 / 35.9 / 40.5 / 41.0 / 43.1 / 41.9; 2 threads (0 / 1
+/// / 2 / 4) 45.4 / 62.1 / 65.7 / 64.2. Zen 5, the same file, two rounds: 1 thread at 0 / 1 / 2
+/// / 3 / 4 / 8 / 16 ahead 39.0-40.1 / 53.1-54.9 / **54.9-56.2** / 53.7-53.9 / 52.6-54.9 /
+/// 52.7-52.9 / 52.0-52.1; 2 threads (2 / 4, three rounds) 68.9-71.7 / 65.7-69.4; gemma3-270m
+/// one thread 89.9-95.0 / 88.2-94.1. Not measured on Intel.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn q50_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| prefetch_setting("TANDEM_Q50_PREFETCH", 4))
+    let default = if cpu_is_amd() && cpu_family() >= 0x1a { 2 } else { 4 };
+    *N.get_or_init(|| prefetch_setting("TANDEM_Q50_PREFETCH", default))
 }
 
 /// The blocks ahead of each column that the 32-value block kernels prefetch in one-row calls
