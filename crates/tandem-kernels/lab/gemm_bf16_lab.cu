@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../cuda/tmma.cu"
+#include "lab_common.cuh"
 
 template <int ST, int WA, int WJ, int WM, int WN, int MB>
 __global__ void __launch_bounds__(256, MB)
@@ -127,30 +128,6 @@ __global__ void __launch_bounds__(256, MB)
                 if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
             }
         }
-    }
-}
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(((h & 0xffff) / 32768.f - 1.f) * 0.05f));
-    }
-}
-__global__ void fill_f32(float* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2246822519u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        p[i] = ((h & 0xffffff) / 8388608.f - 1.f) * 3.f;
     }
 }
 

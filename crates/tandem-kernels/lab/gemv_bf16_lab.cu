@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../cuda/tmma.cu"
+#include "lab_common.cuh"
 
 // The streaming variant measured and rejected (docs/PERFORMANCE.md): lab-only.
 // tvs_bf16_<PP>_<D> (calls of up to 8 rows: decode and verify): tmv_bf16's chain, walked by
@@ -143,31 +144,6 @@ TVS(1, 16)
 TVS(2, 16)
 TVS(4, 16)
 TVS(8, 16)
-
-#define CK(x)                                                                                       \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
-
-__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        const float v = ((h & 0xffff) / 32768.f - 1.f) * 0.05f;
-        p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    }
-}
-__global__ void fill_f32(float* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2246822519u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-        p[i] = ((h & 0xffffff) / 8388608.f - 1.f) * 3.f;
-    }
-}
 
 // Stands for the small kernels between two matmuls (norms, activations, the mixers): reads the
 // matmul's output and writes the next one's activations, PDL-aware like the matmuls.
