@@ -299,6 +299,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     tandem_model::ops::sampling::argmax_rows(&logits.unsqueeze(0)?)?[0]
                 };
             }
+            if profile.is_some_and(|n| a.gen_tokens > 2 && a.gen_tokens <= 2 + n) {
+                // The capture started and the steps ran out before it stopped.
+                device.synchronize()?;
+                tandem_model::device::profiler_capture(&device, false);
+            }
             let wall = t.elapsed().as_secs_f64();
             crate::host_profile::finish(host_profile);
             tg.push(a.gen_tokens as f64 / wall);
@@ -347,6 +352,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                         }
                     }
                     verify_step(&mut cache)?;
+                }
+                if profile.is_some_and(|n| a.gen_tokens > 2 && a.gen_tokens <= 2 + n) {
+                    // The capture started and the steps ran out before it stopped.
+                    device.synchronize()?;
+                    tandem_model::device::profiler_capture(&device, false);
                 }
                 tv[vi].push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
             }

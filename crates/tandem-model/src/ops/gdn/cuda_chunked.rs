@@ -66,6 +66,9 @@ pub fn step_chunked(
     let (uv, bv, av, dtb, nga, nw, sv) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?, v(6)?);
     // z is read in place where it is a column view of the fused projection (gdn_gated_norm
     // takes its row stride): a copy of [t, nv dv] f32 a layer otherwise.
+    if z.dims2()? != (t, d.nv * d.dv) {
+        return Err(ModelError::Input(format!("gdn chunked step: z {:?}, want [{t}, {}]", z.dims(), d.nv * d.dv)));
+    }
     let (zt, ldz) = f32_rows(z)?;
     let z_in = Inputs::new_rows(&[&zt])?;
     let zv = z_in.view::<f32>(0)?;

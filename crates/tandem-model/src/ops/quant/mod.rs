@@ -149,8 +149,10 @@ pub(crate) fn kernel_prefetch() -> usize {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn q50_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let default = if cpu_is_amd() && cpu_family() >= 0x1a { 2 } else { 4 };
-    *N.get_or_init(|| prefetch_setting("TANDEM_Q50_PREFETCH", default))
+    *N.get_or_init(|| {
+        let default = if cpu_is_amd() && cpu_family() >= 0x1a { 2 } else { 4 };
+        prefetch_setting("TANDEM_Q50_PREFETCH", default)
+    })
 }
 
 /// The blocks ahead of each column that the 32-value block kernels prefetch in one-row calls
