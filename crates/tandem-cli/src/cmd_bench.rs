@@ -270,20 +270,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut enqueue = 0f64;
             // `TANDEM_PROFILE_DECODE=N`: the profiler captures N decode steps (after two) of each
             // depth's first repetition, for `ncu --profile-from-start off`.
-            let profile = std::env::var("TANDEM_PROFILE_DECODE").ok().and_then(|v| v.parse::<usize>().ok());
-            let profile = profile.filter(|_| tg.is_empty());
+            let mut capture = StepCapture::new(&device, "TANDEM_PROFILE_DECODE", tg.is_empty());
             // `TANDEM_PPROF=FILE` (with the `pprof` feature): host stacks over the same steps.
             let host_profile = if tg.is_empty() { crate::host_profile::start() } else { None };
             for step in 0..a.gen_tokens {
-                if let Some(n) = profile {
-                    if step == 2 {
-                        device.synchronize()?;
-                        tandem_model::device::profiler_capture(&device, true);
-                    } else if step == 2 + n {
-                        device.synchronize()?;
-                        tandem_model::device::profiler_capture(&device, false);
-                    }
-                }
+                capture.before(step)?;
                 let mut chunks = [SeqChunk { tokens: &tok, cache: &mut cache, logits: LogitsWanted::Last }];
                 let step = Instant::now();
                 let out = model.forward(&mut chunks)?;
@@ -299,11 +290,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     tandem_model::ops::sampling::argmax_rows(&logits.unsqueeze(0)?)?[0]
                 };
             }
-            if profile.is_some_and(|n| a.gen_tokens > 2 && a.gen_tokens <= 2 + n) {
-                // The capture started and the steps ran out before it stopped.
-                device.synchronize()?;
-                tandem_model::device::profiler_capture(&device, false);
-            }
+            capture.end()?;
             let wall = t.elapsed().as_secs_f64();
             crate::host_profile::finish(host_profile);
             tg.push(a.gen_tokens as f64 / wall);
@@ -341,23 +328,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 device.synchronize()?;
                 // `TANDEM_PROFILE_VERIFY=N`: the profiler captures N verify steps (after two) of
                 // each size's first repetition, as TANDEM_PROFILE_DECODE does for decode steps.
-                let profile = std::env::var("TANDEM_PROFILE_VERIFY").ok().and_then(|v| v.parse::<usize>().ok());
-                let profile = profile.filter(|_| tv[vi].is_empty());
+                let mut capture = StepCapture::new(&device, "TANDEM_PROFILE_VERIFY", tv[vi].is_empty());
                 let t = Instant::now();
                 for step in 0..a.gen_tokens {
-                    if let Some(n) = profile {
-                        if step == 2 || step == 2 + n {
-                            device.synchronize()?;
-                            tandem_model::device::profiler_capture(&device, step == 2);
-                        }
-                    }
+                    capture.before(step)?;
                     verify_step(&mut cache)?;
                 }
-                if profile.is_some_and(|n| a.gen_tokens > 2 && a.gen_tokens <= 2 + n) {
-                    // The capture started and the steps ran out before it stopped.
-                    device.synchronize()?;
-                    tandem_model::device::profiler_capture(&device, false);
-                }
+                capture.end()?;
                 tv[vi].push(a.gen_tokens as f64 / t.elapsed().as_secs_f64());
             }
         }
@@ -424,6 +401,47 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 /// Result rows, each printed (mean ± sd) as soon as it is measured, so that a run cut short
 /// (a time limit on a GPU machine) keeps what it had.
+/// The profiler's capture of `N` timed steps after two (`TANDEM_PROFILE_DECODE=N`,
+/// `TANDEM_PROFILE_VERIFY=N`; for `ncu --profile-from-start off`): started before step 2,
+/// stopped before step 2 + N, or after the last step if they run out first.
+struct StepCapture<'a> {
+    device: &'a candle_core::Device,
+    steps: Option<usize>,
+    on: bool,
+}
+
+impl<'a> StepCapture<'a> {
+    /// Off unless `var` holds a count and this is the `first` repetition.
+    fn new(device: &'a candle_core::Device, var: &str, first: bool) -> Self {
+        let steps = std::env::var(var).ok().and_then(|v| v.parse::<usize>().ok()).filter(|_| first);
+        Self { device, steps, on: false }
+    }
+
+    fn before(&mut self, step: usize) -> anyhow::Result<()> {
+        let Some(n) = self.steps else { return Ok(()) };
+        if step == 2 && !self.on {
+            self.set(true)?;
+        } else if step == 2 + n && self.on {
+            self.set(false)?;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> anyhow::Result<()> {
+        if self.on {
+            self.set(false)?;
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, on: bool) -> anyhow::Result<()> {
+        self.device.synchronize()?;
+        tandem_model::device::profiler_capture(self.device, on);
+        self.on = on;
+        Ok(())
+    }
+}
+
 struct Rows;
 
 impl Rows {

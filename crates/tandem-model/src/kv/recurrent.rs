@@ -66,28 +66,19 @@ impl RecurrentState {
     pub fn detach_all(states: &[&RecurrentState]) -> Result<Vec<RecurrentState>> {
         #[cfg(feature = "cuda")]
         {
-            let dev = states.iter().find_map(|s| match s {
-                Self::Device { conv, ssm }
-                    if [conv, ssm].iter().all(|t| t.dtype() == DType::F32 && t.is_contiguous()) =>
-                {
-                    crate::ops::cuda_util::cuda_device(conv)
-                }
-                _ => None,
-            });
-            let all_cuda = states.iter().all(|s| match s {
-                Self::Host { .. } => true,
-                Self::Device { conv, ssm } => [conv, ssm]
-                    .iter()
-                    .all(|t| t.dtype() == DType::F32 && t.is_contiguous() && matches!(t.device(), Device::Cuda(_))),
-            });
-            if let (Some(dev), true) = (dev, all_cuda) {
-                let mut pieces = Vec::new();
-                for s in states {
-                    if let Self::Device { conv, ssm } = s {
-                        pieces.push(conv);
-                        pieces.push(ssm);
-                    }
-                }
+            let pieces: Vec<&Tensor> = states
+                .iter()
+                .flat_map(|s| match s {
+                    Self::Device { conv, ssm } => vec![conv, ssm],
+                    Self::Host { .. } => Vec::new(),
+                })
+                .collect();
+            // One buffer on the first piece's device, for contiguous f32 pieces all on it.
+            let one_buffer = pieces
+                .iter()
+                .all(|t| t.dtype() == DType::F32 && t.is_contiguous() && t.device().same_device(pieces[0].device()));
+            if let Some(dev) = pieces.first().and_then(|t| crate::ops::cuda_util::cuda_device(t)).filter(|_| one_buffer)
+            {
                 let mut copies = crate::ops::cuda_util::copy_f32_together(&dev, &pieces)?.into_iter();
                 return states
                     .iter()
