@@ -8,6 +8,7 @@
 // qmv_q8_0_<R>: the same chain for calls of up to R rows (decode, verify, small batches) on the
 //   CUDA cores, a warp per output column with the weights staged by cp.async (below). Same
 //   bits as qmma for every row; far more warps over a matrix than qmma has for a few rows.
+// qmvm_q8_0 (2..8 rows; below): qmma's 8-row tile with its weights streamed by cp.async.
 // qmma_q8_0_<NT>: one thread block per 16 output columns x NT rows (NT = 8, 16, 32, 64), eight
 //   warps splitting the k blocks. The chain of an output (r, c) is fixed by k alone:
 //   - per block b, the exact integer dot product isum_b = sum_i wq[c, b, i] * xq[r, b, i]
@@ -322,3 +323,115 @@ QMV(1)
 QMV(2)
 QMV(4)
 QMV(8)
+
+// qmvm_q8_0: calls of 2..8 rows (verify steps, small batches) on the tensor cores with qmma's
+// chain, its weights streamed the way qmv's are: a block per 16 output columns, eight warps,
+// warp p being qmma's warp p (segments p, p + 8, ... in order). A warp copies each of its
+// segments (the 16 columns' L = 8 blocks: 272 contiguous bytes a column) into its own
+// shared-memory stage by cp.async, QS_STAGES segments in flight, so the reads of a segment
+// overlap the mma of the one before (qmma copies a segment with plain loads, then computes: a
+// round trip per copy step); the rows' codes and scales of the segment come from global
+// memory (L1: every block reads the same few rows) before the wait. One m16n8k32 mma a block
+// gives the 16 columns x 8 rows' integer dot products; each lane runs the chain of its four
+// outputs; then the warps' partials are added in warp order (qmma's bits). Rows past m read
+// row m - 1 (a B column only reaches its own outputs, which are dropped). Takes k a multiple
+// of 256 and at least 2048 (L = 8), W 16-byte aligned.
+// Measured on an H100 (9B Q8_0, 2026-12-06): a K = 4 verify step 1.26 decode steps against
+// 1.57 on qmma_q8_0_8; staging the rows' codes beside the weights (two blocks an SM rather
+// than three) read 1.30.
+#ifndef QS_STAGES
+#define QS_STAGES 2
+#endif
+#define QS_W (16 * QM_MAXL * QM_BLOCK_BYTES)  // 4352: a stage, 16 columns' segments
+#define QS_SMEM (QM_WARPS * QS_STAGES * QS_W)  // the dynamic shared memory a block takes
+
+extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, 3)
+    qmvm_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
+              const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
+    extern __shared__ __align__(16) uint8_t qs_smem[];
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (m < 1 || m > 8 || (k & 255) || k < 2048 || dyn < (unsigned)QS_SMEM) __trap();  // launched wrongly
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int col0 = blockIdx.x * 16;
+    const int nb = k >> 5, nseg = nb / QM_MAXL;
+    const int mine = (nseg - warp + QM_WARPS - 1) / QM_WARPS;  // this warp's segments
+    constexpr int SEG = QM_MAXL * QM_BLOCK_BYTES;               // 272 bytes
+    auto stage = [&](int j) { return qs_smem + (warp * QS_STAGES + j % QS_STAGES) * QS_W; };
+    // 16 columns x 17 pieces of a segment (a column past n copies column n - 1: its outputs
+    // are dropped).
+    auto load = [&](int j) {
+        const int s = warp + j * QM_WARPS;
+        uint8_t* st = stage(j);
+        for (int i = lane; i < 16 * 17; i += 32) {
+            const int c = i / 17, p = i - c * 17;
+            const int col = min(col0 + c, n - 1);
+            cp_async16(st + c * SEG + p * 16, w + (size_t)col * rb + (size_t)s * SEG + p * 16);
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < QS_STAGES; j++) {
+        if (j < mine) load(j);
+        cp_async_commit();
+    }
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int xr = min(g, m - 1), r0 = min(2 * tig, m - 1), r1 = min(2 * tig + 1, m - 1);
+    for (int j = 0; j < mine; j++) {
+        const int s = warp + j * QM_WARPS;
+        // This segment's codes of the lane's B row and scales of its two output rows.
+        uint32_t xv[QM_MAXL][2];
+        float dv[QM_MAXL][2];
+        const uint32_t* xp = reinterpret_cast<const uint32_t*>(xq + (size_t)xr * k + (size_t)s * 256 + tig * 4);
+#pragma unroll
+        for (int bi = 0; bi < QM_MAXL; bi++) {
+            xv[bi][0] = __ldg(xp + bi * 8);
+            xv[bi][1] = __ldg(xp + bi * 8 + 4);
+            dv[bi][0] = __ldg(dx + (size_t)r0 * nb + s * QM_MAXL + bi);
+            dv[bi][1] = __ldg(dx + (size_t)r1 * nb + s * QM_MAXL + bi);
+        }
+        cp_async_wait<QS_STAGES - 1>();
+        __syncwarp();
+        const uint8_t* st = stage(j);
+#pragma unroll
+        for (int bi = 0; bi < QM_MAXL; bi++) {
+            const uint8_t* blk_lo = st + g * SEG + bi * QM_BLOCK_BYTES;
+            const uint8_t* blk_hi = blk_lo + 8 * SEG;
+            uint32_t a[4];
+            a[0] = ld_u32_2aligned(blk_lo + 2 + tig * 4);
+            a[1] = ld_u32_2aligned(blk_hi + 2 + tig * 4);
+            a[2] = ld_u32_2aligned(blk_lo + 18 + tig * 4);
+            a[3] = ld_u32_2aligned(blk_hi + 18 + tig * 4);
+            const float dw0 = __half2float(*reinterpret_cast<const __half*>(blk_lo));
+            const float dw1 = __half2float(*reinterpret_cast<const __half*>(blk_hi));
+            int d[4];
+            mma_s8(d, a, xv[bi][0], xv[bi][1]);
+            acc[0] = chain_step(acc[0], d[0], dw0, dv[bi][0]);
+            acc[1] = chain_step(acc[1], d[1], dw0, dv[bi][1]);
+            acc[2] = chain_step(acc[2], d[2], dw1, dv[bi][0]);
+            acc[3] = chain_step(acc[3], d[3], dw1, dv[bi][1]);
+        }
+        __syncwarp();  // every lane has read this stage: it may be refilled
+        if (j + QS_STAGES < mine) load(j + QS_STAGES);
+        cp_async_commit();
+    }
+    // The warps' partials, added in warp order (qmma's reduction; the stages are free now).
+    cp_async_wait<0>();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(qs_smem);  // [warp][16 cols][8 rows]
+    red[(warp * 16 + g) * 8 + 2 * tig] = acc[0];
+    red[(warp * 16 + g) * 8 + 2 * tig + 1] = acc[1];
+    red[(warp * 16 + g + 8) * 8 + 2 * tig] = acc[2];
+    red[(warp * 16 + g + 8) * 8 + 2 * tig + 1] = acc[3];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        const int c = threadIdx.x & 15, r = threadIdx.x >> 4;
+        float v = red[c * 8 + r];
+#pragma unroll
+        for (int ww = 1; ww < QM_WARPS; ww++) v += red[(ww * 16 + c) * 8 + r];
+        const int col = col0 + c;
+        if (r < m && col < n) y[(size_t)r * n + col] = v;
+    }
+}

@@ -1,7 +1,8 @@
 //! Q8_0 matmuls on the tensor cores (`tandem-kernels/cuda/qmma.cu`): the activations are
 //! quantised to 8 bits per 32-value block (`q8_quantize_rows`), each block's dot product with
-//! the weights is an exact integer (an int8 `mma.sync`; for one or two rows, decode and short
-//! verifies, `__dp4a` on a warp per output column, which spreads a matrix over more warps), and
+//! the weights is an exact integer (an int8 `mma.sync`; for one row, decode, `__dp4a` on a warp
+//! per output column, which spreads a matrix over more warps; for two to eight rows, verify
+//! steps and small batches, `qmvm_q8_0`'s streamed mma tile), and
 //! the blocks' scaled products
 //! are added in a chain fixed by `k` alone, so every call size (decode, verify chunks,
 //! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
@@ -74,16 +75,27 @@ pub fn enabled() -> bool {
 }
 
 /// Rows up to which calls take `qmv_q8_0_*` (a warp per output column, the weights staged by
-/// cp.async) rather than the mma tile; `TANDEM_Q8_GEMV=0` sends them to the mma tile and
-/// `TANDEM_Q8_GEMV_ROWS=N` moves the limit (1..8), for comparisons. Both give the same bits.
-/// Measured on the H200 (9B Q8_0): one row 235.6 tok/s against the mma tile's 176.0; four rows
-/// (a K = 4 verify) 90.0 steps/s against 97.0 and eight (batch 8) 686 tok/s against 1,066: with
-/// more rows the activations' loads bound the warp-per-column kernel.
+/// cp.async) rather than `qmvm_q8_0` (or the mma tile); `TANDEM_Q8_GEMV=0` sends them there and
+/// `TANDEM_Q8_GEMV_ROWS=N` moves the limit (1..8), for comparisons. All give the same bits.
+/// Measured on an H100 (9B Q8_0, 2026-12-06): one row 221 tok/s against `qmvm_q8_0`'s 219; two
+/// rows (a K = 2 verify) 1.24 decode steps on `qmv_q8_0_2` against 1.12 on `qmvm_q8_0`.
 fn gemv_max_rows() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("TANDEM_Q8_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).map_or(2, |n: usize| n.clamp(1, 8))
+        std::env::var("TANDEM_Q8_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).map_or(1, |n: usize| n.clamp(1, 8))
     })
+}
+
+/// `QS_SMEM` of qmma.cu's `qmvm_q8_0`: eight warps x two stages of a segment's 16 weight
+/// windows (4,352 bytes each).
+const SKINNY_SMEM: u32 = 8 * 2 * 4352;
+
+/// Whether calls of 2..8 rows (past `gemv_max_rows`) take `qmvm_q8_0` (the default) rather
+/// than the `qmma_q8_0_8` tile; `TANDEM_Q8_SKINNY=0` keeps them on the tile, for comparisons:
+/// the same bits.
+fn skinny_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_Q8_SKINNY").as_deref() != Ok("0"))
 }
 
 fn gemv_enabled() -> bool {
@@ -144,6 +156,24 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
         // rb bytes (16-byte aligned, k a multiple of 256: checked by gemv_fits); 4 warps a block
         // (QV_WARPS), static shared memory.
         unsafe { run(&mut b, cfg, &name)? };
+        drop(b);
+        drop(xv);
+        drop(inputs);
+        return Ok(tensor(y, &dev, (m, n)));
+    }
+    if m <= 8 && k >= 2048 && skinny_enabled() && gemv_fits(w, k, rb) {
+        // 2..8 rows: 16 columns a block, eight warps streaming their segments by cp.async
+        // (QS_SMEM bytes of dynamic shared memory: the kernel traps on less).
+        let (name, smem) = ("qmvm_q8_0", SKINNY_SMEM);
+        let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+        let mut b = f.builder();
+        b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
+        let cfg = LaunchConfig { grid_dim: (grid_y, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+        // SAFETY: arguments in qmvm_q8_0's order; y holds m*n, xq m*k, dx m*k/32, W n rows of
+        // rb bytes (16-byte aligned, k a multiple of 256 and at least 2048: checked above);
+        // 256 threads and the shared memory the kernel is written for.
+        unsafe { run(&mut b, cfg, name)? };
         drop(b);
         drop(xv);
         drop(inputs);
