@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Builds and runs the bf16 prefill GEMM lab (crates/tandem-kernels/lab/gemm_bf16_lab.cu) on the
-# device machine: bit-equality of every variant with tmmg_bf16, then timings on the Qwen3.5-9B
+# Builds and runs a bf16 prefill GEMM lab on the device machine (LAB=bf16, the default:
+# crates/tandem-kernels/lab/gemm_bf16_lab.cu, mma.sync variants; LAB=wgmma: gemm_wgmma_lab.cu): bit-equality of every variant with tmmg_bf16, then timings on the Qwen3.5-9B
 # shape's matrices at 4,096 rows; NCU=1 adds Nsight Compute's throughput, warp-state and
 # occupancy sections for one launch of each variant. Output in $OUT/gemm-lab*.txt.
 set -uo pipefail
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv,noheader | tee "$out/gemm-lab.txt"
-nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -o /tmp/gemmlab crates/tandem-kernels/lab/gemm_bf16_lab.cu \
+nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/gemmlab \
+  "crates/tandem-kernels/lab/gemm_${LAB:-bf16}_lab.cu" \
   2> "$out/gemm-lab-ptxas.txt" || { tail -20 "$out/gemm-lab-ptxas.txt"; exit 1; }
 /tmp/gemmlab | tee -a "$out/gemm-lab.txt"
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  LAB_PROFILE=1 timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name regex:tmmg --section SpeedOfLight \
+  LAB_PROFILE=1 timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name "regex:${NCU_KERNELS:-tmm}" --section SpeedOfLight \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section SchedulerStats /tmp/gemmlab > "$out/gemm-lab-ncu.txt" 2>&1
   echo "ncu rc $?"

@@ -1,0 +1,182 @@
+// A lab for the bf16 prefill GEMM on Hopper's warpgroup MMA (issue 16, target 4): tmmg_bf16's
+// chain (cuda/tmma.cu) with wgmma.mma_async in place of mma.sync, checked bit for bit against
+// tmmg_bf16 and timed by gemm_lab_harness.cuh. Not part of the build: `scripts/gpu-gemm-lab.sh
+// LAB=wgmma` compiles and runs it on the device machine (sm_90a).
+//
+// Why it can give tmmg_bf16's bits (scripts/gpu-wgmma-bits.sh, 2026-12-06 on an H100): one
+// wgmma.m64n8k16 gives the f32 bits of one mma.sync.m16n8k16 over the same 16 products and
+// accumulator, alone and in chains of 8, and mma.sync's result does not depend on which k slot
+// holds which (pair of) values. So a wgmma step needs only the chain's *set* of 16 values per
+// instruction: values 8t .. 8t + 3 (t = 0..3) of a 32-value step, then 8t + 4 .. 8t + 7, each
+// with the hi, then the lo half of the activations, in that order (tm_step).
+//
+// tmmw<BR, ST, KS, MB>: a block of two warpgroups; warpgroup h takes 64 weight columns
+// (wgmma's M) x BR activation rows (its N: 64 or 128); MB blocks an SM. ST stages of KS
+// steps, a step being the block's 128 weight rows, BR hi rows and BR lo rows of one 32-value
+// step, in wgmma's no-swizzle K-major layout (8 x 16-byte core matrices; along K 128 bytes
+// apart, along rows 256), the step's two 16-value sets one after the other. The activations
+// come reordered by split_perm (a set is a whole 32-byte stretch of the row: 16-byte copies);
+// the weights, in the model's order, by 8-byte copies (a 4-value run to its set's place). Per
+// stage: wait for its copies, make them visible to the async proxy, barrier, refill the stage
+// two back (each warpgroup leaves only its latest wgmma group in flight, so every wgmma that
+// read that stage has finished), then per step issue the four wgmmas of tm_step's order as
+// one group. At the end of a partition all groups are waited for and its accumulator folded
+// into the total (tg_fold's order, empty partitions included).
+// Measured on an H100 (2026-12-06): the bits of tmmg_bf16 on every shape, 105-129 TFLOP/s
+// against its 121-144 (docs/PERFORMANCE.md).
+#include <cuda_bf16.h>
+
+#include "../cuda/tmma.cu"
+#include "gemm_lab_harness.cuh"
+
+__device__ __forceinline__ uint64_t wg_desc(const void* smem) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a >> 4) & 0x3fff) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+}
+
+__device__ __forceinline__ void cp_async8_zfill(void* smem, const void* gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+// Byte offset of (row r, 16-byte core column kk) in a set of wgmma's no-swizzle layout.
+__device__ __forceinline__ int cm_off(int r, int kk) { return ((r >> 3) * 2 + kk) * 128 + (r & 7) * 16; }
+
+// One wgmma m64nNk16 (A and B from shared memory, K-major, no swizzle) into d: N = 2 x the
+// registers of d (64 or 128 rows).
+__device__ __forceinline__ void wgmma_n(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+template <int BR, int ST, int KS, int MB>
+__global__ void __launch_bounds__(256, MB)
+    tmmw(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
+         const uint4* __restrict__ w, int m, int n, int k) {
+    constexpr int BC = 128;
+    constexpr int WSET = BC * 32, XSET = BR * 32;  // bytes of one 16-value set of a step
+    constexpr int SSTEP = 2 * WSET + 4 * XSET;     // a step: weights, hi, lo, two sets each
+    constexpr int NR = BR / 2;                     // accumulator registers a thread
+    extern __shared__ __align__(1024) uint8_t wsm[];
+    const int tid = threadIdx.x, h = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * BR, col0 = blockIdx.y * BC;
+    const int steps = k >> 5, k8 = k >> 3;
+    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
+    const int nseg = (steps + L - 1) / L;
+    const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+
+    auto load = [&](int s, uint8_t* ws) {
+        uint8_t* hs = ws + 2 * WSET;
+        uint8_t* ls = hs + 2 * XSET;
+        // Weights: BC rows x 8 runs of 8 bytes; run c goes to set c & 1, core c >> 2, half (c >> 1) & 1.
+        for (int idx = tid; idx < BC * 8; idx += 256) {
+            const int r = idx >> 3, c = idx & 7, col = col0 + r;
+            const bool ok = col < n;
+            const uint8_t* src = wb + ((size_t)(ok ? col : 0) * k + (size_t)s * 32) * 2 + c * 8;
+            cp_async8_zfill(ws + (c & 1) * WSET + cm_off(r, c >> 2) + ((c >> 1) & 1) * 8, src, ok);
+        }
+        // Activations (reordered): BR rows x 4 pieces; piece q goes to set q >> 1, core q & 1.
+        for (int idx = tid; idx < BR * 4; idx += 256) {
+            const int r = idx >> 2, q = idx & 3, row = row0 + r;
+            const bool ok = row < m;
+            const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + q;
+            const int d = (q >> 1) * XSET + cm_off(r, q & 1);
+            cp_async16_zfill(hs + d, xh + off, ok);
+            cp_async16_zfill(ls + d, xl + off, ok);
+        }
+    };
+
+    float acc[NR], tot[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = 0.f, tot[i] = 0.f;
+    // li walks the steps for the copies (KS a stage), lc for the mma; both in the chain's order.
+    TgSteps li, lc;
+    li.start(L, nseg, steps);
+    lc.start(L, nseg, steps);
+    auto fill = [&](int stage) {
+        for (int u = 0; u < KS && !li.done(); u++) {
+            load(li.step(), wsm + (stage * KS + u) * SSTEP);
+            li.next();
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int d = 0; d < ST - 2; d++) fill(d);
+    const int groups = (steps + KS - 1) / KS;
+    for (int G = 0; G < groups; G++) {
+        cp_async_wait<ST - 3>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        // Refill the stage of group G - 2: every warpgroup left at most its group G - 1's last
+        // step in flight before this barrier.
+        fill((G + ST - 2) % ST);
+        for (int u = 0; u < KS && !lc.done(); u++) {
+            const uint8_t* ws = wsm + ((G % ST) * KS + u) * SSTEP;
+            const uint8_t* hs = ws + 2 * WSET;
+            const uint8_t* ls = hs + 2 * XSET;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int set = 0; set < 2; set++) {
+                const uint64_t da = wg_desc(ws + set * WSET + h * 64 * 32);
+                wgmma_n(acc, da, wg_desc(hs + set * XSET));
+                wgmma_n(acc, da, wg_desc(ls + set * XSET));
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            const int p0 = lc.p;
+            lc.next();
+            const int p1 = lc.done() ? TM_WARPS : lc.p;
+            if (p1 != p0) {
+                // The end of partition p0 (and of any empty ones up to p1): tg_fold's order.
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                for (int q = p0; q < p1; q++) {
+#pragma unroll
+                    for (int i = 0; i < NR; i++) {
+                        tot[i] = q == 0 ? acc[i] : tot[i] + acc[i];
+                        acc[i] = 0.f;
+                    }
+                }
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    cp_async_wait<0>();
+    // d[4 j + e]: weight column 16 warp + g + 8 (e >> 1) of this warpgroup's 64, activation
+    // row 8 j + 2 t + (e & 1).
+#pragma unroll
+    for (int j = 0; j < BR / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + 8 * j + 2 * t + (e & 1);
+            const int col = col0 + h * 64 + 16 * warp + g + 8 * (e >> 1);
+            if (row < m && col < n) y[(size_t)row * n + col] = tot[4 * j + e];
+        }
+    }
+}
+
+#define VW(BR, ST, KS, MB)                                                              \
+    {"tmmw_" #BR "_st" #ST "_ks" #KS "_b" #MB, tmmw<BR, ST, KS, MB>, BR, 128, ST * KS * (2 * 128 * 32 + 4 * BR * 32), \
+     true}
+static const Variant VARIANTS[] = {
+    {"tmmg_bf16", tmmg_bf16, TG_BM, TG_BN, 0, false},
+    VW(128, 4, 1, 1),  // a step a stage
+    VW(128, 4, 2, 1),  // two steps a stage: half the barriers
+    VW(128, 3, 2, 1),
+    VW(64, 4, 1, 2),   // 128 x 64 tiles, two blocks an SM
+    VW(64, 3, 2, 2),
+};
+static const int NV = sizeof(VARIANTS) / sizeof(VARIANTS[0]);
+
+int main() { return gemm_lab_main(VARIANTS, NV); }
