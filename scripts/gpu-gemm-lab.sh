@@ -9,6 +9,9 @@ nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv,n
 nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/gemmlab \
   "crates/tandem-kernels/lab/gemm_${LAB:-bf16}_lab.cu" \
   2> "$out/gemm-lab-ptxas.txt" || { tail -20 "$out/gemm-lab-ptxas.txt"; exit 1; }
+# ptxas's C7517 / C7519 notes: a wgmma kernel whose accumulators the compiler had to copy
+# between wgmmas, so it waits for each one (serialised): a slow variant for a reason.
+grep -h "C751[79]" "$out/gemm-lab-ptxas.txt" | sed 's/^/NOTE /' | head -6 | tee -a "$out/gemm-lab.txt"
 /tmp/gemmlab | tee -a "$out/gemm-lab.txt"
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

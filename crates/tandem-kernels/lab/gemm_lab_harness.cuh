@@ -12,15 +12,28 @@
 #include "lab_common.cuh"
 
 typedef void (*Kern)(float*, const uint4*, const uint4*, const uint4*, int, int, int);
-// A variant: its kernel, block tile (br rows x bc columns), dynamic shared memory, and whether
-// it reads the activations' hi / lo halves with each 32-value step's 4-value runs reordered
-// (perm: runs 0, 2, 4, 6 first, then 1, 3, 5, 7; see split_perm).
+// A variant: its kernel, block tile (br rows x bc columns), dynamic shared memory, and which
+// operands it reads with each 32-value step's 4-value runs reordered (perm: 0 none, 1 the
+// activations' hi / lo halves, 2 those and the weights; runs 0, 2, 4, 6 first, then 1, 3, 5,
+// 7; see split_perm).
 struct Variant {
     const char* name;
     Kern f;
     int br, bc, smem;
-    bool perm;
+    int perm;
 };
+
+// Where value i of a row lands when each 32-value step's runs are reordered as above.
+__host__ __device__ inline long long perm_index(long long i) {
+    const int v = (int)(i & 31), run = v >> 2;
+    return (i & ~31LL) + ((run & 1) * 16 + (run >> 1) * 4 + (v & 3));
+}
+
+// The weights reordered like the activations (a load-time repack would do this once).
+__global__ void perm_bf16(uint16_t* __restrict__ out, const uint16_t* __restrict__ in, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        out[perm_index(i)] = in[i];
+}
 
 // bf16_split_rows' bits with each 32-value step's eight 4-value runs stored in the order
 // 0, 2, 4, 6, 1, 3, 5, 7: the values the chain's first mma of a step takes (8t .. 8t + 3 for
@@ -29,15 +42,14 @@ __global__ void split_perm(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
                            long long total) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int v = (int)(i & 31), run = v >> 2;
-    const long long o = (i & ~31LL) + ((run & 1) * 16 + (run >> 1) * 4 + (v & 3));
+    const long long o = perm_index(i);
     const uint32_t s = split1(x[i]);
     xh[o] = (uint16_t)(s & 0xffffu);
     xl[o] = (uint16_t)(s >> 16);
 }
 
 struct Bufs {
-    uint16_t *w, *xh, *xl, *ph, *pl;
+    uint16_t *w, *wp, *xh, *xl, *ph, *pl;
     float* x;
 };
 
@@ -51,7 +63,8 @@ static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int 
     dim3 grid((m + v.br - 1) / v.br, (n + v.bc - 1) / v.bc);
     const uint16_t* xh = v.perm ? b.ph : b.xh;
     const uint16_t* xl = v.perm ? b.pl : b.xl;
-    v.f<<<grid, 256, v.smem>>>(y, (const uint4*)xh, (const uint4*)xl, (const uint4*)b.w, m, n, k);
+    const uint16_t* w = v.perm == 2 ? b.wp : b.w;
+    v.f<<<grid, 256, v.smem>>>(y, (const uint4*)xh, (const uint4*)xl, (const uint4*)w, m, n, k);
 }
 
 struct Shape {
@@ -68,11 +81,13 @@ static int gemm_lab_main(const Variant* VARIANTS, int NV) {
     float *y0, *y1;
     const size_t XE = (size_t)4096 * 12288;
     CK(cudaMalloc(&b.w, MAXE * 2));
+    CK(cudaMalloc(&b.wp, MAXE * 2));
     CK(cudaMalloc(&b.x, XE * 4));
     for (uint16_t** p : {&b.xh, &b.xl, &b.ph, &b.pl}) CK(cudaMalloc(p, XE * 2));
     CK(cudaMalloc(&y0, (size_t)4096 * 24576 * 4));
     CK(cudaMalloc(&y1, (size_t)4096 * 24576 * 4));
     fill_bf16<<<4096, 256>>>(b.w, MAXE, 7);
+    perm_bf16<<<4096, 256>>>(b.wp, b.w, (long long)MAXE);
     fill_f32<<<4096, 256>>>(b.x, XE, 99);
     // LAB_PROFILE=1: one launch of each variant on the gate+up shape only (for Nsight Compute).
     if (getenv("LAB_PROFILE")) {

@@ -22,8 +22,14 @@
 // read that stage has finished), then per step issue the four wgmmas of tm_step's order as
 // one group. At the end of a partition all groups are waited for and its accumulator folded
 // into the total (tg_fold's order, empty partitions included).
-// Measured on an H100 (2026-12-06): the bits of tmmg_bf16 on every shape, 105-129 TFLOP/s
-// against its 121-144 (docs/PERFORMANCE.md).
+// WP: the weights reordered like the activations (as a load-time repack would leave them), so
+// 16-byte copies place them too. TY: the partitions' total kept in y (read, added, written at
+// each fold: eight times a tile) instead of registers, which lets N reach 256 (a 128 x 256
+// tile: fewer bytes a product) within the register file.
+// Measured on an H100 (2026-12-06, the 8-byte-copy variants only): the bits of tmmg_bf16 on
+// every shape, 105-129 TFLOP/s against its 121-144 (docs/PERFORMANCE.md). The WP / TY
+// variants are compiled here (no ptxas C7517 / C7519: the accumulators stay in place between
+// wgmmas), not yet run.
 #include <cuda_bf16.h>
 
 #include "../cuda/tmma.cu"
@@ -44,7 +50,7 @@ __device__ __forceinline__ void cp_async8_zfill(void* smem, const void* gmem, bo
 __device__ __forceinline__ int cm_off(int r, int kk) { return ((r >> 3) * 2 + kk) * 128 + (r & 7) * 16; }
 
 // One wgmma m64nNk16 (A and B from shared memory, K-major, no swizzle) into d: N = 2 x the
-// registers of d (64 or 128 rows).
+// registers of d (64, 128 or 256 rows).
 __device__ __forceinline__ void wgmma_n(float (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -60,7 +66,15 @@ __device__ __forceinline__ void wgmma_n(float (&d)[64], uint64_t da, uint64_t db
         : "l"(da), "l"(db));
 }
 
-template <int BR, int ST, int KS, int MB>
+__device__ __forceinline__ void wgmma_n(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db));
+}
+
+template <int BR, int ST, int KS, int MB, bool WP, bool TY>
 __global__ void __launch_bounds__(256, MB)
     tmmw(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
          const uint4* __restrict__ w, int m, int n, int k) {
@@ -80,12 +94,21 @@ __global__ void __launch_bounds__(256, MB)
     auto load = [&](int s, uint8_t* ws) {
         uint8_t* hs = ws + 2 * WSET;
         uint8_t* ls = hs + 2 * XSET;
-        // Weights: BC rows x 8 runs of 8 bytes; run c goes to set c & 1, core c >> 2, half (c >> 1) & 1.
-        for (int idx = tid; idx < BC * 8; idx += 256) {
-            const int r = idx >> 3, c = idx & 7, col = col0 + r;
-            const bool ok = col < n;
-            const uint8_t* src = wb + ((size_t)(ok ? col : 0) * k + (size_t)s * 32) * 2 + c * 8;
-            cp_async8_zfill(ws + (c & 1) * WSET + cm_off(r, c >> 2) + ((c >> 1) & 1) * 8, src, ok);
+        if constexpr (WP) {
+            // Weights reordered like the activations: BC rows x 4 pieces of 16 bytes.
+            for (int idx = tid; idx < BC * 4; idx += 256) {
+                const int r = idx >> 2, q = idx & 3, col = col0 + r;
+                const bool ok = col < n;
+                cp_async16_zfill(ws + (q >> 1) * WSET + cm_off(r, q & 1), w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + q, ok);
+            }
+        } else {
+            // Weights: BC rows x 8 runs of 8 bytes; run c goes to set c & 1, core c >> 2, half (c >> 1) & 1.
+            for (int idx = tid; idx < BC * 8; idx += 256) {
+                const int r = idx >> 3, c = idx & 7, col = col0 + r;
+                const bool ok = col < n;
+                const uint8_t* src = wb + ((size_t)(ok ? col : 0) * k + (size_t)s * 32) * 2 + c * 8;
+                cp_async8_zfill(ws + (c & 1) * WSET + cm_off(r, c >> 2) + ((c >> 1) & 1) * 8, src, ok);
+            }
         }
         // Activations (reordered): BR rows x 4 pieces; piece q goes to set q >> 1, core q & 1.
         for (int idx = tid; idx < BR * 4; idx += 256) {
@@ -98,9 +121,19 @@ __global__ void __launch_bounds__(256, MB)
         }
     };
 
-    float acc[NR], tot[NR];
+    float acc[NR], tot[TY ? 1 : NR];
 #pragma unroll
-    for (int i = 0; i < NR; i++) acc[i] = 0.f, tot[i] = 0.f;
+    for (int i = 0; i < NR; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (TY ? 1 : NR); i++) tot[i] = 0.f;
+    // d[4 j + e]: weight column 16 warp + g + 8 (e >> 1) of this warpgroup's 64, activation
+    // row 8 j + 2 t + (e & 1); TY keeps the partitions' total in y itself.
+    auto yat = [&](int i) -> float* {
+        const int j = i >> 2, e = i & 3;
+        const int row = row0 + 8 * j + 2 * t + (e & 1);
+        const int col = col0 + h * 64 + 16 * warp + g + 8 * (e >> 1);
+        return row < m && col < n ? y + (size_t)row * n + col : nullptr;
+    };
     // li walks the steps for the copies (KS a stage), lc for the mma; both in the chain's order.
     TgSteps li, lc;
     li.start(L, nseg, steps);
@@ -143,7 +176,11 @@ __global__ void __launch_bounds__(256, MB)
                 for (int q = p0; q < p1; q++) {
 #pragma unroll
                     for (int i = 0; i < NR; i++) {
-                        tot[i] = q == 0 ? acc[i] : tot[i] + acc[i];
+                        if constexpr (TY) {
+                            if (float* yp = yat(i)) *yp = q == 0 ? acc[i] : *yp + acc[i];
+                        } else {
+                            tot[i] = q == 0 ? acc[i] : tot[i] + acc[i];
+                        }
                         acc[i] = 0.f;
                     }
                 }
@@ -153,29 +190,24 @@ __global__ void __launch_bounds__(256, MB)
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     cp_async_wait<0>();
-    // d[4 j + e]: weight column 16 warp + g + 8 (e >> 1) of this warpgroup's 64, activation
-    // row 8 j + 2 t + (e & 1).
+    if constexpr (!TY) {
 #pragma unroll
-    for (int j = 0; j < BR / 8; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = row0 + 8 * j + 2 * t + (e & 1);
-            const int col = col0 + h * 64 + 16 * warp + g + 8 * (e >> 1);
-            if (row < m && col < n) y[(size_t)row * n + col] = tot[4 * j + e];
-        }
+        for (int i = 0; i < NR; i++)
+            if (float* yp = yat(i)) *yp = tot[i];
     }
 }
 
-#define VW(BR, ST, KS, MB)                                                              \
-    {"tmmw_" #BR "_st" #ST "_ks" #KS "_b" #MB, tmmw<BR, ST, KS, MB>, BR, 128, ST * KS * (2 * 128 * 32 + 4 * BR * 32), \
-     true}
+#define VW(BR, ST, KS, MB, WP, TY)                                                                        \
+    {"tmmw_" #BR "_st" #ST "_ks" #KS "_b" #MB "_wp" #WP "_ty" #TY, tmmw<BR, ST, KS, MB, WP, TY>, BR, 128,          \
+     ST * KS * (2 * 128 * 32 + 4 * BR * 32), WP ? 2 : 1}
 static const Variant VARIANTS[] = {
-    {"tmmg_bf16", tmmg_bf16, TG_BM, TG_BN, 0, false},
-    VW(128, 4, 1, 1),  // a step a stage
-    VW(128, 4, 2, 1),  // two steps a stage: half the barriers
-    VW(128, 3, 2, 1),
-    VW(64, 4, 1, 2),   // 128 x 64 tiles, two blocks an SM
-    VW(64, 3, 2, 2),
+    {"tmmg_bf16", tmmg_bf16, TG_BM, TG_BN, 0, 0},
+    VW(128, 4, 2, 1, false, false),  // the best of 2026-12-06 08:20 (128 TF)
+    VW(128, 4, 2, 1, true, false),   // weights reordered at load: 16-byte copies
+    VW(128, 4, 1, 1, true, false),
+    VW(256, 4, 1, 1, true, true),    // 128 x 256 tiles, the partitions' total kept in y
+    VW(256, 5, 1, 1, true, true),
+    VW(128, 4, 2, 1, true, true),    // ... the same at 128 x 128 (what keeping it in y costs)
 };
 static const int NV = sizeof(VARIANTS) / sizeof(VARIANTS[0]);
 
