@@ -54,6 +54,20 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint
 }
 
 
+// The mma's A fragment (weight columns g and g + 8, this lane's k slots) of block bi of a staged
+// segment (16 columns `stride` bytes apart, 34-byte blocks), and the two columns' scales.
+__device__ __forceinline__ void staged_a(const uint8_t* st, int stride, int bi, int g, int tig, uint32_t (&a)[4],
+                                         float& dw0, float& dw1) {
+    const uint8_t* blk_lo = st + g * stride + bi * QM_BLOCK_BYTES;
+    const uint8_t* blk_hi = blk_lo + 8 * stride;
+    a[0] = ld_u32_2aligned(blk_lo + 2 + tig * 4);
+    a[1] = ld_u32_2aligned(blk_hi + 2 + tig * 4);
+    a[2] = ld_u32_2aligned(blk_lo + 18 + tig * 4);
+    a[3] = ld_u32_2aligned(blk_hi + 18 + tig * 4);
+    dw0 = __half2float(*reinterpret_cast<const __half*>(blk_lo));
+    dw1 = __half2float(*reinterpret_cast<const __half*>(blk_hi));
+}
+
 template <int NT>
 __device__ void qmma_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                           const uint8_t* __restrict__ w, int m, int n, int k, long long rb) {
@@ -98,15 +112,9 @@ __device__ void qmma_q8_0(float* __restrict__ y, const int8_t* __restrict__ xq, 
         }
         __syncwarp();
         for (int bi = 0; bi < nbs; bi++) {
-            const uint8_t* blk_lo = st + g * seg_stride + bi * QM_BLOCK_BYTES;
-            const uint8_t* blk_hi = blk_lo + 8 * seg_stride;
             uint32_t a[4];
-            a[0] = ld_u32_2aligned(blk_lo + 2 + tig * 4);
-            a[1] = ld_u32_2aligned(blk_hi + 2 + tig * 4);
-            a[2] = ld_u32_2aligned(blk_lo + 18 + tig * 4);
-            a[3] = ld_u32_2aligned(blk_hi + 18 + tig * 4);
-            const float dw0 = __half2float(*reinterpret_cast<const __half*>(blk_lo));
-            const float dw1 = __half2float(*reinterpret_cast<const __half*>(blk_hi));
+            float dw0, dw1;
+            staged_a(st, seg_stride, bi, g, tig, a, dw0, dw1);
             const int b = b0 + bi;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
@@ -397,15 +405,9 @@ extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, 3)
         const uint8_t* st = stage(j);
 #pragma unroll
         for (int bi = 0; bi < QM_MAXL; bi++) {
-            const uint8_t* blk_lo = st + g * SEG + bi * QM_BLOCK_BYTES;
-            const uint8_t* blk_hi = blk_lo + 8 * SEG;
             uint32_t a[4];
-            a[0] = ld_u32_2aligned(blk_lo + 2 + tig * 4);
-            a[1] = ld_u32_2aligned(blk_hi + 2 + tig * 4);
-            a[2] = ld_u32_2aligned(blk_lo + 18 + tig * 4);
-            a[3] = ld_u32_2aligned(blk_hi + 18 + tig * 4);
-            const float dw0 = __half2float(*reinterpret_cast<const __half*>(blk_lo));
-            const float dw1 = __half2float(*reinterpret_cast<const __half*>(blk_hi));
+            float dw0, dw1;
+            staged_a(st, SEG, bi, g, tig, a, dw0, dw1);
             int d[4];
             mma_s8(d, a, xv[bi][0], xv[bi][1]);
             acc[0] = chain_step(acc[0], d[0], dw0, dv[bi][0]);
