@@ -78,7 +78,8 @@ pub fn enabled() -> bool {
 /// cp.async) rather than `qmvm_q8_0` (or the mma tile); `TANDEM_Q8_GEMV=0` sends them there and
 /// `TANDEM_Q8_GEMV_ROWS=N` moves the limit (1..8), for comparisons. All give the same bits.
 /// Measured on an H100 (9B Q8_0, 2026-12-06): one row 221 tok/s against `qmvm_q8_0`'s 219; two
-/// rows (a K = 2 verify) 1.24 decode steps on `qmv_q8_0_2` against 1.12 on `qmvm_q8_0`.
+/// rows (a K = 2 verify) 1.24 decode steps on `qmv_q8_0_2` against 1.12 on `qmvm_q8_0`. Where
+/// `qmvm_q8_0` cannot take the matrix (rows under 2,048 values) the limit is at least 2.
 fn gemv_max_rows() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -145,7 +146,12 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
     drop(b);
 
-    if m <= gemv_max_rows() && gemv_enabled() && gemv_fits(w, k, rb) {
+    // qmvm_q8_0 takes rows of 2,048+ values; shorter ones (small models) keep their two-row
+    // calls on qmv_q8_0_2, the split from before qmvm (on the 9B, K = 2 read 1.24 decode steps
+    // there against 1.43 on the tile).
+    let skinny = skinny_enabled() && k >= 2048 && gemv_fits(w, k, rb);
+    let gemv_rows = if skinny { gemv_max_rows() } else { gemv_max_rows().max(2) };
+    if m <= gemv_rows && gemv_enabled() && gemv_fits(w, k, rb) {
         let r = m.next_power_of_two();
         let name = format!("qmv_q8_0_{r}");
         let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
@@ -161,7 +167,7 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
         drop(inputs);
         return Ok(tensor(y, &dev, (m, n)));
     }
-    if m <= 8 && k >= 2048 && skinny_enabled() && gemv_fits(w, k, rb) {
+    if m <= 8 && skinny {
         // 2..8 rows: 16 columns a block, eight warps streaming their segments by cp.async
         // (QS_SMEM bytes of dynamic shared memory: the kernel traps on less).
         let (name, smem) = ("qmvm_q8_0", SKINNY_SMEM);
