@@ -20,7 +20,7 @@ use super::tile2::Tile2;
 use super::tile50::{Tile32, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
-use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+use super::x86::{ahead, ahead50, prefetch_next, prefetch_part, spread, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs these kernels.
 pub fn available() -> bool {
@@ -101,17 +101,17 @@ unsafe fn rows45<const R: usize, const Q5: bool>(
     cols: usize,
 ) {
     let ahead = ahead::<R>();
+    let sp = spread();
     let halves = cols.div_ceil(HALF);
     if R <= 2 && halves == 2 {
         // Both halves of each superblock at once: the tile is read once, each activation
         // broadcast serves both, and the halves' chains run side by side.
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..nb {
-            prefetch_next!(tiles, b, nb, ahead);
             if Q5 {
                 prefetch_next!(high, b, nb, ahead);
             }
-            block45::<R, 2, Q5>(&*tiles.add(b), high.wrapping_add(b), b, 0, rows, &mut acc);
+            block45::<R, 2, Q5>(tiles, ahead, sp, high.wrapping_add(b), b, 0, rows, &mut acc);
         }
         for (h, acc) in acc.iter().enumerate() {
             store(acc, out.add(h * HALF), ldo, cols - h * HALF);
@@ -120,26 +120,28 @@ unsafe fn rows45<const R: usize, const Q5: bool>(
         // Half by half: the accumulators of more rows would not fit the 16 registers twice.
         for h in 0..halves {
             let mut acc = [[_mm256_setzero_ps(); R]; 1];
+            // The first half's pass prefetches the tiles (and fifth bits) for both.
+            let pa = if h == 0 { ahead } else { 0 };
             for b in 0..nb {
-                if h == 0 {
-                    prefetch_next!(tiles, b, nb, ahead);
-                    if Q5 {
-                        prefetch_next!(high, b, nb, ahead);
-                    }
+                if Q5 {
+                    prefetch_next!(high, b, nb, pa);
                 }
-                block45::<R, 1, Q5>(&*tiles.add(b), high.wrapping_add(b), b, h, rows, &mut acc);
+                block45::<R, 1, Q5>(tiles, pa, sp, high.wrapping_add(b), b, h, rows, &mut acc);
             }
             store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
         }
     }
 }
 
-/// Halves `h0 .. h0 + H` of superblock `b` (tile `t`; `hb` its fifth bits for Q5K) times rows
-/// `rows`, added to `acc[half - h0]` in [`super::tile::dot`]'s order.
+/// Halves `h0 .. h0 + H` of superblock `b` (tile `tiles[b]`; `hb` its fifth bits for Q5K)
+/// times rows `rows`, added to `acc[half - h0]` in [`super::tile::dot`]'s order; prefetches
+/// tile `b + ahead` along the way, spread over `sp` steps (none for `ahead` 0).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
-    t: &Tile,
+    tiles: *const Tile,
+    ahead: usize,
+    sp: usize,
     hb: *const HighBits,
     b: usize,
     h0: usize,
@@ -149,10 +151,12 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
     let ones = _mm256_set1_epi16(1);
+    let t = &*tiles.add(b);
     let d: [__m256; H] = std::array::from_fn(|i| half_f32(t.d.as_ptr().add((h0 + i) * HALF)));
     let mut tt = [[_mm256_setzero_ps(); R]; H];
     let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
     for s in 0..8 {
+        prefetch_part!(tiles, b, ahead, s, sp);
         let mut isum = [[_mm256_setzero_si256(); R]; H];
         // Q4K: a whole sub-block in i16; Q5K: two groups (module docs).
         let span = if Q5 { 2 } else { 4 };
@@ -235,17 +239,18 @@ pub unsafe fn rows8<const R: usize>(
     cols: usize,
 ) {
     let ahead = ahead::<R>();
+    let sp = spread();
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
     for h in 0..cols.div_ceil(HALF) {
         let mut acc = [_mm256_setzero_ps(); R];
+        // The first half's pass prefetches the tiles for both.
+        let pa = if h == 0 { ahead } else { 0 };
         for b in 0..nb {
-            if h == 0 {
-                prefetch_next!(tiles, b, nb, ahead);
-            }
             let t = &*tiles.add(b);
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             for s in 0..8 {
+                prefetch_part!(tiles, b, pa, s, sp);
                 let mut isum = [_mm256_setzero_si256(); R];
                 for g in 8 * s..8 * s + 8 {
                     let w =
@@ -286,18 +291,19 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
     cols: usize,
 ) {
     let ahead = ahead50::<R>();
+    let sp = spread();
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
     let ones = _mm256_set1_epi16(1);
     for h in 0..cols.div_ceil(HALF) {
         let mut acc = [_mm256_setzero_ps(); R];
+        // The first half's pass prefetches the tiles for both.
+        let pa = if h == 0 { ahead } else { 0 };
         for b in 0..nb {
-            if h == 0 {
-                prefetch_next!(tiles, b, nb, ahead);
-            }
             let t = &*tiles.add(b);
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             for s in 0..if b + 1 == nb { last } else { 8 } {
+                prefetch_part!(tiles, b, pa, s, sp);
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
                     _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });
@@ -350,15 +356,15 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
     let (c16, c32) = (_mm256_set1_epi8(16), _mm256_set1_epi8(32));
     let ones = _mm256_set1_epi16(1);
     let ahead = ahead::<R>();
+    let sp = spread();
     for h in 0..2 {
         if h * HALF >= cols {
             break;
         }
         let mut acc = [_mm256_setzero_ps(); R];
+        // The first half's pass prefetches the tiles for both.
+        let pa = if h == 0 { ahead } else { 0 };
         for b in 0..nb {
-            if h == 0 {
-                prefetch_next!(tiles, b, nb, ahead);
-            }
             let t = &*tiles.add(b);
             let d = half_f32(t.d_bits().as_ptr().add(h * HALF));
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
@@ -367,6 +373,7 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
                 _mm256_cvtepi8_epi16(_mm_loadu_si128(t.sc()[p].as_ptr().add(2 * h * HALF) as *const __m128i))
             });
             for (p, &v) in sc16.iter().enumerate() {
+                prefetch_part!(tiles, b, pa, p, sp);
                 let scales = [
                     _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v))),
                     _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v)),
@@ -441,15 +448,15 @@ pub unsafe fn rows2<const R: usize>(
     let m4w = _mm256_set1_epi16(0x0F);
     let ones = _mm256_set1_epi16(1);
     let ahead = ahead::<R>();
+    let sp = spread();
     for h in 0..2 {
         if h * HALF >= cols {
             break;
         }
         let mut acc = [_mm256_setzero_ps(); R];
+        // The first half's pass prefetches the tiles for both.
+        let pa = if h == 0 { ahead } else { 0 };
         for b in 0..nb {
-            if h == 0 {
-                prefetch_next!(tiles, b, nb, ahead);
-            }
             let t = &*tiles.add(b);
             let d = half_f32(t.d.as_ptr().add(h * HALF));
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
@@ -458,6 +465,7 @@ pub unsafe fn rows2<const R: usize>(
                 _mm256_cvtepu8_epi16(_mm_loadu_si128(t.sc[p].as_ptr().add(2 * h * HALF) as *const __m128i))
             });
             for (p, &v) in raw.iter().enumerate() {
+                prefetch_part!(tiles, b, pa, p, sp);
                 let sc = _mm256_and_si256(v, m4w);
                 let scales = [
                     _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF))),

@@ -11,7 +11,7 @@ use super::tile2::Tile2;
 use super::tile50::{Tile32, ACT50_BYTES, ACT50_QS, ACT50_SUMS};
 use super::tile6::Sub16;
 use super::tile8::Tile8;
-use super::x86::{ahead, ahead50, prefetch_next, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
+use super::x86::{ahead, ahead50, prefetch_next, prefetch_part, spread, RowPtr, Q8_BSUMS, Q8_BYTES, Q8_QS};
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
@@ -37,11 +37,12 @@ pub unsafe fn rows8<const R: usize>(
 ) {
     let mut acc = [_mm512_setzero_ps(); R];
     let ahead = ahead::<R>();
+    let sp = spread();
     for b in 0..nb {
-        prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         for s in 0..8 {
+            prefetch_part!(tiles, b, ahead, s, sp);
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
@@ -91,13 +92,14 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
     let sixteen = _mm512_set1_epi8(16);
     let mut acc = [_mm512_setzero_ps(); R];
     let ahead = ahead50::<R>();
+    let sp = spread();
     for b in 0..nb {
-        prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         // The last stretch's padding blocks (d = 0 against zero activations) add an exact
         // +0.0 to a sum that is never -0.0: skipping them keeps the reference's bits.
         for s in 0..if b + 1 == nb { last } else { 8 } {
+            prefetch_part!(tiles, b, ahead, s, sp);
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
@@ -150,8 +152,8 @@ pub unsafe fn rows<const R: usize>(
     let sixteen = _mm512_set1_epi8(16);
     let mut acc = [_mm512_setzero_ps(); R];
     let ahead = ahead::<R>();
+    let sp = spread();
     for b in 0..nb {
-        prefetch_next!(tiles, b, nb, ahead);
         if !high.is_null() {
             prefetch_next!(high, b, nb, ahead);
         }
@@ -161,6 +163,7 @@ pub unsafe fn rows<const R: usize>(
         let mut tt = [_mm512_setzero_ps(); R];
         let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
         for s in 0..8 {
+            prefetch_part!(tiles, b, ahead, s, sp);
             let mut isum = [_mm512_setzero_si512(); R];
             for g in 4 * s..4 * s + 4 {
                 let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
@@ -218,8 +221,8 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
     let (c16, c32) = (_mm512_set1_epi8(16), _mm512_set1_epi8(32));
     let mut acc = [_mm512_setzero_ps(); R];
     let ahead = ahead::<R>();
+    let sp = spread();
     for b in 0..nb {
-        prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d_bits().as_ptr() as *const __m256i));
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
@@ -227,6 +230,7 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
         let sc16: [__m512i; 8] =
             std::array::from_fn(|p| _mm512_cvtepi8_epi16(_mm256_load_si256(t.sc()[p].as_ptr() as *const __m256i)));
         for (p, &v) in sc16.iter().enumerate() {
+            prefetch_part!(tiles, b, ahead, p, sp);
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v))),
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(v)),
@@ -290,8 +294,8 @@ pub unsafe fn rows2<const R: usize>(
     let m4w = _mm512_set1_epi16(0x0F);
     let mut acc = [_mm512_setzero_ps(); R];
     let ahead = ahead::<R>();
+    let sp = spread();
     for b in 0..nb {
-        prefetch_next!(tiles, b, nb, ahead);
         let t = &*tiles.add(b);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES));
@@ -300,6 +304,7 @@ pub unsafe fn rows2<const R: usize>(
         let raw: [__m512i; 8] =
             std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_load_si256(t.sc[p].as_ptr() as *const __m256i)));
         for (p, &v) in raw.iter().enumerate() {
+            prefetch_part!(tiles, b, ahead, p, sp);
             let sc = _mm512_and_si512(v, m4w);
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF))),

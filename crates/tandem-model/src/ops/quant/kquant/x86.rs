@@ -44,6 +44,32 @@ macro_rules! prefetch_next {
     };
 }
 
+/// [`prefetch_next`]'s lines spread over a tile's eight sub-block steps: step `part` (0..8)
+/// prefetches its share of `items[b + ahead]`'s cache lines, the lines cut into `spread` shares
+/// ([`spread`]: 8 on Zen 5, 1 elsewhere, where step 0 takes them all). A 2,368-byte Q4K tile
+/// is 37 lines; in one burst at the top of the tile they measured 12-22% slower one-thread
+/// decode on Zen 5 than five or so a step (docs/PERFORMANCE.md, 2026-12-06): the burst holds
+/// the miss queue the demand loads then wait behind.
+macro_rules! prefetch_part {
+    ($items:expr, $b:expr, $ahead:expr, $part:expr, $spread:expr) => {
+        if $ahead > 0 {
+            let p = $items.wrapping_add($b + $ahead) as *const i8;
+            let lines = std::mem::size_of_val(&*$items).div_ceil(64);
+            let per = lines.div_ceil($spread);
+            for line in $part * per..(($part + 1) * per).min(lines) {
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
+            }
+        }
+    };
+}
+
+/// [`crate::ops::quant::kernel_prefetch_spread`], read once per call outside the loop (as
+/// [`ahead`]).
+#[inline]
+pub(super) fn spread() -> usize {
+    crate::ops::quant::kernel_prefetch_spread()
+}
+
 /// One activation row's superblocks as the kernel reads them: `nb` blocks of candle's
 /// `BlockQ8K` layout (`d` f32, 256 i8, 16 i16 sums) and `nb` words-of-four of sub-block sums.
 #[derive(Clone, Copy)]
@@ -57,4 +83,4 @@ pub(super) const Q8_BYTES: usize = 292;
 pub(super) const Q8_QS: usize = 4;
 pub(super) const Q8_BSUMS: usize = 260;
 
-pub(super) use prefetch_next;
+pub(super) use {prefetch_next, prefetch_part};
