@@ -142,7 +142,7 @@ fn quant_case(dev: &Device, q: GgmlDType, n: usize, k: usize, shape: &str, fmt: 
     let alone = row_stable::forward(&on_dev, &xd.narrow(0, 4, 1)?)?;
     let in5 = last(5)?;
     let judge = if dev.is_cpu() || own { Judge::Exact } else { Judge::Info };
-    // Calls of 2-8 rows (CUDA Q8_0: qmvm_q8_0, 16 columns x 8 rows a tile; K-quants: the mma GEMV of
+    // Calls of 2-8 rows (CUDA Q8_0: qmvm_q8_0 for k >= 2048, else qmv / the qmma tile; K-quants: the mma GEMV of
     // kqskinny.cu, 16 columns x 8 rows a tile) against the same rows alone.
     for m in [2, 3, 4, 8] {
         let alone_m = row_stable::forward(&on_dev, &xd.narrow(0, m - 1, 1)?)?;

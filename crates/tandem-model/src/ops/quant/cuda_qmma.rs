@@ -1,8 +1,8 @@
 //! Q8_0 matmuls on the tensor cores (`tandem-kernels/cuda/qmma.cu`): the activations are
 //! quantised to 8 bits per 32-value block (`q8_quantize_rows`), each block's dot product with
 //! the weights is an exact integer (an int8 `mma.sync`; for one row, decode, `__dp4a` on a warp
-//! per output column, which spreads a matrix over more warps; for two to eight rows, verify
-//! steps and small batches, `qmvm_q8_0`'s streamed mma tile), and
+//! per output column, which spreads a matrix over more warps; for two to eight rows of 2,048+
+//! values, verify steps and small batches, `qmvm_q8_0`'s streamed mma tile), and
 //! the blocks' scaled products
 //! are added in a chain fixed by `k` alone, so every call size (decode, verify chunks,
 //! batches, prefill) gives a row the same bits. Against [`super::cuda_quant`]'s CUDA-core
@@ -91,9 +91,9 @@ fn gemv_max_rows() -> usize {
 /// windows (4,352 bytes each).
 const SKINNY_SMEM: u32 = 8 * 2 * 4352;
 
-/// Whether calls of 2..8 rows (past `gemv_max_rows`) take `qmvm_q8_0` (the default) rather
-/// than the `qmma_q8_0_8` tile; `TANDEM_Q8_SKINNY=0` keeps them on the tile, for comparisons:
-/// the same bits.
+/// Whether calls of 2..8 rows (past `gemv_max_rows`) of 2,048+ values take `qmvm_q8_0` (the
+/// default); `TANDEM_Q8_SKINNY=0` restores the split from before it (two rows on `qmv_q8_0_2`,
+/// three to eight on the `qmma_q8_0_8` tile), for comparisons: the same bits.
 fn skinny_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("TANDEM_Q8_SKINNY").as_deref() != Ok("0"))

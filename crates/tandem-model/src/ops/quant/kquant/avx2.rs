@@ -302,8 +302,15 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
         for b in 0..nb {
             let t = &*tiles.add(b);
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-            for s in 0..if b + 1 == nb { last } else { 8 } {
+            let steps = if b + 1 == nb { last } else { 8 };
+            for s in 0..steps {
                 prefetch_part!(tiles, b, pa, s, sp);
+                if s + 1 == steps {
+                    // A shortened last tile: the shares of the steps it skips too.
+                    for q in steps..8 {
+                        prefetch_part!(tiles, b, pa, q, sp);
+                    }
+                }
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
                     _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });

@@ -98,8 +98,15 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         // The last stretch's padding blocks (d = 0 against zero activations) add an exact
         // +0.0 to a sum that is never -0.0: skipping them keeps the reference's bits.
-        for s in 0..if b + 1 == nb { last } else { 8 } {
+        let steps = if b + 1 == nb { last } else { 8 };
+        for s in 0..steps {
             prefetch_part!(tiles, b, ahead, s, sp);
+            if s + 1 == steps {
+                // A shortened last tile: the shares of the steps it skips too.
+                for q in steps..8 {
+                    prefetch_part!(tiles, b, ahead, q, sp);
+                }
+            }
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
