@@ -159,7 +159,7 @@ pub fn set_threads(n: usize) {
         return;
     }
     // -t 0: the pools get every core, and the kernels' thread cap (`cpu_threads`) follows the
-    // cores other processes leave free, now and (watched twice a second) later, so a busy
+    // cores other processes leave free, now and (watched every 200 ms) later, so a busy
     // neighbour, also one that starts or stops later, never makes every op wait for the
     // worker that shares its core.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -174,7 +174,10 @@ pub fn set_threads(n: usize) {
             current = t;
         }
     }
-    tandem_engine::threads::watch(cores, current, std::time::Duration::from_millis(500));
+    // 200 ms: a neighbour that starts late costs the two-thread rate until two samples agree;
+    // SmolLM2 on Zen 5 with one starting 0.4 s in, the default's decode 0.85-0.90x of `-t 1`
+    // against 0.73-0.82x at 500 ms (docs/PERFORMANCE.md, 2026-12-06).
+    tandem_engine::threads::watch(cores, current, std::time::Duration::from_millis(200));
 }
 
 /// Sampling flags.
