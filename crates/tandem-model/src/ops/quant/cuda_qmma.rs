@@ -170,12 +170,12 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     if m <= 8 && skinny {
         // 2..8 rows: 16 columns a block, eight warps streaming their segments by cp.async
         // (QS_SMEM bytes of dynamic shared memory: the kernel traps on less).
-        let (name, smem) = ("qmvm_q8_0", SKINNY_SMEM);
+        let name = "qmvm_q8_0";
         let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
-        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+        allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, SKINNY_SMEM)?;
         let mut b = f.builder();
         b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
-        let cfg = LaunchConfig { grid_dim: (grid_y, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+        let cfg = LaunchConfig { grid_dim: (grid_y, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: SKINNY_SMEM };
         // SAFETY: arguments in qmvm_q8_0's order; y holds m*n, xq m*k, dx m*k/32, W n rows of
         // rb bytes (16-byte aligned, k a multiple of 256 and at least 2048: checked above);
         // 256 threads and the shared memory the kernel is written for.

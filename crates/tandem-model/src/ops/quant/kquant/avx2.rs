@@ -156,7 +156,7 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
     let mut tt = [[_mm256_setzero_ps(); R]; H];
     let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
     for s in 0..8 {
-        prefetch_part!(tiles, b, ahead, s, sp);
+        prefetch_part!(tiles, b, ahead, s, 8, sp);
         let mut isum = [[_mm256_setzero_si256(); R]; H];
         // Q4K: a whole sub-block in i16; Q5K: two groups (module docs).
         let span = if Q5 { 2 } else { 4 };
@@ -250,7 +250,7 @@ pub unsafe fn rows8<const R: usize>(
             let t = &*tiles.add(b);
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             for s in 0..8 {
-                prefetch_part!(tiles, b, pa, s, sp);
+                prefetch_part!(tiles, b, pa, s, 8, sp);
                 let mut isum = [_mm256_setzero_si256(); R];
                 for g in 8 * s..8 * s + 8 {
                     let w =
@@ -304,13 +304,7 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
             let steps = if b + 1 == nb { last } else { 8 };
             for s in 0..steps {
-                prefetch_part!(tiles, b, pa, s, sp);
-                if s + 1 == steps {
-                    // A shortened last tile: the shares of the steps it skips too.
-                    for q in steps..8 {
-                        prefetch_part!(tiles, b, pa, q, sp);
-                    }
-                }
+                prefetch_part!(tiles, b, pa, s, steps, sp);
                 let mut isum: [__m256i; R] = std::array::from_fn(|r| {
                     _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
                 });
@@ -380,7 +374,7 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
                 _mm256_cvtepi8_epi16(_mm_loadu_si128(t.sc()[p].as_ptr().add(2 * h * HALF) as *const __m128i))
             });
             for (p, &v) in sc16.iter().enumerate() {
-                prefetch_part!(tiles, b, pa, p, sp);
+                prefetch_part!(tiles, b, pa, p, 8, sp);
                 let scales = [
                     _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v))),
                     _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v)),
@@ -472,7 +466,7 @@ pub unsafe fn rows2<const R: usize>(
                 _mm256_cvtepu8_epi16(_mm_loadu_si128(t.sc[p].as_ptr().add(2 * h * HALF) as *const __m128i))
             });
             for (p, &v) in raw.iter().enumerate() {
-                prefetch_part!(tiles, b, pa, p, sp);
+                prefetch_part!(tiles, b, pa, p, 8, sp);
                 let sc = _mm256_and_si256(v, m4w);
                 let scales = [
                     _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF))),

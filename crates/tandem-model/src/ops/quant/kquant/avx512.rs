@@ -42,7 +42,7 @@ pub unsafe fn rows8<const R: usize>(
         let t = &*tiles.add(b);
         let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
         for s in 0..8 {
-            prefetch_part!(tiles, b, ahead, s, sp);
+            prefetch_part!(tiles, b, ahead, s, 8, sp);
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
@@ -100,13 +100,7 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
         // +0.0 to a sum that is never -0.0: skipping them keeps the reference's bits.
         let steps = if b + 1 == nb { last } else { 8 };
         for s in 0..steps {
-            prefetch_part!(tiles, b, ahead, s, sp);
-            if s + 1 == steps {
-                // A shortened last tile: the shares of the steps it skips too.
-                for q in steps..8 {
-                    prefetch_part!(tiles, b, ahead, q, sp);
-                }
-            }
+            prefetch_part!(tiles, b, ahead, s, steps, sp);
             let mut even = [_mm512_setzero_si512(); R];
             let mut odd = [_mm512_setzero_si512(); R];
             for r in 0..R {
@@ -170,7 +164,7 @@ pub unsafe fn rows<const R: usize>(
         let mut tt = [_mm512_setzero_ps(); R];
         let q8: [*const i8; R] = std::array::from_fn(|r| rows[r].q8.add(b * Q8_BYTES + Q8_QS) as *const i8);
         for s in 0..8 {
-            prefetch_part!(tiles, b, ahead, s, sp);
+            prefetch_part!(tiles, b, ahead, s, 8, sp);
             let mut isum = [_mm512_setzero_si512(); R];
             for g in 4 * s..4 * s + 4 {
                 let w = _mm512_load_si512(t.qs.as_ptr().add(64 * g) as *const __m512i);
@@ -237,7 +231,7 @@ pub unsafe fn rows6<T: Sub16, const R: usize>(
         let sc16: [__m512i; 8] =
             std::array::from_fn(|p| _mm512_cvtepi8_epi16(_mm256_load_si256(t.sc()[p].as_ptr() as *const __m256i)));
         for (p, &v) in sc16.iter().enumerate() {
-            prefetch_part!(tiles, b, ahead, p, sp);
+            prefetch_part!(tiles, b, ahead, p, 8, sp);
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v))),
                 _mm512_cvtepi32_ps(_mm512_srai_epi32::<16>(v)),
@@ -311,7 +305,7 @@ pub unsafe fn rows2<const R: usize>(
         let raw: [__m512i; 8] =
             std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_load_si256(t.sc[p].as_ptr() as *const __m256i)));
         for (p, &v) in raw.iter().enumerate() {
-            prefetch_part!(tiles, b, ahead, p, sp);
+            prefetch_part!(tiles, b, ahead, p, 8, sp);
             let sc = _mm512_and_si512(v, m4w);
             let scales = [
                 _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF))),

@@ -44,19 +44,21 @@ macro_rules! prefetch_next {
     };
 }
 
-/// [`prefetch_next`]'s lines spread over a tile's eight sub-block steps: step `part` (0..8)
-/// prefetches its share of `items[b + ahead]`'s cache lines, the lines cut into `spread` shares
-/// ([`spread`]: 8 on Zen 5, 1 elsewhere, where step 0 takes them all). A 2,368-byte Q4K tile
+/// [`prefetch_next`]'s lines spread over a tile's sub-block steps: step `part` of the `steps`
+/// (8, fewer on a shortened last tile) the loop runs prefetches its share of `items[b +
+/// ahead]`'s cache lines, the lines cut into `spread` shares ([`spread`]: 8 on Zen 5, 1
+/// elsewhere, where step 0 takes them all); the last step takes every share left. A 2,368-byte Q4K tile
 /// is 37 lines; in one burst at the top of the tile they measured 12-22% slower one-thread
 /// decode on Zen 5 than five or so a step (docs/PERFORMANCE.md, 2026-12-06): the burst holds
 /// the miss queue the demand loads then wait behind.
 macro_rules! prefetch_part {
-    ($items:expr, $b:expr, $ahead:expr, $part:expr, $spread:expr) => {
+    ($items:expr, $b:expr, $ahead:expr, $part:expr, $steps:expr, $spread:expr) => {
         if $ahead > 0 {
             let p = $items.wrapping_add($b + $ahead) as *const i8;
             let lines = std::mem::size_of_val(&*$items).div_ceil(64);
             let per = lines.div_ceil($spread);
-            for line in $part * per..(($part + 1) * per).min(lines) {
+            let end = if $part + 1 == $steps { lines } else { (($part + 1) * per).min(lines) };
+            for line in $part * per..end {
                 _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
             }
         }
