@@ -5,7 +5,7 @@
 // bf16_split_rows: x f32 -> hi = bf16(x) and lo = bf16(x - hi), both round-to-nearest-even, so
 //   that hi + lo carries x to about 16 significant bits (x - hi is exact in f32). A row's split
 //   depends only on that row.
-// The chain (tmv_bf16_* for calls of up to 16 rows, tmmg_bf16 for more: the same bits). The
+// The chain (tmv_bf16_* for calls of up to 16 rows, tmmk_bf16 / tmmg_bf16 for more: the same bits). The
 //   weights are the mma's A operand (16 output columns x 16 k), the activations its B operand
 //   (16 k x 8 rows), so a call of up to 8 rows costs one read of the weights and nothing
 //   wasted. An output (r, c) is fixed by k alone:
@@ -240,16 +240,18 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
 }
 
 // The steps in the chain's order: partition p, its segments p, p + 8, ..., each segment's steps.
+// start_at walks partitions p0 .. pe - 1 only (a split call's block).
 struct TgSteps {
-    int p, seg, i, L, nseg, steps;
-    __device__ void start(int L_, int nseg_, int steps_) {
-        L = L_, nseg = nseg_, steps = steps_, p = 0, seg = 0, i = 0;
+    int p, seg, i, L, nseg, steps, pe;
+    __device__ void start(int L_, int nseg_, int steps_) { start_at(L_, nseg_, steps_, 0, TM_WARPS); }
+    __device__ void start_at(int L_, int nseg_, int steps_, int p0, int pe_) {
+        L = L_, nseg = nseg_, steps = steps_, p = p0, seg = p0, i = 0, pe = pe_;
         skip();
     }
     __device__ void skip() {  // past empty partitions
-        while (p < TM_WARPS && seg >= nseg) seg = ++p;
+        while (p < pe && seg >= nseg) seg = ++p;
     }
-    __device__ bool done() const { return p >= TM_WARPS; }
+    __device__ bool done() const { return p >= pe; }
     __device__ int step() const { return seg * L + i; }
     __device__ void next() {
         if (++i < min(L, steps - seg * L)) return;
@@ -383,4 +385,146 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         tg_fold(acc, tot, p);
     }
     tg_store(y, tot, row0, col0, wn, wm, g, t, m, n);
+}
+
+// tmm_tile<ST, WA, WJ, WM, WN, SPLIT>: tmmg_bf16's chain on other tiles: a block of WM x WN
+// warps, warp (wm, wn) taking WJ groups of 8 rows and WA groups of 16 columns (block tile
+// WM WJ 8 rows x WN WA 16 columns); ST stages of one 32-value step (weights, hi, lo) in
+// flight, one barrier a step: wait for step i, barrier, refill the stage step i - 1 used, run
+// step i. Every output sees the same mma sequence with the same operands as in tmmg_bf16.
+// SPLIT: block z runs partition z alone and leaves its accumulator in y + z m n (empty
+// partitions leave +0); tmmk_sum then adds the eight in order, as tmmg_bf16's fold does, so
+// the bits are the same. A batch of 17-128 rows fills the GPU this way: at 64 rows
+// tmmg_bf16's 128-row tile idles half its warps and a 4,096-column matrix makes 64 blocks.
+// Dynamic shared memory: ST (WN WA 16 + 2 WM WJ 8) 64 bytes.
+template <int ST, int WA, int WJ, int WM, int WN, bool SPLIT>
+__device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
+                         const uint4* __restrict__ w, int m, int n, int k) {
+    constexpr int BR = WM * WJ * 8, BC = WN * WA * 16;
+    constexpr int SW = BC * TG_PIECES, SX = BR * TG_PIECES, STAGE = SW + 2 * SX;  // uint4 a stage
+    extern __shared__ __align__(16) uint4 tt_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int wn = warp % WN, wm = warp / WN;
+    const int row0 = blockIdx.x * BR, col0 = blockIdx.y * BC;
+    const bool live = row0 + wm * WJ * 8 < m;
+    const int steps = k >> 5, k8 = k >> 3;
+    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
+    const int nseg = (steps + L - 1) / L;
+    const int p0 = SPLIT ? blockIdx.z : 0, pe = SPLIT ? p0 + 1 : TM_WARPS;
+    if (SPLIT) y += (size_t)p0 * m * n;
+
+    auto load = [&](int s, int st) {
+        uint4* ws = tt_smem + st * STAGE;
+        uint4* hs = ws + SW;
+        uint4* ls = hs + SX;
+        for (int idx = tid; idx < SW; idx += WM * WN * 32) {
+            const int c = idx >> 2, pc = idx & 3, col = col0 + c;
+            const bool ok = col < n;
+            cp_async16_zfill(&ws[idx], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc, ok);
+        }
+        for (int idx = tid; idx < SX; idx += WM * WN * 32) {
+            const int r = idx >> 2, pc = idx & 3, row = row0 + r;
+            const bool ok = row < m;
+            const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
+            cp_async16_zfill(&hs[idx], xh + off, ok);
+            cp_async16_zfill(&ls[idx], xl + off, ok);
+        }
+    };
+
+    float acc[WA][WJ][4], tot[WA][WJ][4];
+#pragma unroll
+    for (int a = 0; a < WA; a++)
+#pragma unroll
+        for (int j = 0; j < WJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[a][j][e] = 0.f, tot[a][j][e] = 0.f;
+
+    TgSteps li;
+    li.start_at(L, nseg, steps, p0, pe);
+#pragma unroll
+    for (int d = 0; d < ST - 1; d++) {
+        if (!li.done()) {
+            load(li.step(), d);
+            li.next();
+        }
+        cp_async_commit();
+    }
+    int st = 0;
+    for (int p = p0; p < pe; p++) {
+        for (int seg = p; seg < nseg; seg += TM_WARPS) {
+            const int ns = min(L, steps - seg * L);
+            for (int i = 0; i < ns; i++) {
+                cp_async_wait<ST - 2>();
+                __syncthreads();
+                if (!li.done()) {
+                    load(li.step(), (st + ST - 1) % ST);
+                    li.next();
+                }
+                cp_async_commit();
+                if (live) {
+                    const uint4* ws = tt_smem + st * STAGE;
+                    const uint4* hs = ws + SW;
+                    const uint4* ls = hs + SX;
+                    uint4 wa[WA], wb[WA];
+#pragma unroll
+                    for (int a = 0; a < WA; a++) {
+                        const int c = wn * WA * 16 + a * 16 + g;
+                        wa[a] = ws[c * TG_PIECES + t];
+                        wb[a] = ws[(c + 8) * TG_PIECES + t];
+                    }
+#pragma unroll
+                    for (int j = 0; j < WJ; j++) {
+                        const int r = wm * WJ * 8 + j * 8 + g;
+                        const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
+#pragma unroll
+                        for (int a = 0; a < WA; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+                    }
+                }
+                st = (st + 1) % ST;
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < WA; a++)
+#pragma unroll
+            for (int j = 0; j < WJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[a][j][e] = p == p0 ? acc[a][j][e] : tot[a][j][e] + acc[a][j][e];
+                    acc[a][j][e] = 0.f;
+                }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int a = 0; a < WA; a++) {
+#pragma unroll
+        for (int j = 0; j < WJ; j++) {
+            const int c = col0 + wn * WA * 16 + a * 16 + g;
+            const int r = row0 + wm * WJ * 8 + j * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = c + (e >> 1) * 8, row = r + (e & 1);
+                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
+            }
+        }
+    }
+}
+
+// tmmk_bf16 (calls of 17-128 rows on matrices of up to TANDEM_BF16_SPLIT_COLS columns): a
+// block of 64 rows x 64 columns (eight warps of 16 x 32) runs one partition of the chain
+// (grid z = 8) into part [8][m][n]; tmmk_sum adds them. 36,864 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    tmmk_bf16(float* __restrict__ part, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
+              const uint4* __restrict__ w, int m, int n, int k) {
+    tmm_tile<3, 2, 2, 4, 2, true>(part, xh, xl, w, m, n, k);
+}
+
+// y = the eight partitions' accumulators added in order (partition 0 first; tmmg_bf16's fold).
+extern "C" __global__ void tmmk_sum(float* __restrict__ y, const float* __restrict__ part, long long mn) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= mn) return;
+    float v = part[i];
+#pragma unroll
+    for (int p = 1; p < TM_WARPS; p++) v = v + part[(size_t)p * mn + i];
+    y[i] = v;
 }

@@ -123,9 +123,20 @@ static int gemm_lab_main(const Variant* VARIANTS, int NV) {
     printf("bits: %d failures over %d variants x %d shapes\n", fails, NV - 1, (int)(sizeof(checks) / sizeof(checks[0])));
 
     // Time: the 9B shape's matrices at 4,096 rows (and 512).
-    const Shape shapes[] = {{"gdn in_proj", 4096, 12352, 4096}, {"ffn gate+up", 4096, 24576, 4096},
-                            {"ffn down", 4096, 4096, 12288},   {"out_proj", 4096, 4096, 4096},
-                            {"gate+up pp512", 512, 24576, 4096}};
+    // LAB_ROWS=32,64: the four matrices at those row counts instead (batched decode's calls).
+    std::vector<Shape> shapes = {{"gdn in_proj", 4096, 12352, 4096}, {"ffn gate+up", 4096, 24576, 4096},
+                                 {"ffn down", 4096, 4096, 12288},   {"out_proj", 4096, 4096, 4096},
+                                 {"gate+up pp512", 512, 24576, 4096}};
+    if (const char* rows = getenv("LAB_ROWS")) {
+        std::vector<Shape> base(shapes.begin(), shapes.begin() + 4);
+        shapes.clear();
+        for (const char* r = rows; *r;) {
+            const int m = atoi(r);
+            for (Shape s : base) shapes.push_back({s.what, m, s.n, s.k});
+            while (*r && *r != ',') r++;
+            if (*r) r++;
+        }
+    }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));

@@ -154,6 +154,22 @@ __global__ void between(float* __restrict__ x, const float* __restrict__ y, int 
         x[i] = y[i % n] * 0.5f + 0.25f;
 }
 
+// The next matmul's first bytes into L2 while the kernels before it run (a graph branch beside
+// the step's chain): one prefetch per 128-byte line, or one bulk prefetch per 32 KB.
+__global__ void l2_prefetch_lines(const char* __restrict__ p, size_t bytes) {
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 128; off < bytes;
+         off += (size_t)gridDim.x * blockDim.x * 128)
+        prefetch_l2(p + off);
+}
+__global__ void l2_prefetch_bulk(const char* __restrict__ p, size_t bytes) {
+    const size_t C = 32768;
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * C; off < bytes;
+         off += (size_t)gridDim.x * blockDim.x * C) {
+        const uint32_t sz = (uint32_t)(bytes - off < C ? bytes - off : C);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(sz) : "memory");
+    }
+}
+
 typedef void (*Kern)(float*, const float4*, const uint4*, int, int, int);
 struct Variant {
     const char* name;
@@ -307,7 +323,10 @@ int main(int argc, char** argv) {
         const double bytes = (double)STEP[s].n * STEP[s].k * 2 * ws[s].size() * reps;
         return std::make_pair(ms / (ws[s].size() * reps) * 1e3, bytes / (ms * 1e-3) / 1e12);
     };
+    // GEMV_LAB_PF_ONLY=1: skip the per-matrix and streaming-variant timings (the L2 prefetch runs).
+    const bool pf_only = getenv("GEMV_LAB_PF_ONLY") != nullptr;
     for (int m : {1, 4}) {
+        if (pf_only) break;
         printf("\nper matrix, m = %d: us per call / TB/s\n%-10s %-16s", m, "", "tmv_bf16_8_1");
         for (int i = 0; i < NV; i++) printf(" %-16s", VARIANTS[i].name);
         printf("\n");
@@ -372,6 +391,7 @@ int main(int argc, char** argv) {
                tmv_bf16_8_1<<<grid, 256, TM_WARPS * TV_STAGE, st>>>(y, (const float4*)x, (const uint8_t*)p, 1, n, k);
            }));
     for (int d : {8, 12, 16}) {
+        if (pf_only) break;
         for (int target : {0, 1024, 2048, 4096, 8192}) {
             char name[64];
             snprintf(name, sizeof name, "tvs D=%d target=%d", d, target);
@@ -414,6 +434,85 @@ int main(int argc, char** argv) {
                            CK(cudaLaunchKernelEx(&cb, between, x, (const float*)y, n, 4096));
                        }
                    }));
+        }
+    }
+    // L2 prefetch branch: the step's matmuls in order, NB small kernels after each; a side
+    // stream of the graph puts the next matmul's first P bytes into L2, forked after the
+    // matmul before it (mode 1: beside the small kernels) or before it (mode 2: beside it too).
+    {
+        struct Call {
+            int s;
+            uint16_t* p;
+        };
+        std::vector<Call> seq;
+        for (int layer = 0; layer < 32; layer++) {
+            const bool gdn = layer % 4 != 3;
+            const int li = gdn ? layer - layer / 4 : layer / 4;
+            seq.push_back({gdn ? 0 : 2, ws[gdn ? 0 : 2][li]});
+            seq.push_back({gdn ? 1 : 3, ws[gdn ? 1 : 3][li]});
+            seq.push_back({4, ws[4][layer]});
+            seq.push_back({5, ws[5][layer]});
+        }
+        seq.push_back({6, ws[6][0]});
+        cudaStream_t st, side;
+        CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        cudaEvent_t ev, evs;
+        CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&evs, cudaEventDisableTiming));
+        auto pf_step = [&](int nb, int mode, size_t P, int bulk) {
+            auto prefetch = [&](int j) {
+                const Call& c = seq[j];
+                const size_t bytes = std::min(P, (size_t)STEP[c.s].n * STEP[c.s].k * 2);
+                CK(cudaEventRecord(ev, st));
+                CK(cudaStreamWaitEvent(side, ev, 0));
+                if (bulk)
+                    l2_prefetch_bulk<<<8, 128, 0, side>>>((const char*)c.p, bytes);
+                else
+                    l2_prefetch_lines<<<64, 256, 0, side>>>((const char*)c.p, bytes);
+            };
+            cudaGraph_t gr;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            const int n = (int)seq.size();
+            for (int j = 0; j < n; j++) {
+                if (mode == 2 && j + 1 < n) prefetch(j + 1);
+                const int nn = STEP[seq[j].s].n, k = STEP[seq[j].s].k;
+                tmv_bf16_8_1<<<dim3((nn + 15) / 16, 1), 256, TM_WARPS * TV_STAGE, st>>>(
+                    y, (const float4*)x, (const uint8_t*)seq[j].p, 1, nn, k);
+                if (mode == 1 && j + 1 < n) prefetch(j + 1);
+                for (int b = 0; b < nb; b++) between<<<16, 256, 0, st>>>(x, (const float*)y, nn, 4096);
+            }
+            if (mode) {
+                CK(cudaEventRecord(evs, side));
+                CK(cudaStreamWaitEvent(st, evs, 0));
+            }
+            CK(cudaStreamEndCapture(st, &gr));
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+            CK(cudaStreamSynchronize(st));
+            const int reps = 20;
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(gr));
+            return ms / reps;
+        };
+        for (int nb : {0, 3, 8}) {
+            char name[64];
+            snprintf(name, sizeof name, "pf nb=%d none", nb);
+            report(name, pf_step(nb, 0, 0, 0));
+            for (int mode : {1, 2})
+                for (int bulk : {0, 1})
+                    for (size_t mb : {8, 16, 32}) {
+                        snprintf(name, sizeof name, "pf nb=%d mode=%d %s %zuMB", nb, mode, bulk ? "bulk" : "lines", mb);
+                        report(name, pf_step(nb, mode, mb << 20, bulk));
+                    }
         }
     }
     printf("\ncheck failures: %d\n", fails);

@@ -398,6 +398,9 @@ fn dense(dev: &Device, out: &mut Vec<Check>) {
             // GEMM stage of two steps spans partitions) and 37 steps (segments of 4, the last short).
             (70, 40, 224),
             (24, 33, 1184),
+            // The split bf16 GEMM's edges (tmmk_bf16: 17-128 rows, 64 x 64 tiles) and past it.
+            (128, 136, 2080),
+            (129, 72, 512),
         ] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32

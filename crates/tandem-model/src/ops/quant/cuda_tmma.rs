@@ -38,6 +38,26 @@ fn gemm_min_rows() -> usize {
     })
 }
 
+/// Calls of `gemm_min_rows()..=split_rows()` rows on matrices of at most `split_cols(m)`
+/// columns take `tmmk_bf16`: 64 x 64 tiles, one partition of the chain a block, the eight
+/// partitions' accumulators added in order by `tmmk_sum` (tmmg_bf16's fold, so the same bits).
+/// A batch of 64 rows on tmmg_bf16's 128-row tiles idles half the warps, and a 4,096-column
+/// matrix makes only 64 blocks. Up to 64 rows every 9B matrix but the LM head gains (32 768
+/// columns); at 65-128 rows only the narrow ones (8,192), where the wide ones' partials (32 m n
+/// bytes) cost more than the idle warps (H100, docs/PERFORMANCE.md). `TANDEM_BF16_SPLIT_ROWS=0`
+/// turns it off; `TANDEM_BF16_SPLIT_COLS=N` sets one column limit for every row count.
+fn split_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("TANDEM_BF16_SPLIT_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(128))
+}
+fn split_cols(m: usize) -> usize {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let set = *N.get_or_init(|| std::env::var("TANDEM_BF16_SPLIT_COLS").ok().and_then(|v| v.parse().ok()));
+    set.unwrap_or(if m <= 64 { 32_768 } else { 8_192 })
+}
+/// `tmmk_bf16`'s dynamic shared memory: three stages of 64 weight rows and 64 rows' two halves.
+const TK_SMEM: u32 = 3 * (64 + 2 * 64) * 64;
+
 /// Warps of a `tmv_bf16_*` block and the shared memory one segment takes (`tmma.cu`: `TM_WARPS`,
 /// `TV_STAGE`).
 const TV_WARPS: usize = 8;
@@ -121,6 +141,9 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     drop(b);
     drop(xv);
     drop(inputs);
+    if m <= split_rows() && n <= split_cols(m) {
+        return split_gemm(&dev, y, &xh, &xl, w, (m, n, k));
+    }
     let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
@@ -134,4 +157,41 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     unsafe { run(&mut b, cfg, "tmmg_bf16")? };
     drop(b);
     Ok(tensor(y, &dev, (m, n)))
+}
+
+/// `tmmk_bf16` into eight partials, then `tmmk_sum` into `y` (see [`split_rows`]).
+fn split_gemm(
+    dev: &candle_core::CudaDevice,
+    y: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    xh: &candle_core::cuda_backend::cudarc::driver::CudaSlice<u16>,
+    xl: &candle_core::cuda_backend::cudarc::driver::CudaSlice<u16>,
+    w: u64,
+    (m, n, k): (usize, usize, usize),
+) -> Result<Tensor> {
+    let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
+    let part = alloc_f32(dev, 8 * m * n)?;
+    let f = dev.get_or_load_custom_func("tmmk_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let grid_x = u32::try_from(m.div_ceil(64)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
+    let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
+    let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))?;
+    let mut b = f.builder();
+    b.arg(&part).arg(xh).arg(xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 8), block_dim: (256, 1, 1), shared_mem_bytes: TK_SMEM };
+    // SAFETY: arguments in tmmk_bf16's order; part holds 8*m*n, xh and xl m*k bf16, W n bf16
+    // rows of k values (`fits`); eight warps a block, TK_SMEM bytes of dynamic shared memory
+    // (under the 48 KB default), one block per partition in z.
+    unsafe { run(&mut b, cfg, "tmmk_bf16")? };
+    drop(b);
+    let f = dev.get_or_load_custom_func("tmmk_sum", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let mn = (m * n) as i64;
+    let blocks =
+        u32::try_from((m * n).div_ceil(256)).map_err(|_| ModelError::Input("bf16 mma matmul: y too large".into()))?;
+    let mut b = f.builder();
+    b.arg(&y).arg(&part).arg(&mn);
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: arguments in tmmk_sum's order; y holds m*n, part 8*m*n; one thread an element.
+    unsafe { run(&mut b, cfg, "tmmk_sum")? };
+    drop(b);
+    drop(part);
+    Ok(tensor(y, dev, (m, n)))
 }
