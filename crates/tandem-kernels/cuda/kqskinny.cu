@@ -12,8 +12,9 @@
 //   the mma's A operand, the rows' codes its B operand, so a row costs one column of B rather
 //   than its own dot products (qkmv's cost grows with the rows; this kernel's hardly does).
 //   Each lane sums its four outputs' integers (columns g, g + 8 x rows 2 tig, 2 tig + 1) to
-//   the superblock's T and leaves them in shared memory; after a block barrier warp w adds
-//   the round's T of output e = w in superblock order. Rows past m read row m - 1 (a B
+//   the superblock's T and leaves them in shared memory; after a block barrier, once every R
+//   rounds (R = 4 by default: qkmvm_<t>_g4), warp w adds those rounds' T of output e = w in
+//   superblock order. Rows past m read row m - 1 (a B
 //   column only reaches its own outputs, which are dropped).
 // Measured on the H200 (9B Q4_K, a verify step of 5 rows): 1.6-2x qkmv_1's time per matrix,
 // where qkmv's 4-row kernel takes 2.4x; at one row it loses to qkmv_1 (decode 209 against
@@ -41,12 +42,13 @@ template <int KT>
 __host__ __device__ constexpr int ks_region(int m) {
     return KS_COLS * kq_stride<KT>() + m * (KS_XS + KS_XD);
 }
-template <int KT>
+// R: rounds whose terms a block adds per barrier (two buffers of R rounds' terms).
+template <int KT, int R>
 __host__ __device__ constexpr int ks_smem_bytes(int m) {
-    return KS_WARPS * KS_STAGES * ks_region<KT>(m) + 2 * KS_WARPS * 4 * 32 * 4;
+    return KS_WARPS * KS_STAGES * ks_region<KT>(m) + 2 * R * KS_WARPS * 4 * 32 * 4;
 }
 
-template <int KT>
+template <int KT, int R>
 __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, const float* __restrict__ dx,
                       const int16_t* __restrict__ xs, const uint8_t* __restrict__ w, int m, int n, int k) {
     constexpr int BB = kq_bytes<KT>(), ST = kq_stride<KT>(), NS = KS_STAGES;
@@ -56,9 +58,9 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
     {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (m < 1 || m > 8 || dyn < (unsigned)ks_smem_bytes<KT>(m)) __trap();  // launched wrongly
+        if (m < 1 || m > 8 || dyn < (unsigned)ks_smem_bytes<KT, R>(m)) __trap();  // launched wrongly
     }
-    float* const tsm = reinterpret_cast<float*>(ks_smem + KS_WARPS * NS * region);  // [2][warp][e][lane]
+    float* const tsm = reinterpret_cast<float*>(ks_smem + KS_WARPS * NS * region);  // [2][R][warp][e][lane]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tig = lane & 3;
     const int col0 = blockIdx.x * KS_COLS;
@@ -176,27 +178,44 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
             u[2] = kq_term(is[2], m10, d_hi, dm_hi, dx0);
             u[3] = kq_term(is[3], m11, d_hi, dm_hi, dx1);
         }
-        float* t = tsm + (r & 1) * KS_WARPS * 128;
+        // Group r / R of R rounds into buffer (r / R) & 1, slot r % R; once a group is in (a
+        // barrier), warp w adds its rounds' terms of output e = w in superblock order. With two
+        // buffers, a group's terms are read before the group after next overwrites them.
+        const int slot = r % R;
+        float* const grp = tsm + ((r / R) & 1) * R * KS_WARPS * 128;
+        float* t = grp + slot * KS_WARPS * 128;
 #pragma unroll
         for (int e = 0; e < 4; e++) t[(warp * 4 + e) * 32 + lane] = u[e];
-        // Every warp's terms are in (and, with two buffers, the round before's were read).
-        __syncthreads();
-        const int live = min(KS_WARPS, S - r * KS_WARPS);
+        if (slot == R - 1 || r == rounds - 1) {
+            __syncthreads();
+            for (int sl = 0; sl <= slot; sl++) {
+                const float* tt = grp + sl * KS_WARPS * 128;
+                const int live = min(KS_WARPS, S - (r - slot + sl) * KS_WARPS);
 #pragma unroll
-        for (int ww = 0; ww < KS_WARPS; ww++)
-            if (ww < live) acc = __fadd_rn(acc, t[(ww * 4 + warp) * 32 + lane]);
+                for (int ww = 0; ww < KS_WARPS; ww++)
+                    if (ww < live) acc = __fadd_rn(acc, tt[(ww * 4 + warp) * 32 + lane]);
+            }
+        }
     }
     const int col = col0 + g + 8 * (warp >> 1), row = ra + (warp & 1);
     if (row < m && col < n) y[(size_t)row * n + col] = acc;
 }
 
-#define KQMVM(suffix, KT)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(KS_WARPS * 32, KS_MINB)                                               \
-        qkmvm_##suffix(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w,       \
-                       int m, int n, int k) {                                                                 \
-        qkmvm<KT>(y, xq, dx, xs, w, m, n, k);                                                                \
+#define KQMVM(name, KT, R)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(KS_WARPS * 32, KS_MINB)                                      \
+        name(float* y, const int8_t* xq, const float* dx, const int16_t* xs, const uint8_t* w, int m, int n,  \
+             int k) {                                                                                         \
+        qkmvm<KT, R>(y, xq, dx, xs, w, m, n, k);                                                              \
     }
 
-KQMVM(q4_k, KT_Q4_K)
-KQMVM(q5_k, KT_Q5_K)
-KQMVM(q6_k, KT_Q6_K)
+// qkmvm_<t>: a barrier every round; qkmvm_<t>_g2 / _g4: every two / four rounds
+// (TANDEM_KQ_SKINNY_GROUP).
+KQMVM(qkmvm_q4_k, KT_Q4_K, 1)
+KQMVM(qkmvm_q5_k, KT_Q5_K, 1)
+KQMVM(qkmvm_q6_k, KT_Q6_K, 1)
+KQMVM(qkmvm_q4_k_g2, KT_Q4_K, 2)
+KQMVM(qkmvm_q5_k_g2, KT_Q5_K, 2)
+KQMVM(qkmvm_q6_k_g2, KT_Q6_K, 2)
+KQMVM(qkmvm_q4_k_g4, KT_Q4_K, 4)
+KQMVM(qkmvm_q5_k_g4, KT_Q5_K, 4)
+KQMVM(qkmvm_q6_k_g4, KT_Q6_K, 4)

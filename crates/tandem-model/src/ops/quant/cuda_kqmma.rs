@@ -128,14 +128,29 @@ const SKINNY_COLS: usize = 16;
 
 /// `ks_smem_bytes<KT>(m)` of `kqskinny.cu`: four warps x two stages of the 16 columns'
 /// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and code sums
-/// and dx (32), then the superblock terms of two rounds (4 KiB).
+/// and dx (32), then the superblock terms of two groups of `skinny_group()` rounds (4 KiB a
+/// round).
 fn skinny_smem_bytes(suffix: &str, m: usize) -> u32 {
     let st = match suffix {
         "q4_k" => 144,
         "q5_k" => 176,
         _ => 224,
     };
-    (4 * 2 * (SKINNY_COLS * st + m * (272 + 32)) + 4096) as u32
+    (4 * 2 * (SKINNY_COLS * st + m * (272 + 32)) + 4096 * skinny_group()) as u32
+}
+
+/// Rounds of superblocks whose terms a `qkmvm_*` block adds per barrier: 4 (`qkmvm_<t>_g4`, the
+/// default), 2 (`_g2`) or 1 (`qkmvm_<t>`), `TANDEM_KQ_SKINNY_GROUP=1|2|4`: the same terms added
+/// in the same order, so the same bits (check-device's quantised rows pass with each); fewer
+/// barriers for 4 KiB more shared memory a block per round. H100, 9B Q4_K, one A/B: verify
+/// K = 2 / 4 / 8 at 189.0 / 168.6 / 141.5 steps/s with 4 against 185.7 / 164.2 / 138.0 with 1.
+fn skinny_group() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| match std::env::var("TANDEM_KQ_SKINNY_GROUP").as_deref() {
+        Ok("1") => 1,
+        Ok("2") => 2,
+        _ => 4,
+    })
 }
 
 /// The smallest call (in rows, up to eight) that takes `qkmvm_*` (`kqskinny.cu`: the mma's
@@ -218,7 +233,9 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
         let cfg =
             LaunchConfig { grid_dim: (cols(SKINNY_COLS, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
         let code = tandem_kernels::ptx("kqskinny", tandem_kernels::KQSKINNY);
-        (SKINNY_MODULE, code, format!("qkmvm_{}", fmt.suffix), cfg, skinny_smem_bytes(fmt.suffix, 8))
+        let name =
+            if skinny_group() == 4 { format!("qkmvm_{}_g4", fmt.suffix) } else { format!("qkmvm_{}", fmt.suffix) };
+        (SKINNY_MODULE, code, name, cfg, skinny_smem_bytes(fmt.suffix, 8))
     } else if m <= gemv_max_rows() {
         // qkmv: 4 warps a block, a warp per column; static shared memory.
         let cfg = LaunchConfig { grid_dim: (cols(4, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
