@@ -297,14 +297,16 @@ __device__ __forceinline__ void tg_fold(float (&acc)[2][4][4], float (&tot)[2][4
             }
 }
 
-__device__ __forceinline__ void tg_store(float* __restrict__ y, const float (&tot)[2][4][4], int row0, int col0,
+// A warp's outputs (WA groups of 16 columns x WJ groups of 8 rows) into y.
+template <int WA, int WJ>
+__device__ __forceinline__ void tg_store(float* __restrict__ y, const float (&tot)[WA][WJ][4], int row0, int col0,
                                          int wn, int wm, int g, int t, int m, int n) {
 #pragma unroll
-    for (int a = 0; a < 2; a++) {
+    for (int a = 0; a < WA; a++) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int c = col0 + wn * 32 + a * 16 + g;
-            const int r = row0 + wm * 32 + j * 8 + 2 * t;
+        for (int j = 0; j < WJ; j++) {
+            const int c = col0 + wn * WA * 16 + a * 16 + g;
+            const int r = row0 + wm * WJ * 8 + j * 8 + 2 * t;
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int col = c + (e >> 1) * 8, row = r + (e & 1);
@@ -495,19 +497,7 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
                 }
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int a = 0; a < WA; a++) {
-#pragma unroll
-        for (int j = 0; j < WJ; j++) {
-            const int c = col0 + wn * WA * 16 + a * 16 + g;
-            const int r = row0 + wm * WJ * 8 + j * 8 + 2 * t;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = c + (e >> 1) * 8, row = r + (e & 1);
-                if (row < m && col < n) y[(size_t)row * n + col] = tot[a][j][e];
-            }
-        }
-    }
+    tg_store<WA, WJ>(y, tot, row0, col0, wn, wm, g, t, m, n);
 }
 
 // tmmk_bf16 (calls of 17-128 rows on matrices of up to TANDEM_BF16_SPLIT_COLS columns): a

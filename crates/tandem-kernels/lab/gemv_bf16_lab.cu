@@ -343,12 +343,30 @@ int main(int argc, char** argv) {
         }
     }
 
+    // Ends the capture on st, then ms per replay of the graph (three warm-up replays, 20 timed).
+    auto graph_ms = [&](cudaStream_t st) {
+        cudaGraph_t gr;
+        cudaGraphExec_t ge;
+        CK(cudaStreamEndCapture(st, &gr));
+        CK(cudaGraphInstantiate(&ge, gr, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaStreamSynchronize(st));
+        const int reps = 20;
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(gr));
+        return ms / reps;
+    };
     // The whole step: every matrix once, in layer order, as one CUDA graph (as decode runs).
     auto step_time = [&](auto&& run) {
         cudaStream_t st;
         CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        cudaGraph_t gr;
-        cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int layer = 0; layer < 32; layer++) {
             const bool gdn = layer % 4 != 3;
@@ -364,22 +382,9 @@ int main(int argc, char** argv) {
             run(st, 5, ws[5][layer]);
         }
         run(st, 6, ws[6][0]);
-        CK(cudaStreamEndCapture(st, &gr));
-        CK(cudaGraphInstantiate(&ge, gr, 0));
-        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaStreamSynchronize(st));
-        const int reps = 20;
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(gr));
+        const float ms = graph_ms(st);
         CK(cudaStreamDestroy(st));
-        return ms / reps;
+        return ms;
     };
     printf("\nwhole step (graph of %d matmuls, %.2f GB), m = 1:\n", 24 * 2 + 8 * 2 + 64 + 1, total / 1e9);
     auto report = [&](const char* name, float ms) {
@@ -471,8 +476,6 @@ int main(int argc, char** argv) {
                 else
                     l2_prefetch_lines<<<64, 256, 0, side>>>((const char*)c.p, bytes);
             };
-            cudaGraph_t gr;
-            cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             const int n = (int)seq.size();
             for (int j = 0; j < n; j++) {
@@ -487,21 +490,7 @@ int main(int argc, char** argv) {
                 CK(cudaEventRecord(evs, side));
                 CK(cudaStreamWaitEvent(st, evs, 0));
             }
-            CK(cudaStreamEndCapture(st, &gr));
-            CK(cudaGraphInstantiate(&ge, gr, 0));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaStreamSynchronize(st));
-            const int reps = 20;
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(gr));
-            return ms / reps;
+            return graph_ms(st);
         };
         for (int nb : {0, 3, 8}) {
             char name[64];
