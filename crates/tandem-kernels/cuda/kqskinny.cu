@@ -35,7 +35,7 @@
 // The dynamic shared memory a block takes for calls of m rows (the host computes the same):
 // per warp and stage the 16 columns' superblock windows, the m rows' codes of that superblock
 // (KS_XS bytes a row: 256 + 16 of padding against bank conflicts) and their code sums and dx
-// (KS_XD bytes a row: 16 + 4 + padding); then the superblock terms of two rounds.
+// (KS_XD bytes a row: 16 + 4 + padding); then the superblock terms of two groups of R rounds.
 #define KS_XS 272
 #define KS_XD 32
 template <int KT>
@@ -119,6 +119,9 @@ __device__ void qkmvm(float* __restrict__ y, const int8_t* __restrict__ xq, cons
     const int gx = min(g, m - 1), xa = min(ra, m - 1), xb = min(ra + 1, m - 1);
     float acc = 0.f;  // output e = warp: column g + 8 (warp >> 1), row ra + (warp & 1)
     for (int r = 0; r < rounds; r++) {
+        // Every lane is done with the round before, whose stage this load refills (with R > 1
+        // no block barrier ends every round).
+        __syncwarp();
         if (r + NS - 1 < rounds) load(r + NS - 1);
         cp_async_commit();
         cp_async_wait<NS - 1>();

@@ -221,7 +221,8 @@ TMV(16, 1)
 TMV(8, 2)
 TMV(16, 2)
 
-// tmmg_bf16 (calls of many rows: prefill, large batches): the same chain on a block tile of
+// tmmg_bf16 (calls of many rows: prefill, batches past 128 rows or on wide matrices; tmmk_bf16
+// below takes the others): the same chain on a block tile of
 // 128 rows x 64 columns, the weights and both activation halves of a step staged in shared
 // memory by cp.async (two stages), eight warps of 32 rows x 32 columns each. A warp walks the
 // steps partition by partition (partition p: segments p, p + 8, ..., each in order) with one

@@ -126,7 +126,7 @@ const SKINNY_MODULE: &str = "tandem_kqskinny";
 /// Output columns of a `qkmvm_*` block (`KS_COLS`).
 const SKINNY_COLS: usize = 16;
 
-/// `ks_smem_bytes<KT>(m)` of `kqskinny.cu`: four warps x two stages of the 16 columns'
+/// `ks_smem_bytes<KT, R>(m)` of `kqskinny.cu` (R = [`skinny_group`]): four warps x two stages of the 16 columns'
 /// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and code sums
 /// and dx (32), then the superblock terms of two groups of `skinny_group()` rounds (4 KiB a
 /// round).
@@ -141,7 +141,7 @@ fn skinny_smem_bytes(suffix: &str, m: usize) -> u32 {
 
 /// Rounds of superblocks whose terms a `qkmvm_*` block adds per barrier: 4 (`qkmvm_<t>_g4`, the
 /// default), 2 (`_g2`) or 1 (`qkmvm_<t>`), `TANDEM_KQ_SKINNY_GROUP=1|2|4`: the same terms added
-/// in the same order, so the same bits (check-device's quantised rows pass with each); fewer
+/// in the same order, so the same bits (check-device's quantised rows pass with 4); fewer
 /// barriers for 4 KiB more shared memory a block per round. H100, 9B Q4_K, one A/B: verify
 /// K = 2 / 4 / 8 at 189.0 / 168.6 / 141.5 steps/s with 4 against 185.7 / 164.2 / 138.0 with 1.
 fn skinny_group() -> usize {
@@ -233,8 +233,10 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
         let cfg =
             LaunchConfig { grid_dim: (cols(SKINNY_COLS, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
         let code = tandem_kernels::ptx("kqskinny", tandem_kernels::KQSKINNY);
-        let name =
-            if skinny_group() == 4 { format!("qkmvm_{}_g4", fmt.suffix) } else { format!("qkmvm_{}", fmt.suffix) };
+        let name = match skinny_group() {
+            1 => format!("qkmvm_{}", fmt.suffix),
+            g => format!("qkmvm_{}_g{g}", fmt.suffix),
+        };
         (SKINNY_MODULE, code, name, cfg, skinny_smem_bytes(fmt.suffix, 8))
     } else if m <= gemv_max_rows() {
         // qkmv: 4 warps a block, a warp per column; static shared memory.

@@ -27,9 +27,10 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_BF16_MMA").map_or(true, |v| v != "0"))
 }
 
-/// Rows from which calls take the tiled kernel (`tmmg_bf16`: 128 rows x 64 columns a block,
-/// weights and activations staged in shared memory) rather than `tmv_bf16_*` (16 columns a
-/// block, row tiles of up to 16 rows, each tile reading the weights again);
+/// Rows from which calls take the tiled kernels (`tmmk_bf16` up to [`split_rows`] rows on
+/// narrow enough matrices, else `tmmg_bf16`: 128 rows x 64 columns a block, weights and
+/// activations staged in shared memory) rather than `tmv_bf16_*` (16 columns a block, row
+/// tiles of up to 16 rows, each tile reading the weights again);
 /// `TANDEM_BF16_GEMM_ROWS=N` moves it, for comparisons. Both give the same bits.
 fn gemm_min_rows() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
