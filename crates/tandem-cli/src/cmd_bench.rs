@@ -81,6 +81,8 @@ const BLOCK: usize = 16;
 pub enum BenchWhat {
     /// Time the Gated DeltaNet kernels (decode step, chunked prefill) against bytes and FLOPs.
     Kernels(crate::cmd_bench_kernels::KernelArgs),
+    /// The CPU's read bandwidth with 1..N threads: the `--bandwidth` a CPU decode is bound by.
+    Memory(crate::cmd_bench_memory::MemoryArgs),
     /// Matrix of weight precision x KV precision x prefill chunk: memory, load time, TTFT,
     /// prefill and decode speed, perplexity; resumable, over-budget cells skipped.
     Sweep(crate::cmd_bench_sweep::SweepArgs),
@@ -103,6 +105,7 @@ pub enum BenchWhat {
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     match a.what {
         Some(BenchWhat::Kernels(k)) => return crate::cmd_bench_kernels::run(k),
+        Some(BenchWhat::Memory(m)) => return crate::cmd_bench_memory::run(m),
         Some(BenchWhat::Sweep(s)) => return crate::cmd_bench_sweep::run(s),
         Some(BenchWhat::Agent(g)) => return crate::cmd_bench_agent::run(g),
         Some(BenchWhat::Cell(c)) => return crate::cmd_bench_sweep::run_cell(c),

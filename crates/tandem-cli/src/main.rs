@@ -7,6 +7,7 @@ mod cmd_bench_agent;
 mod cmd_bench_bound;
 mod cmd_bench_grammar;
 mod cmd_bench_kernels;
+mod cmd_bench_memory;
 mod cmd_bench_report;
 mod cmd_bench_restart;
 mod cmd_bench_spec;
