@@ -61,7 +61,7 @@ pub fn run(a: MemoryArgs) -> anyhow::Result<()> {
 
 /// The wrapping sum of `0..n`, what [`checksum`] of a buffer holding `0..n` must give.
 fn expected(n: u64) -> u64 {
-    let (a, b) = if n % 2 == 0 { (n / 2, n.wrapping_sub(1)) } else { (n, (n - 1) / 2) };
+    let (a, b) = if n.is_multiple_of(2) { (n / 2, n.wrapping_sub(1)) } else { (n, (n - 1) / 2) };
     a.wrapping_mul(b)
 }
 
