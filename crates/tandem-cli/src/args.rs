@@ -174,9 +174,10 @@ pub fn set_threads(n: usize) {
             current = t;
         }
     }
-    // 200 ms: a neighbour that starts late costs the two-thread rate until two samples agree;
-    // SmolLM2 on Zen 5 with one starting 0.4 s in, the default's decode 0.85-0.90x of `-t 1`
-    // against 0.73-0.82x at 500 ms (docs/PERFORMANCE.md, 2026-12-06).
+    // 200 ms: a neighbour that starts late costs the two-thread rate until a sample sees it;
+    // SmolLM2 on Zen 5 with one starting 0.4 s in, the default's decode 0.89-0.98x of `-t 1`
+    // (0.83-0.88x when going down waited for two samples, 0.73-0.82x at 500 ms;
+    // docs/PERFORMANCE.md, 2026-12-06).
     tandem_engine::threads::watch(cores, current, std::time::Duration::from_millis(200));
 }
 
