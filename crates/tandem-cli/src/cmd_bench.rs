@@ -52,11 +52,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub chunk: usize,
     /// The device's memory bandwidth in TB/s (a device-to-device copy's bytes read and written
-    /// a second): with it each decode test also prints the bound a step's bytes set at that
-    /// bandwidth (weights, recurrent states, the context's keys and values) and the measured
-    /// rate as a share of it (`cmd_bench_bound`).
+    /// a second), or `auto` to measure it here first (a GPU: a 1 GiB device copy; the CPU: the
+    /// read bandwidth at the kernels' thread count, as `tandem bench memory`): with it each
+    /// decode test also prints the bound a step's bytes set at that bandwidth (weights,
+    /// recurrent states, the context's keys and values) and the measured rate as a share of it
+    /// (`cmd_bench_bound`).
     #[arg(long)]
-    pub bandwidth: Option<f64>,
+    pub bandwidth: Option<String>,
     /// Context depths, comma-separated: each test runs after that many tokens were prefilled
     /// (untimed, in chunks of `--chunk` or 512), like llama-bench's `-d`.
     #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
@@ -116,13 +118,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     crate::args::set_threads(a.model.threads);
-    if let Some(bw) = a.bandwidth.filter(|b| !(b.is_finite() && *b > 0.0)) {
-        anyhow::bail!("--bandwidth {bw}: give the device's copy bandwidth in TB/s, a positive number (e.g. 4.2)");
-    }
+    let given = match a.bandwidth.as_deref() {
+        None | Some("auto") => None,
+        Some(v) => match v.parse::<f64>() {
+            Ok(bw) if bw.is_finite() && bw > 0.0 => Some(bw),
+            _ => anyhow::bail!(
+                "--bandwidth {v}: give the device's copy bandwidth in TB/s, a positive number (e.g. 4.2), or `auto`"
+            ),
+        },
+    };
     if let (Some(out), Some(p)) = (&a.save_gguf, &a.random_hybrid) {
         return save_gguf(p, &a.random_dtype, out);
     }
     let device = tandem_model::device::default_device()?;
+    let bandwidth = match (a.bandwidth.as_deref(), given) {
+        (Some("auto"), _) => Some(measure_bandwidth(&device)?),
+        (_, given) => given,
+    };
     let t0 = Instant::now();
     use crate::cmd_bench_bound as bound;
     // The model, and the weight bytes a decode step reads (None where unknown: a checkpoint
@@ -218,15 +230,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
     println!("model: {label} | load {load_s:.2} s | threads {threads}");
-    if let (Some(bw), Some(sb)) = (a.bandwidth, step_bytes) {
+    if let (Some(bw), Some(sb)) = (bandwidth, step_bytes) {
         println!(
             "decode step reads {} of weights, {} of recurrent state (read and written) and {} of KV a position; \
-             bound at {bw} TB/s",
+             bound at {bw:.4} TB/s",
             bound::human(sb.weights),
             bound::human(sb.state),
             bound::human(bound::kv_bytes(&spec, a.model.kv_cache_dtype, 1))
         );
-    } else if a.bandwidth.is_some() {
+    } else if bandwidth.is_some() {
         println!("(--bandwidth: the weights a step reads are known for random presets and GGUF files only)");
     }
     println!("| test            | tok/s            |");
@@ -347,7 +359,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let tg_rates = tg.clone();
         rows.push((format!("tg{}{at}", a.gen_tokens), tg));
-        if let (Some(bw), Some(sb)) = (a.bandwidth, step_bytes) {
+        if let (Some(bw), Some(sb)) = (bandwidth, step_bytes) {
             // The timed steps see depth + WARM_STEPS .. + gen_tokens positions: their mean.
             let context = depth + WARM_STEPS + a.gen_tokens / 2;
             let limit = bw * 1e12 / sb.at(&spec, a.model.kv_cache_dtype, context) as f64;
@@ -481,4 +493,35 @@ fn save_gguf(preset: &str, dtype: &str, out: &std::path::Path) -> anyhow::Result
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `--bandwidth auto`: TB/s measured on `device` now. A GPU (or Metal): a 1 GiB device-to-device
+/// copy, bytes read and written (what issue 16's bounds use); the CPU: the median read bandwidth
+/// of `tandem bench memory` at the kernels' current thread count (a decode step only reads).
+fn measure_bandwidth(device: &candle_core::Device) -> anyhow::Result<f64> {
+    let tbs = if device.is_cpu() {
+        let threads = tandem_model::ops::cpu_threads::threads();
+        let gbs = crate::cmd_bench_memory::read_bandwidth(threads, 1024, 7)?;
+        println!("bandwidth: {gbs:.1} GB/s read by {threads} thread(s) (median of 7), the bound's rate");
+        gbs / 1e3
+    } else {
+        let n = 1usize << 28; // u32 values: 1 GiB
+        let x = candle_core::Tensor::zeros(n, candle_core::DType::U32, device)?;
+        let _warm = x.copy()?;
+        device.synchronize()?;
+        let reps = 10;
+        let start = Instant::now();
+        for _ in 0..reps {
+            let _y = x.copy()?;
+        }
+        device.synchronize()?;
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        let tbs = 2.0 * (4 * n * reps) as f64 / secs / 1e12;
+        println!("bandwidth: {tbs:.2} TB/s device-to-device copy (1 GiB x {reps}, read + written), the bound's rate");
+        tbs
+    };
+    if !(tbs.is_finite() && tbs > 0.0) {
+        anyhow::bail!("--bandwidth auto measured {tbs} TB/s; give the bandwidth as a number instead");
+    }
+    Ok(tbs)
 }

@@ -32,31 +32,51 @@ pub fn run(a: MemoryArgs) -> anyhow::Result<()> {
     if a.repeats == 0 {
         anyhow::bail!("--repeats 0: measure at least once");
     }
-    let words = (a.mib << 20) / 8;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(words)
-        .map_err(|_| anyhow::anyhow!("cannot allocate {} MiB for the read test; try a smaller --mib", a.mib))?;
-    buf.extend(0..words as u64);
-    let want = expected(words as u64);
+    let (buf, want) = filled(a.mib)?;
     println!("| threads | read GB/s (best) | read GB/s (median) | --bandwidth (TB/s) |");
     println!("|---|---|---|---|");
     for &t in &a.threads {
-        checksum(&buf, t); // first touch of this thread count's shares
-        let mut rates = Vec::with_capacity(a.repeats);
-        for _ in 0..a.repeats {
-            let start = Instant::now();
-            let got = checksum(&buf, t);
-            let secs = start.elapsed().as_secs_f64();
-            if got != want {
-                anyhow::bail!("read test with {t} threads summed {got}, expected {want}: a share was missed");
-            }
-            rates.push((words * 8) as f64 / secs.max(1e-9) / 1e9);
-        }
-        rates.sort_by(|x, y| y.total_cmp(x));
+        let rates = timed_rates(&buf, want, t, a.repeats)?;
         let (best, median) = (rates[0], rates[rates.len() / 2]);
         println!("| {t} | {best:.1} | {median:.1} | {:.4} |", median / 1e3);
     }
     Ok(())
+}
+
+/// The median read bandwidth in GB/s of `repeats` reads of a `mib` MiB buffer by `threads`
+/// threads (`--bandwidth auto` on the CPU).
+pub fn read_bandwidth(threads: usize, mib: usize, repeats: usize) -> anyhow::Result<f64> {
+    let (buf, want) = filled(mib)?;
+    let rates = timed_rates(&buf, want, threads, repeats)?;
+    Ok(rates[rates.len() / 2])
+}
+
+/// A buffer of `mib` MiB holding `0..n` and the sum [`checksum`] must give for it.
+fn filled(mib: usize) -> anyhow::Result<(Vec<u64>, u64)> {
+    let words = (mib << 20) / 8;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(words)
+        .map_err(|_| anyhow::anyhow!("cannot allocate {mib} MiB for the read test; try a smaller --mib"))?;
+    buf.extend(0..words as u64);
+    Ok((buf, expected(words as u64)))
+}
+
+/// GB/s of `repeats` (at least one) timed reads of `buf` by `threads` threads after one untimed
+/// (first touch of the shares), fastest first; an error if a read's sum is not `want`.
+fn timed_rates(buf: &[u64], want: u64, threads: usize, repeats: usize) -> anyhow::Result<Vec<f64>> {
+    checksum(buf, threads);
+    let mut rates = Vec::with_capacity(repeats.max(1));
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        let got = checksum(buf, threads);
+        let secs = start.elapsed().as_secs_f64();
+        if got != want {
+            anyhow::bail!("read test with {threads} threads summed {got}, expected {want}: a share was missed");
+        }
+        rates.push(std::mem::size_of_val(buf) as f64 / secs.max(1e-9) / 1e9);
+    }
+    rates.sort_by(|x, y| y.total_cmp(x));
+    Ok(rates)
 }
 
 /// The wrapping sum of `0..n`, what [`checksum`] of a buffer holding `0..n` must give.
@@ -106,6 +126,9 @@ mod tests {
                 assert_eq!(checksum(&buf, t), expected(n as u64), "n {n} threads {t}");
             }
         }
+        // A timed read checks its sums and gives a finite positive rate.
+        let gbs = read_bandwidth(2, 8, 2).unwrap();
+        assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
         // The closed form where the sum wraps, against 128-bit arithmetic.
         for big in [u64::MAX / 3, (1 << 33) + 1, 1 << 40] {
             let exact = (big as u128) * (big as u128 - 1) / 2;
