@@ -118,23 +118,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => {}
     }
     crate::args::set_threads(a.model.threads);
-    let given = match a.bandwidth.as_deref() {
-        None | Some("auto") => None,
-        Some(v) => match v.parse::<f64>() {
-            Ok(bw) if bw.is_finite() && bw > 0.0 => Some(bw),
-            _ => anyhow::bail!(
-                "--bandwidth {v}: give the device's copy bandwidth in TB/s, a positive number (e.g. 4.2), or `auto`"
-            ),
-        },
+    let auto = a.bandwidth.as_deref() == Some("auto");
+    let given = match a.bandwidth.as_deref().filter(|_| !auto).map(str::parse::<f64>) {
+        None => None,
+        Some(Ok(bw)) if bw.is_finite() && bw > 0.0 => Some(bw),
+        Some(_) => anyhow::bail!(
+            "--bandwidth {}: give the device's copy bandwidth in TB/s, a positive number (e.g. 4.2), or `auto`",
+            a.bandwidth.as_deref().unwrap_or_default()
+        ),
     };
     if let (Some(out), Some(p)) = (&a.save_gguf, &a.random_hybrid) {
         return save_gguf(p, &a.random_dtype, out);
     }
     let device = tandem_model::device::default_device()?;
-    let bandwidth = match (a.bandwidth.as_deref(), given) {
-        (Some("auto"), _) => Some(measure_bandwidth(&device)?),
-        (_, given) => given,
-    };
+    let bandwidth = if auto { Some(measure_bandwidth(&device)?) } else { given };
     let t0 = Instant::now();
     use crate::cmd_bench_bound as bound;
     // The model, and the weight bytes a decode step reads (None where unknown: a checkpoint

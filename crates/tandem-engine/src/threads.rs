@@ -201,7 +201,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_count_moves_after_two_agreeing_measurements() {
+    fn the_count_drops_at_once_and_rises_after_two_agreeing_measurements() {
         let mut f = Follow::new(2);
         assert_eq!(f.observe(2), None);
         assert_eq!(f.observe(1), Some(1), "a neighbour: down at once");

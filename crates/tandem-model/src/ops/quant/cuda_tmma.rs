@@ -148,8 +148,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
-    let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
-    let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))?;
+    let grid_y = column_blocks(n)?;
     let mut b = f.builder();
     b.arg(&y).arg(&xh).arg(&xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
     let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -158,6 +157,12 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     unsafe { run(&mut b, cfg, "tmmg_bf16")? };
     drop(b);
     Ok(tensor(y, &dev, (m, n)))
+}
+
+/// The grid's y for the tiled kernels' blocks of 64 output columns (at most 65,535).
+fn column_blocks(n: usize) -> Result<u32> {
+    let g = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
+    g.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))
 }
 
 /// `tmmk_bf16` into eight partials, then `tmmk_sum` into `y` (see [`split_rows`]).
@@ -173,8 +178,7 @@ fn split_gemm(
     let part = alloc_f32(dev, 8 * m * n)?;
     let f = dev.get_or_load_custom_func("tmmk_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x = u32::try_from(m.div_ceil(64)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
-    let grid_y = u32::try_from(n.div_ceil(64)).ok().filter(|&g| g <= 65_535);
-    let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("bf16 mma matmul: {n} output columns")))?;
+    let grid_y = column_blocks(n)?;
     let mut b = f.builder();
     b.arg(&part).arg(xh).arg(xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
     let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 8), block_dim: (256, 1, 1), shared_mem_bytes: TK_SMEM };
