@@ -7,6 +7,8 @@
 #   target 4: 4K-token prefill (the pp4096 lines)
 #   target 5: verify steps of K = 2..8 positions against a decode step (tvK / tg)
 #   target 3: batched decode at 1K context, batch 1..128
+# PARTS picks which of them run (default all four: "9b llama verify batch"), so a short call
+# can take a part and the next call the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
@@ -36,8 +38,9 @@ b() {
     | grep -E "^\| (pp|tg|tv)|rror" | tee -a "$res/targets.md"
   echo "   ($(( $(date +%s) - t0 )) s)" | tee -a "$res/targets.md"
 }
-b --random-hybrid 9b --random-dtype bf16 -p 4096 -g 32 -r 1 -d 0,512,4096,16384,32768
-b --random-llama 8b --random-dtype bf16 -p 4096 -g 32 -r 1 -d 0,512,4096,16384
-b --random-hybrid 9b --random-dtype bf16 -p 0 -g 32 -r 1 -d 512 --verify 2,3,4,5,8
-b --random-hybrid 9b --random-dtype bf16 -p 0 -g 16 -r 1 -d 1024 --batch 1,8,32,64,128
+parts=" ${PARTS:-9b llama verify batch} "
+[[ $parts == *" 9b "* ]] && b --random-hybrid 9b --random-dtype bf16 -p 4096 -g 32 -r 1 -d 0,512,4096,16384,32768
+[[ $parts == *" llama "* ]] && b --random-llama 8b --random-dtype bf16 -p 4096 -g 32 -r 1 -d 0,512,4096,16384
+[[ $parts == *" verify "* ]] && b --random-hybrid 9b --random-dtype bf16 -p 0 -g 32 -r 1 -d 512 --verify 2,3,4,5,8
+[[ $parts == *" batch "* ]] && b --random-hybrid 9b --random-dtype bf16 -p 0 -g 16 -r 1 -d 1024 --batch 1,8,32,64,128
 echo "total $(( $(date +%s) - s0 )) s" | tee -a "$res/targets.md"

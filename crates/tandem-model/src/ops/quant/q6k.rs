@@ -402,6 +402,32 @@ mod tests {
         }
     }
 
+    /// Every row of `x` through every build this CPU runs equals candle's own single-row
+    /// result for weights `w`, bit for bit.
+    fn check_rows_equal_candles(w: &Tensor, x: &Tensor, what: &str) {
+        let (n, k) = w.dims2().unwrap();
+        let m = x.dim(0).unwrap();
+        let q = std::sync::Arc::new(QTensor::quantize(w, GgmlDType::Q6K).unwrap());
+        let data = q.data().unwrap();
+        // SAFETY: a CPU QTensor's storage is a Vec<BlockQ6K>.
+        let blocks = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const BlockQ6K, data.len() / std::mem::size_of::<BlockQ6K>())
+        };
+        let qm = QMatMul::QTensor(q.clone());
+        let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for kind in [Kind::Plain, Kind::Wide, Kind::Pair].into_iter().filter(|k| k.available()) {
+            let mut y = vec![0f32; m * n];
+            matmul_impl(kind, blocks, n, k, &xs, m, &mut y);
+            for r in 0..m {
+                let want = qm.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
+                let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for c in 0..n {
+                    assert_eq!(y[r * n + c].to_bits(), want[c].to_bits(), "{what}: m={m} row {r} col {c} {kind:?}");
+                }
+            }
+        }
+    }
+
     /// Every row of every row count equals candle's own single-row result, bit for bit, over
     /// row counts with 1..=3 leftover rows and odd column counts, for every build this CPU runs.
     #[test]
@@ -412,36 +438,48 @@ mod tests {
         let dev = Device::Cpu;
         for (n, k) in [(37, 256), (64, 768), (19, 2048)] {
             let w = Tensor::randn(0f32, 0.05, (n, k), &dev).unwrap();
-            let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
-            let q = std::sync::Arc::new(q);
-            let data = q.data().unwrap();
-            // SAFETY: a CPU QTensor's storage is a Vec<BlockQ6K>.
-            let blocks = unsafe {
-                std::slice::from_raw_parts(
-                    data.as_ptr() as *const BlockQ6K,
-                    data.len() / std::mem::size_of::<BlockQ6K>(),
-                )
-            };
-            let qm = QMatMul::QTensor(q.clone());
             for m in [1, 2, 3, 4, 5, 7, 11, 16] {
                 let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
-                let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                for kind in [Kind::Plain, Kind::Wide, Kind::Pair].into_iter().filter(|k| k.available()) {
-                    let mut y = vec![0f32; m * n];
-                    matmul_impl(kind, blocks, n, k, &xs, m, &mut y);
-                    for r in 0..m {
-                        let want = qm.forward(&x.narrow(0, r, 1).unwrap()).unwrap();
-                        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                        for c in 0..n {
-                            assert_eq!(
-                                y[r * n + c].to_bits(),
-                                want[c].to_bits(),
-                                "[{n}, {k}] m={m} row {r} col {c} {kind:?}"
-                            );
-                        }
-                    }
-                }
+                check_rows_equal_candles(&w, &x, &format!("[{n}, {k}]"));
             }
         }
     }
+
+    /// The integer lanes at their extremes: weights whose 6-bit values are all 0 (`q - 32 =
+    /// -32`) or all 63 beside activations of 127 and -128 (the largest `maddubs` pairs) and
+    /// the largest scales; every build still gives candle's bits.
+    #[test]
+    fn extreme_lanes_equal_candles_decode_bits() {
+        if !available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        let (n, k) = (6, 512);
+        // Columns: all -1 (every q = 0), all +1, alternating signs, ramps.
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| match i / k {
+                0 => -1.0,
+                1 => 1.0,
+                2 => if i % 2 == 0 { -1.0 } else { 1.0 },
+                3 => -((i % 16) as f32),
+                4 => (i % 64) as f32 - 32.0,
+                _ => if i % 17 == 0 { -3.0 } else { 0.01 },
+            })
+            .collect();
+        let w = Tensor::from_vec(w, (n, k), &dev).unwrap();
+        // Rows whose largest magnitude is negative (-1 gives q8 = -128, 0.99 gives 127), the
+        // same positive, all equal, and mixed.
+        let x: Vec<f32> = (0..5 * k)
+            .map(|i| match i / k {
+                0 => if i % k == 0 { -1.0 } else { 0.9921875 },
+                1 => -1.0,
+                2 => 1.0,
+                3 => if i % 2 == 0 { -1.0 } else { 0.9921875 },
+                _ => if i % 3 == 0 { 1.0 } else { -0.9921875 },
+            })
+            .collect();
+        let x = Tensor::from_vec(x, (5, k), &dev).unwrap();
+        check_rows_equal_candles(&w, &x, "extremes");
+    }
 }
+
