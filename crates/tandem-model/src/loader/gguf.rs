@@ -77,9 +77,10 @@ impl GgufSource {
     /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
     fn kquant_matrix(&self, name: &str, head: bool) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        // Q6K stays on the Q6K pair kernel (`row_stable`) unless `TANDEM_KQUANT_Q6K=1`: ours
-        // prefills faster but decodes slower (docs/PERFORMANCE.md), and an LM head, which only
-        // ever multiplies one row per sequence, always stays there.
+        // Q6K layer matrices come here where `kquant::q6k_layers` says (by default on Zen 5
+        // and later: faster prefill, the same decode; elsewhere the Q6K pair kernel, `row_stable`,
+        // decodes faster), and an LM head, which only ever multiplies one row per sequence,
+        // always stays on the pair kernel.
         let takes = crate::ops::quant::kquant::takes(info.ggml_dtype, head);
         let supported = takes && self.device.is_cpu();
         let ([n, k], true) = (info.shape.dims(), supported) else {

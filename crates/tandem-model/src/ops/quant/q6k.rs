@@ -460,10 +460,10 @@ mod tests {
             .map(|i| match i / k {
                 0 => -1.0,
                 1 => 1.0,
-                2 => if i % 2 == 0 { -1.0 } else { 1.0 },
+                2 => [-1.0, 1.0][i % 2],
                 3 => -((i % 16) as f32),
                 4 => (i % 64) as f32 - 32.0,
-                _ => if i % 17 == 0 { -3.0 } else { 0.01 },
+                _ => [0.01, -3.0][usize::from(i % 17 == 0)],
             })
             .collect();
         let w = Tensor::from_vec(w, (n, k), &dev).unwrap();
@@ -471,15 +471,14 @@ mod tests {
         // same positive, all equal, and mixed.
         let x: Vec<f32> = (0..5 * k)
             .map(|i| match i / k {
-                0 => if i % k == 0 { -1.0 } else { 0.9921875 },
+                0 => [0.9921875, -1.0][usize::from(i % k == 0)],
                 1 => -1.0,
                 2 => 1.0,
-                3 => if i % 2 == 0 { -1.0 } else { 0.9921875 },
-                _ => if i % 3 == 0 { 1.0 } else { -0.9921875 },
+                3 => [-1.0, 0.9921875][i % 2],
+                _ => [-0.9921875, 1.0][usize::from(i % 3 == 0)],
             })
             .collect();
         let x = Tensor::from_vec(x, (5, k), &dev).unwrap();
         check_rows_equal_candles(&w, &x, "extremes");
     }
 }
-

@@ -26,7 +26,7 @@ pub fn supports(dtype: GgmlDType) -> bool {
 /// Whether the loaders put a matrix of `dtype` on this kernel (on a CPU where it runs): Q2K,
 /// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
 /// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
-/// bytes than the 4.6-bit tiles), Q6K only for layers and with [`q6k_layers`], Q8_0 where
+/// bytes than the 4.6-bit tiles), Q6K only for layers and where [`q6k_layers`], Q8_0 where
 /// [`q8_tiles`] (the caller checks `k` is a multiple of 256), Q5_0 and Q4_0 where
 /// [`q50_tiles`] (any `k` that is a multiple of 32: [`fits`]).
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
@@ -90,10 +90,33 @@ pub(super) fn block32(dtype: GgmlDType) -> bool {
     matches!(dtype, GgmlDType::Q5_0 | GgmlDType::Q4_0)
 }
 
-/// Whether a GGUF's Q6K layer matrices load onto this kernel (`TANDEM_KQUANT_Q6K=1`; off by
-/// default: one row at a time, its Q6K tiles run slower than the Q6K pair kernel that reads the
-/// file's blocks, while several rows run faster: a prefill-heavy workload's choice).
+/// Whether a GGUF's Q6K layer matrices load onto this kernel: by default on AVX-512 VNNI CPUs of
+/// AMD's family 0x1A (Zen 5) and later, where its tiles prefill 1.07-1.20x faster than the Q6K
+/// pair kernel that reads the file's blocks and decode as fast (coder-1.5b Q4_K_M, pp512 on 2
+/// threads 1.15-1.18x, tg64 1.04x; the 0.8B hybrid in Q5_K_M, pp256 on 1 thread 1.07-1.16x,
+/// docs/PERFORMANCE.md 2026-12-06); elsewhere not, since on Zen 4 and Sapphire Rapids the
+/// tiles' one-row kernel, bound by its mask arithmetic, decoded 3-5% slower (2026-12-04).
+/// `TANDEM_KQUANT_Q6K=1` puts them on the tiles on any CPU with the kernel, `=0` never.
 pub fn q6k_layers() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_KQUANT_Q6K").as_deref() == Ok("1"))
+    *ON.get_or_init(|| match std::env::var("TANDEM_KQUANT_Q6K").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => q6k_tiles_by_default(),
+    })
+}
+
+/// [`q6k_layers`]' default: AVX-512 VNNI (the kernel's AVX-512 build) on an AMD family 0x1A+.
+fn q6k_tiles_by_default() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available()
+            && simd() == Some(Simd::Avx512)
+            && crate::ops::quant::cpu_is_amd()
+            && crate::ops::quant::cpu_family() >= 0x1a
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
