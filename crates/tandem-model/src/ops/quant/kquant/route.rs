@@ -91,10 +91,10 @@ pub(super) fn block32(dtype: GgmlDType) -> bool {
 }
 
 /// Whether a GGUF's Q6K layer matrices load onto this kernel: by default on AVX-512 VNNI CPUs of
-/// AMD's family 0x1A (Zen 5) and later, where its tiles prefill 1.07-1.20x faster than the Q6K
-/// pair kernel that reads the file's blocks and decode as fast (coder-1.5b Q4_K_M, pp512 on 2
-/// threads 1.15-1.18x, tg64 1.04x; the 0.8B hybrid in Q5_K_M, pp256 on 1 thread 1.07-1.16x,
-/// docs/PERFORMANCE.md 2026-12-06); elsewhere not, since on Zen 4 and Sapphire Rapids the
+/// AMD's family 0x1A (Zen 5) and later, where its tiles prefill 1.09-1.25x faster than the Q6K
+/// pair kernel that reads the file's blocks and decode as fast (0.94-1.09x, within the host's
+/// drift; coder-1.5b Q4_K_M and the 0.8B hybrid in Q5_K_M on 1 and 2 threads, docs/PERFORMANCE.md
+/// 2026-12-06 13:14); elsewhere not, since on Zen 4 and Sapphire Rapids the
 /// tiles' one-row kernel, bound by its mask arithmetic, decoded 3-5% slower (2026-12-04).
 /// `TANDEM_KQUANT_Q6K=1` puts them on the tiles on any CPU with the kernel, `=0` never.
 pub fn q6k_layers() -> bool {
