@@ -52,7 +52,7 @@ pub fn q8_tiles() -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| {
             let other = std::env::var("TANDEM_Q8_KERNEL").is_ok_and(|v| v == "ours" || v == "candle");
-            available() && simd() == Some(Simd::Avx512) && !other
+            avx512_kernel() && !other
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -106,17 +106,21 @@ pub fn q6k_layers() -> bool {
     })
 }
 
-/// [`q6k_layers`]' default: AVX-512 VNNI (the kernel's AVX-512 build) on an AMD family 0x1A+.
+/// [`q6k_layers`]' default: [`avx512_kernel`] on an AMD family 0x1A+.
 fn q6k_tiles_by_default() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        available()
-            && simd() == Some(Simd::Avx512)
-            && crate::ops::quant::cpu_is_amd()
-            && crate::ops::quant::cpu_family() >= 0x1a
+        avx512_kernel() && crate::ops::quant::cpu_is_amd() && crate::ops::quant::cpu_family() >= 0x1a
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
     }
+}
+
+/// Whether the kernel runs here in its AVX-512 VNNI build (not its AVX2 one, nor switched off):
+/// where the Q8_0 and, on Zen 5, the Q6K tiles are the default.
+#[cfg(target_arch = "x86_64")]
+fn avx512_kernel() -> bool {
+    available() && simd() == Some(Simd::Avx512)
 }
