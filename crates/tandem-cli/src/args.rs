@@ -40,6 +40,13 @@ pub struct ModelArgs {
     /// model that kept it), for checkpoints whose converter dropped theirs (mlx-lm does).
     #[arg(long, value_name = "PATH")]
     pub mtp_from: Option<std::path::PathBuf>,
+    /// Tensor parallelism: cut the model into this many ranks by attention / GDN heads and
+    /// FFN columns, their partial sums added per layer in rank order. Hugging Face hybrid
+    /// checkpoints (Qwen3.5 / Qwen3.6) so far, and every rank on the one device: the sharded
+    /// path checked against the whole model, not yet a way to use more GPUs (the MTP head is
+    /// left out).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tensor_parallel: usize,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -104,7 +111,11 @@ impl ModelArgs {
 
     /// What `--quantize` asks of the loader.
     pub fn load_options(&self) -> tandem_model::loader::LoadOptions {
-        tandem_model::loader::LoadOptions { quantize: self.quantize, mtp_from: self.mtp_from.clone() }
+        tandem_model::loader::LoadOptions {
+            quantize: self.quantize,
+            mtp_from: self.mtp_from.clone(),
+            tensor_parallel: self.tensor_parallel,
+        }
     }
 
     /// Loads the model and starts an engine on it.
@@ -127,8 +138,12 @@ impl ModelArgs {
                     .with_context(|| format!("cannot find draft model `{d}`"))?;
                 let p = src.path();
                 Some(
-                    tandem_model::loader::load_with(p, &device, &LoadOptions { mtp_from: None, ..self.load_options() })
-                        .with_context(|| format!("cannot load {}", p.display()))?,
+                    tandem_model::loader::load_with(
+                        p,
+                        &device,
+                        &LoadOptions { mtp_from: None, tensor_parallel: 1, ..self.load_options() },
+                    )
+                    .with_context(|| format!("cannot load {}", p.display()))?,
                 )
             }
             None => None,

@@ -154,10 +154,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let dt = random::parse_weight_type(&a.random_dtype)?;
             let n = random::parameter_count(&cfg);
             let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
-            let m = random::random_model(&cfg, dt, &device).context("building the random model")?;
+            let ranks = a.model.tensor_parallel;
+            let m: Box<dyn CausalLm> = if ranks > 1 {
+                // The sharded path (`--tensor-parallel`), every rank on this device.
+                let src = random::RandomSource::new(&cfg, dt, &device);
+                Box::new(
+                    tandem_model::arch::qwen_hybrid::tp::TpHybrid::load(&cfg, &src, ranks)
+                        .context("building the random model's ranks")?,
+                )
+            } else {
+                Box::new(random::random_model(&cfg, dt, &device).context("building the random model")?)
+            };
             let params = n as f64 / 1e6;
             let w = bound::random_weights(n, embedding, cfg.tie_word_embeddings, dt);
-            (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m), Some(w))
+            let on = if ranks > 1 { format!(", {ranks} tensor-parallel ranks") } else { String::new() };
+            (format!("random hybrid `{p}` ({params:.1} M parameters, {dt:?} matrices{on})"), m, Some(w))
         }
         (None, None) => {
             let path = a.model.resolve()?;

@@ -34,8 +34,11 @@ fn without_head(tmp: &Path) -> PathBuf {
 }
 
 fn load(path: &Path, mtp_from: Option<&Path>, quantize: Option<&str>) -> tandem_model::Result<LoadedModel> {
-    let opts =
-        LoadOptions { mtp_from: mtp_from.map(Path::to_path_buf), quantize: quantize.map(|q| q.parse().unwrap()) };
+    let opts = LoadOptions {
+        mtp_from: mtp_from.map(Path::to_path_buf),
+        quantize: quantize.map(|q| q.parse().unwrap()),
+        ..Default::default()
+    };
     load_with(path, &Device::Cpu, &opts)
 }
 

@@ -11,6 +11,7 @@ pub mod mlx_to_hf;
 pub mod mlx_write;
 pub mod quantize;
 pub mod safetensors;
+pub mod shard;
 pub mod summary;
 mod weights;
 
@@ -39,6 +40,10 @@ pub struct LoadOptions {
     pub quantize: Option<quantize::WeightQuant>,
     /// Take the MTP head from this checkpoint (hybrid models; see [`graft`]).
     pub mtp_from: Option<std::path::PathBuf>,
+    /// Tensor parallelism: the model cut into this many ranks by heads and FFN columns
+    /// (0 and 1: off). Hugging Face hybrid checkpoints so far, every rank on the one device
+    /// ([`crate::arch::qwen_hybrid::tp`]).
+    pub tensor_parallel: usize,
 }
 
 impl LoadOptions {
@@ -132,6 +137,14 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
 }
 
 fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
+    if opts.tensor_parallel > 1 && !(path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path)) {
+        return Err(ModelError::Unsupported(format!(
+            "--tensor-parallel {}: {} is not a Hugging Face hybrid checkpoint (Qwen3.5 / Qwen3.6), the only kind \
+             sharded so far; run it without --tensor-parallel",
+            opts.tensor_parallel,
+            path.display()
+        )));
+    }
     let mut loaded = if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::load_hf_dir(path, device, opts)?
     } else if opts.mtp_from.is_some() && !crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {

@@ -20,6 +20,7 @@ pub mod mtp;
 pub mod random;
 pub mod random_gguf;
 pub mod to_gguf;
+pub mod tp;
 
 use std::path::Path;
 
@@ -31,7 +32,7 @@ use crate::config::{RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::kv::{LayerCacheSpec, SequenceCache};
 use crate::loader::safetensors::SafetensorsSource;
-use crate::loader::{layer_progress, Embedding, Linear, LoadedModel, ModelSummary, WeightSource};
+use crate::loader::{layer_progress, Embedding, Linear, LoadOptions, LoadedModel, ModelSummary, WeightSource};
 use crate::ops::Rope;
 use crate::tokenizer::Tokenizer;
 
@@ -141,6 +142,24 @@ impl QwenHybrid {
     /// Runs the decoder over the batch and advances every cache. Returns the final-normed
     /// hidden states of all tokens, `[tokens, hidden]` (the MTP head's input).
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
+        let (ids, positions) = self.batch_inputs(chunks, self.cfg.num_layers())?;
+        // One upload of every token's RoPE table (not one per sequence).
+        let tables = self.rope.tables(&positions, &self.device)?;
+        let (mut x, mut h) = self.embed_normed(ids)?;
+        for li in 0..self.layers.len() {
+            let mixed = self.mixer_out(li, li, &h, &tables, chunks)?;
+            let (x1, h1) = self.add_rms(&x, &mixed, &self.layers[li].post_norm)?;
+            (x, h) = self.add_rms(&x1, &self.ffn_out(li, &h1)?, self.norm_before(li + 1))?;
+        }
+        for c in chunks.iter_mut() {
+            c.cache.advance(c.tokens.len());
+        }
+        Ok(h)
+    }
+
+    /// The batch's token ids and positions, after checking every chunk against a model whose
+    /// caches hold `cache_layers` layers.
+    fn batch_inputs(&self, chunks: &[SeqChunk<'_>], cache_layers: usize) -> Result<(Vec<u32>, Vec<usize>)> {
         let cfg = &self.cfg;
         let mut ids = Vec::new();
         let mut positions = Vec::new();
@@ -151,7 +170,7 @@ impl QwenHybrid {
             if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
                 return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
             }
-            if c.cache.layers.len() < cfg.num_layers() || c.cache.recurrent.len() < cfg.num_layers() {
+            if c.cache.layers.len() < cache_layers || c.cache.recurrent.len() < cache_layers {
                 return Err(ModelError::Input("sequence cache has fewer layers than the model".into()));
             }
             if c.cache.verify.is_some() && c.logits == LogitsWanted::None {
@@ -161,40 +180,54 @@ impl QwenHybrid {
             let start = c.cache.position();
             positions.extend(start..start + c.tokens.len());
         }
-        // One upload of every token's RoPE table (not one per sequence).
-        let tables = self.rope.tables(&positions, &self.device)?;
+        Ok((ids, positions))
+    }
+
+    /// `(x, h)`: the tokens' embeddings and their norm before layer 0.
+    fn embed_normed(&self, ids: Vec<u32>) -> Result<(Tensor, Tensor)> {
         let total = ids.len();
-        let mut x = self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?;
+        let x = self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?;
         // Each residual add is fused with the norm after it: `h` is always the normed `x`.
-        let mut h = self.rms(&x, self.norm_before(0))?;
-        for (li, layer) in self.layers.iter().enumerate() {
-            let mixed = match &layer.mixer {
-                Mixer::Gdn(g) => {
-                    let mut parts = chunks
-                        .iter_mut()
-                        .map(|c| {
-                            let len = c.tokens.len();
-                            let (state, lane) = c.cache.recurrent_layer_mut(li)?;
-                            Ok(GdnPart { len, state, lane })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    g.forward(&h, &mut parts)?
-                }
-                Mixer::Attn(a) => {
-                    let mut parts = chunks
-                        .iter_mut()
-                        .map(|c| Ok(AttnPart { len: c.tokens.len(), kv: c.cache.layer_kv(li)? }))
-                        .collect::<Result<Vec<_>>>()?;
-                    a.forward(&h, &self.rope, &tables, &mut parts)?
-                }
-            };
-            let (x1, h1) = self.add_rms(&x, &mixed, &layer.post_norm)?;
-            (x, h) = self.add_rms(&x1, &layer.ffn.forward(&h1)?, self.norm_before(li + 1))?;
+        let h = self.rms(&x, self.norm_before(0))?;
+        Ok((x, h))
+    }
+
+    /// Layer `li`'s token mixer on the normed `h`, with its state in cache layer `cache_li` of
+    /// each chunk's sequence: `[tokens, hidden]`, before the residual add (under tensor
+    /// parallelism, this rank's partial sum).
+    fn mixer_out(
+        &self,
+        li: usize,
+        cache_li: usize,
+        h: &Tensor,
+        tables: &(Tensor, Tensor),
+        chunks: &mut [SeqChunk<'_>],
+    ) -> Result<Tensor> {
+        match &self.layers[li].mixer {
+            Mixer::Gdn(g) => {
+                let mut parts = chunks
+                    .iter_mut()
+                    .map(|c| {
+                        let len = c.tokens.len();
+                        let (state, lane) = c.cache.recurrent_layer_mut(cache_li)?;
+                        Ok(GdnPart { len, state, lane })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                g.forward(h, &mut parts)
+            }
+            Mixer::Attn(a) => {
+                let mut parts = chunks
+                    .iter_mut()
+                    .map(|c| Ok(AttnPart { len: c.tokens.len(), kv: c.cache.layer_kv(cache_li)? }))
+                    .collect::<Result<Vec<_>>>()?;
+                a.forward(h, &self.rope, tables, &mut parts)
+            }
         }
-        for c in chunks.iter_mut() {
-            c.cache.advance(c.tokens.len());
-        }
-        Ok(h)
+    }
+
+    /// Layer `li`'s FFN on the normed `h1`, before the residual add.
+    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
+        self.layers[li].ffn.forward(h1)
     }
 
     /// [`CausalLm::forward`] without CUDA graphs: every launch queued from the host (the
@@ -330,9 +363,17 @@ pub fn load_hf_dir(dir: &Path, device: &Device, opts: &crate::loader::LoadOption
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
     let donor = opts.mtp_donor(&cfg, device)?;
     let mut slot = None;
-    let model = QwenHybrid::load(&cfg, &*opts.hybrid_source(&src, &donor, &mut slot))?;
+    let model: Box<dyn CausalLm> = if opts.tensor_parallel > 1 {
+        // Each rank's slices are cut first and quantised after (--quantize), so the repacked
+        // weights never need cutting.
+        let plain = LoadOptions { quantize: None, ..opts.clone() };
+        let base = plain.hybrid_source(&src, &donor, &mut slot);
+        Box::new(tp::TpHybrid::load_with(&cfg, &*base, opts.tensor_parallel, |s| opts.source(s))?)
+    } else {
+        Box::new(QwenHybrid::load(&cfg, &*opts.hybrid_source(&src, &donor, &mut slot))?)
+    };
     let summary = summary_of(&cfg, &src, dir)?;
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Describes a hybrid Hugging Face directory from its config and safetensors headers.

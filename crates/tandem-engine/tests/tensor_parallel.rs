@@ -1,0 +1,74 @@
+//! Tensor parallelism through the engine (issue 21; on the CPU, every rank on one device): the
+//! hybrid fixture cut into two ranks (one query head each, the single KV head held by both,
+//! two of the four GDN value heads each, half the FFN) decodes what the whole model does, and
+//! with n-gram speculation, the prefix cache (a miss, then a hit) and a batch of four it
+//! decodes what it does alone; nothing leaks.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use candle_core::Device;
+use common::*;
+use tandem_engine::*;
+use tandem_model::loader::{load_with, LoadOptions, LoadedModel};
+
+const HYBRID: &str = "hybrid/qwen3_5";
+
+fn load(ranks: usize) -> LoadedModel {
+    load_with(&fixture(HYBRID), &Device::Cpu, &LoadOptions { tensor_parallel: ranks, ..Default::default() })
+        .expect("load the hybrid fixture")
+}
+
+#[test]
+fn two_ranks_decode_what_the_whole_model_does_with_speculation_caching_and_batching() {
+    let n = 16;
+    let p = prompt(HYBRID);
+    let prompts: Vec<Vec<u32>> =
+        (0..4).map(|i| p.iter().cycle().skip(i * 3).take(p.len() - i).copied().collect()).collect();
+    let whole = EngineHandle::start(load(1), cache_off()).expect("engine");
+    let two = EngineHandle::start(load(2), cache_off()).expect("engine");
+    let mut plain = Vec::new();
+    for (i, q) in prompts.iter().enumerate() {
+        let want = run(&whole, greedy(q.clone(), n));
+        let got = run(&two, greedy(q.clone(), n));
+        assert_same_within(&got, &want, &format!("prompt {i}: 2 ranks against the whole model"), 1e-4);
+        plain.push(got);
+    }
+    let spec = SpecConfig {
+        method: SpecMethod::Ngram,
+        num_draft_tokens: 4,
+        ngram_min: 1,
+        ngram_max: 3,
+        adaptive: false,
+        draft_vocab: 0,
+    };
+    let e = EngineHandle::start_with_draft(load(2), None, EngineConfig { speculative: spec, ..Default::default() })
+        .expect("engine");
+    for pass in ["prefix-cache miss", "prefix-cache hit"] {
+        assert_same(&run(&e, greedy(prompts[0].clone(), n)), &plain[0], &format!("2 ranks, speculating, {pass}"));
+    }
+    let rxs: Vec<_> = prompts.iter().map(|q| e.submit(greedy(q.clone(), n)).expect("submit")).collect();
+    for (i, (rx, want)) in rxs.into_iter().zip(&plain).enumerate() {
+        assert_same(&collect(rx), want, &format!("2 ranks, speculating, batch member {i}"));
+    }
+    assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "nothing was drafted");
+    assert_no_leaks(&e);
+}
+
+#[test]
+fn tensor_parallelism_is_refused_where_it_does_not_apply() {
+    // A Llama-family fixture: not sharded yet.
+    let err =
+        load_with(&fixture("tiny/llama"), &Device::Cpu, &LoadOptions { tensor_parallel: 2, ..Default::default() })
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+    assert!(err.contains("--tensor-parallel 2") && err.contains("without --tensor-parallel"), "{err}");
+    // Three ranks: one query head cannot be cut three ways.
+    let err = load_with(&fixture(HYBRID), &Device::Cpu, &LoadOptions { tensor_parallel: 3, ..Default::default() })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("do not divide 3 ways"), "{err}");
+}

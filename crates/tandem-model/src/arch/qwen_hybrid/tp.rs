@@ -1,0 +1,233 @@
+//! Tensor parallelism for the hybrid family (issue 21), in one process: the model cut into
+//! `world` ranks by heads (attention heads and KV heads, GDN key and value heads with their
+//! conv channels, gates and decay) and by FFN columns (the dense intermediate, each expert's and
+//! the shared expert's), every rank a [`QwenHybrid`] of the smaller shape loaded through a
+//! [`ShardSource`]. Per layer each rank runs the mixer on the same normed input and returns a
+//! partial sum of the output projection; the partials are added in rank order (the all-reduce;
+//! the same order for every row, so a row's bits never depend on the batch), then the residual
+//! and norm run once; the FFN the same. Embeddings, norms, the router and the LM head are whole
+//! on every rank; rank 0's serve.
+//!
+//! A sequence's cache holds every rank's layers one rank after another ([`TpHybrid`]'s
+//! `cache_spec`: rank r's layer l is cache layer `r * layers + l`), so the engine's paged KV,
+//! prefix cache with recurrent checkpoints, verify mode and disk tier see one ordinary cache.
+//! Today the ranks share one device and the sum is a device add: the sharding maths checked
+//! against the unsharded model (tests below); ranks on their own GPUs with an NCCL all-reduce
+//! in its place are the step after. Layouts sliced: HF Qwen3.5 (split `in_proj_qkv` / `_z` /
+//! `_b` / `_a`, grouped V heads) and per-expert MoE weights; Qwen3-Next's fused `in_proj_qkvz`,
+//! llama.cpp's tiled V heads, stacked experts and the MTP head are refused or left out.
+
+use candle_core::{Device, Tensor};
+
+use super::config::HybridConfig;
+use super::QwenHybrid;
+use crate::arch::CausalLm;
+use crate::batch::SeqChunk;
+use crate::error::{ModelError, Result};
+use crate::kv::LayerCacheSpec;
+use crate::loader::shard::{ShardSource, Split};
+use crate::loader::WeightSource;
+
+/// The config of one rank of `world`: heads and FFN widths divided, the MTP head left out.
+pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
+    let bad = |what: &str, n: usize| {
+        Err(ModelError::Config(format!("tensor parallelism {world}: {what} ({n}) do not divide {world} ways")))
+    };
+    if world == 0 {
+        return Err(ModelError::Config("tensor parallelism of 0 ranks".into()));
+    }
+    if cfg.grouped_projections {
+        return Err(ModelError::Unsupported(
+            "tensor parallelism: Qwen3-Next's fused in_proj_qkvz is not sliced yet".into(),
+        ));
+    }
+    if cfg.v_heads_tiled && cfg.linear_num_key_heads != cfg.linear_num_value_heads {
+        return Err(ModelError::Unsupported(
+            "tensor parallelism: GGUF files with llama.cpp's tiled V heads are not sliced yet".into(),
+        ));
+    }
+    let div = |what: &str, n: usize| -> Result<usize> {
+        if n.is_multiple_of(world) {
+            Ok(n / world)
+        } else {
+            bad(what, n)
+        }
+    };
+    let dense = (0..cfg.num_layers()).any(|i| !cfg.is_moe_layer(i));
+    let mut out = HybridConfig {
+        num_heads: div("attention heads", cfg.num_heads)?,
+        // KV heads fewer than the ranks are held whole by several (their queries' ranks).
+        num_kv_heads: if world.is_multiple_of(cfg.num_kv_heads.max(1)) && cfg.num_kv_heads < world {
+            1
+        } else {
+            div("KV heads", cfg.num_kv_heads)?
+        },
+        linear_num_key_heads: div("GDN key heads", cfg.linear_num_key_heads)?,
+        linear_num_value_heads: div("GDN value heads", cfg.linear_num_value_heads)?,
+        intermediate_size: if dense { div("FFN columns", cfg.intermediate_size)? } else { cfg.intermediate_size },
+        mtp_layers: 0,
+        ..cfg.clone()
+    };
+    if let Some(m) = out.moe.as_mut() {
+        m.intermediate_size = div("expert FFN columns", m.intermediate_size)?;
+        m.shared_intermediate_size = div("shared expert FFN columns", m.shared_intermediate_size)?;
+    }
+    Ok(out)
+}
+
+/// How tensor `name` of a model of config `cfg` (the whole model's) divides among `world`
+/// ranks.
+pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
+    if name.starts_with("mtp.") {
+        return Ok(Split::Absent);
+    }
+    let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
+        // token_embd, output_norm, output.
+        return Ok(Split::Whole);
+    };
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim;
+    let vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
+    let nv = cfg.linear_num_value_heads;
+    let qkv = || Split::Rows { segments: vec![0..kd, kd..2 * kd, 2 * kd..2 * kd + vd], ways: world };
+    // Each rank's KV heads: its share, or (fewer heads than ranks) the one its queries use.
+    let kv_ways = if nkv < world { nkv } else { world };
+    let ffn = |proj: &str, width: usize| match proj {
+        "gate_proj.weight" | "up_proj.weight" => Ok(Split::rows(width, world)),
+        "down_proj.weight" => Ok(Split::cols(width, world)),
+        _ => Err(unsliced(name)),
+    };
+    Ok(match tail {
+        "input_layernorm.weight" | "post_attention_layernorm.weight" => Split::Whole,
+        // q_proj's rows are [query | gate] per head, so whole heads are whole pairs.
+        "self_attn.q_proj.weight" => Split::rows(2 * nh * hd, world),
+        "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => Split::rows(nkv * hd, kv_ways),
+        "self_attn.o_proj.weight" => Split::cols(nh * hd, world),
+        "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => Split::Whole,
+        "linear_attn.in_proj_qkv.weight" | "linear_attn.conv1d.weight" => qkv(),
+        "linear_attn.in_proj_z.weight" => Split::rows(vd, world),
+        "linear_attn.in_proj_b.weight" | "linear_attn.in_proj_a.weight" => Split::rows(nv, world),
+        "linear_attn.A_log" | "linear_attn.dt_bias" => Split::rows(nv, world),
+        // The gated norm's weight is per value dimension, the same for every head.
+        "linear_attn.norm.weight" => Split::Whole,
+        "linear_attn.out_proj.weight" => Split::cols(vd, world),
+        "mlp.gate.weight" | "mlp.shared_expert_gate.weight" => Split::Whole,
+        t => {
+            if let Some(p) = t.strip_prefix("mlp.shared_expert.") {
+                ffn(p, cfg.moe.as_ref().map_or(0, |m| m.shared_intermediate_size))?
+            } else if let Some(p) = t.strip_prefix("mlp.experts.").and_then(|e| e.split_once('.')).map(|(_, p)| p) {
+                ffn(p, cfg.moe.as_ref().map_or(0, |m| m.intermediate_size))?
+            } else if let Some(p) = t.strip_prefix("mlp.") {
+                ffn(p, cfg.intermediate_size)?
+            } else {
+                return Err(unsliced(name));
+            }
+        }
+    })
+}
+
+fn unsliced(name: &str) -> ModelError {
+    ModelError::Unsupported(format!("tensor parallelism: no rule to slice {name}"))
+}
+
+/// A hybrid model cut into ranks (module docs).
+pub struct TpHybrid {
+    ranks: Vec<QwenHybrid>,
+}
+
+impl TpHybrid {
+    /// Loads `world` ranks of the model `cfg` describes from `ws`.
+    pub fn load(cfg: &HybridConfig, ws: &dyn WeightSource, world: usize) -> Result<Self> {
+        let plain = crate::loader::LoadOptions::default();
+        Self::load_with(cfg, ws, world, |s| plain.source(s))
+    }
+
+    /// [`Self::load`] with each rank's source wrapped by `wrap` after the cut (load-time
+    /// quantisation of the slices).
+    pub fn load_with<'a>(
+        cfg: &HybridConfig,
+        ws: &'a dyn WeightSource,
+        world: usize,
+        wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
+    ) -> Result<Self> {
+        let rank_cfg = shard_config(cfg, world)?;
+        let ranks = (0..world)
+            .map(|r| {
+                let whole = cfg.clone();
+                let shard = ShardSource::new(ws, r, world, move |n| split_of(&whole, world, n))?;
+                let src = wrap(&shard);
+                let rank = QwenHybrid::load(&rank_cfg, &*src);
+                drop(src);
+                rank
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { ranks })
+    }
+
+    pub fn world(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn lead(&self) -> &QwenHybrid {
+        &self.ranks[0]
+    }
+
+    /// The ranks' partial sums of one projection, added in rank order.
+    fn all_reduce(&self, mut part: impl FnMut(usize, &QwenHybrid) -> Result<Tensor>) -> Result<Tensor> {
+        let mut sum: Option<Tensor> = None;
+        for (r, m) in self.ranks.iter().enumerate() {
+            let p = part(r, m)?;
+            sum = Some(match sum {
+                None => p,
+                Some(s) => (s + p)?,
+            });
+        }
+        sum.ok_or_else(|| ModelError::Config("tensor parallelism without ranks".into()))
+    }
+
+    /// [`QwenHybrid::forward_hidden`] over the ranks.
+    pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
+        let lead = self.lead();
+        let layers = lead.cfg.num_layers();
+        let (ids, positions) = lead.batch_inputs(chunks, layers * self.world())?;
+        let tables = lead.rope.tables(&positions, &lead.device)?;
+        let (mut x, mut h) = lead.embed_normed(ids)?;
+        for li in 0..layers {
+            let mixed = self.all_reduce(|r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
+            let (x1, h1) = lead.add_rms(&x, &mixed, &lead.layers[li].post_norm)?;
+            let ffn = self.all_reduce(|_, m| m.ffn_out(li, &h1))?;
+            (x, h) = lead.add_rms(&x1, &ffn, lead.norm_before(li + 1))?;
+        }
+        for c in chunks.iter_mut() {
+            c.cache.advance(c.tokens.len());
+        }
+        Ok(h)
+    }
+}
+
+impl CausalLm for TpHybrid {
+    fn cache_spec(&self) -> Vec<LayerCacheSpec> {
+        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+    }
+    fn vocab_size(&self) -> usize {
+        self.lead().vocab_size()
+    }
+    fn context_length(&self) -> usize {
+        self.lead().context_length()
+    }
+    fn device(&self) -> &Device {
+        &self.lead().device
+    }
+    fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        let hidden = self.forward_hidden(chunks)?;
+        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lead().lm_head.forward(sel))
+    }
+    fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
+        let hidden = self.forward_hidden(chunks)?;
+        let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lead().lm_head.forward(sel))?;
+        Ok((logits, Some(hidden)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,267 @@
+//! Tensor-parallel shards of a checkpoint: [`ShardSource`] wraps any [`WeightSource`] and hands
+//! out rank `r` of `world`'s slice of each tensor, as an architecture's rule ([`Split`] by
+//! name) says: the output rows of column-parallel projections (a rank's heads, its share of an
+//! FFN's intermediate), the input columns of row-parallel ones (o_proj, out_proj, down_proj:
+//! their outputs are partial sums the ranks add), or the whole tensor (norms, embeddings).
+//!
+//! Slices are exact: dense weights keep their dtype, and block-quantised weights are cut at
+//! block boundaries from their bytes (rows whole; columns in whole blocks), so the shards of a
+//! tensor put back together are the tensor, bit for bit (tests below).
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::{Embedding, LinearWeight, WeightSource};
+use crate::error::{ModelError, Result};
+
+/// How one tensor is divided among the ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Split {
+    /// Every rank holds the whole tensor.
+    Whole,
+    /// Along dim 0 (a matrix's output rows, a vector's entries): each segment cut into `ways`
+    /// equal pieces, and the rank takes piece `rank * ways / world` of every segment in turn (a
+    /// fused `[q | k | v]` projection has three segments, each cut by heads). `ways` is the
+    /// world for an even split; fewer where ranks share a piece (KV heads fewer than the ranks,
+    /// each held by `world / ways` of them).
+    Rows { segments: Vec<Range<usize>>, ways: usize },
+    /// A matrix's input columns, cut the same way (row-parallel projections).
+    Cols { segments: Vec<Range<usize>>, ways: usize },
+    /// Not served to the ranks at all (`has` is false): a part the sharded model leaves out.
+    Absent,
+}
+
+impl Split {
+    /// Rows `0..n` cut `ways` ways.
+    pub fn rows(n: usize, ways: usize) -> Self {
+        Split::Rows { segments: vec![0..n], ways }
+    }
+    /// Columns `0..n` cut `ways` ways.
+    pub fn cols(n: usize, ways: usize) -> Self {
+        Split::Cols { segments: vec![0..n], ways }
+    }
+}
+
+/// The ranges rank `rank` of `world` holds when each of `segments` is cut into `ways` equal
+/// pieces of whole `unit`s (a quantised block's columns): piece `rank * ways / world` of each.
+/// A cut that is uneven, splits a unit or leaves ranks without a piece is an error.
+pub fn share(
+    segments: &[Range<usize>],
+    rank: usize,
+    world: usize,
+    ways: usize,
+    unit: usize,
+) -> Result<Vec<Range<usize>>> {
+    if world == 0 || rank >= world || ways == 0 || !world.is_multiple_of(ways) {
+        return Err(ModelError::Config(format!("tensor parallelism: rank {rank} of {world} in {ways} pieces")));
+    }
+    let piece = rank * ways / world;
+    segments
+        .iter()
+        .map(|s| {
+            let len = s.end - s.start;
+            if !len.is_multiple_of(ways) || !(len / ways).is_multiple_of(unit.max(1)) {
+                return Err(ModelError::Config(format!(
+                    "tensor parallelism: {len} rows or columns do not split {ways} ways in whole pieces of {unit}"
+                )));
+            }
+            let per = len / ways;
+            Ok(s.start + piece * per..s.start + (piece + 1) * per)
+        })
+        .collect()
+}
+
+/// A [`WeightSource`] serving rank `rank` of `world`: each tensor cut as `split(name)` says.
+pub struct ShardSource<'a> {
+    inner: &'a dyn WeightSource,
+    rank: usize,
+    world: usize,
+    split: Box<dyn Fn(&str) -> Result<Split> + 'a>,
+}
+
+impl<'a> ShardSource<'a> {
+    pub fn new(
+        inner: &'a dyn WeightSource,
+        rank: usize,
+        world: usize,
+        split: impl Fn(&str) -> Result<Split> + 'a,
+    ) -> Result<Self> {
+        if world == 0 || rank >= world {
+            return Err(ModelError::Config(format!("tensor parallelism: rank {rank} of {world}")));
+        }
+        Ok(Self { inner, rank, world, split: Box::new(split) })
+    }
+}
+
+impl WeightSource for ShardSource<'_> {
+    fn has(&self, name: &str) -> bool {
+        // A rule's error still reports "present", so the load that asks for it says why.
+        self.inner.has(name) && !matches!((self.split)(name), Ok(Split::Absent))
+    }
+
+    fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
+        let w = self.inner.qmatmul(name)?;
+        let (dim, segments, ways) = match (self.split)(name)? {
+            Split::Whole => return Ok(w),
+            Split::Rows { segments, ways } => (0, segments, ways),
+            Split::Cols { segments, ways } => (1, segments, ways),
+            Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
+        };
+        let cut = |unit: usize| share(&segments, self.rank, self.world, ways, unit);
+        Ok(LinearWeight::Candle(match w {
+            LinearWeight::Candle(QMatMul::Tensor(t)) => QMatMul::Tensor(dense_slice(&t, dim, &cut(1)?)?),
+            LinearWeight::Candle(QMatMul::TensorF16(t)) => QMatMul::TensorF16(dense_slice(&t, dim, &cut(1)?)?),
+            LinearWeight::Candle(QMatMul::QTensor(q)) => {
+                let unit = if dim == 1 { q.dtype().block_size() } else { 1 };
+                QMatMul::from_qtensor(quantised_slice(&q, dim, &cut(unit)?)?)?
+            }
+            _ => {
+                return Err(ModelError::Unsupported(format!(
+                    "tensor parallelism: {name} was repacked for this CPU's kernels and cannot be sliced; \
+                     load it as stored"
+                )))
+            }
+        }))
+    }
+
+    fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        let t = self.inner.tensor_f32(name)?;
+        match (self.split)(name)? {
+            Split::Whole => Ok(t),
+            Split::Rows { segments, ways } => dense_slice(&t, 0, &share(&segments, self.rank, self.world, ways, 1)?),
+            Split::Cols { segments, ways } => dense_slice(&t, 1, &share(&segments, self.rank, self.world, ways, 1)?),
+            Split::Absent => Err(ModelError::MissingTensor(name.to_string())),
+        }
+    }
+
+    fn embedding(&self, name: &str) -> Result<Embedding> {
+        match (self.split)(name)? {
+            Split::Whole => self.inner.embedding(name),
+            _ => Err(ModelError::Unsupported(format!("tensor parallelism: {name} is not split by vocabulary yet"))),
+        }
+    }
+
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+}
+
+/// `t`'s ranges along `dim`, concatenated (contiguous, the same dtype and device).
+pub fn dense_slice(t: &Tensor, dim: usize, ranges: &[Range<usize>]) -> Result<Tensor> {
+    let parts =
+        ranges.iter().map(|r| t.narrow(dim, r.start, r.end - r.start)).collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, dim)?.contiguous()?)
+}
+
+/// A block-quantised `[rows, cols]` matrix's ranges along `dim` (0: rows; 1: columns, in whole
+/// blocks), cut from its bytes: the same blocks, on the same device.
+pub fn quantised_slice(q: &QTensor, dim: usize, ranges: &[Range<usize>]) -> Result<QTensor> {
+    let (rows, cols) = q.shape().dims2()?;
+    let dtype = q.dtype();
+    let (bs, ts) = (dtype.block_size(), dtype.type_size());
+    if !cols.is_multiple_of(bs) {
+        return Err(ModelError::Config(format!("a {dtype:?} matrix of {cols} columns is not whole blocks")));
+    }
+    let row_bytes = cols / bs * ts;
+    let data = q.data()?;
+    if data.len() != rows * row_bytes {
+        return Err(ModelError::Config(format!("a {dtype:?} matrix of {} bytes is not [{rows}, {cols}]", data.len())));
+    }
+    let (out, shape) = if dim == 0 {
+        let mut out = Vec::new();
+        for r in ranges {
+            out.extend_from_slice(&data[r.start * row_bytes..r.end * row_bytes]);
+        }
+        (out, (ranges.iter().map(|r| r.end - r.start).sum::<usize>(), cols))
+    } else {
+        let width: usize = ranges.iter().map(|r| r.end - r.start).sum();
+        let mut out = Vec::with_capacity(rows * width / bs * ts);
+        for row in data.chunks_exact(row_bytes) {
+            for r in ranges {
+                if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) {
+                    return Err(ModelError::Config(format!("columns {r:?} cut a {dtype:?} block")));
+                }
+                out.extend_from_slice(&row[r.start / bs * ts..r.end / bs * ts]);
+            }
+        }
+        (out, (rows, width))
+    };
+    Ok(QTensor::new(QStorage::from_data(Cow::Owned(out), &q.device(), dtype)?, shape)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::GgmlDType;
+
+    fn matrix(rows: usize, cols: usize) -> Tensor {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
+        Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn shares_are_even_whole_and_cover_every_segment() {
+        let segs = [0..8, 8..16, 16..32];
+        assert_eq!(share(&segs, 0, 2, 2, 4).unwrap(), vec![0..4, 8..12, 16..24]);
+        assert_eq!(share(&segs, 1, 2, 2, 4).unwrap(), vec![4..8, 12..16, 24..32]);
+        assert!(share(&segs, 0, 3, 3, 1).is_err(), "8 rows do not split 3 ways");
+        assert!(share(&[0..64], 0, 2, 2, 64).is_err(), "32 columns are not a whole 64-value piece");
+        assert!(share(&[0..8], 2, 2, 2, 1).is_err(), "rank 2 of 2");
+        // Two pieces over four ranks: ranks 0 and 1 share the first, 2 and 3 the second.
+        let got: Vec<_> = (0..4).map(|r| share(&[0..8], r, 4, 2, 1).unwrap()).collect();
+        assert_eq!(got, vec![vec![0..4], vec![0..4], vec![4..8], vec![4..8]]);
+        assert!(share(&[0..9], 0, 4, 3, 1).is_err(), "3 pieces do not go evenly over 4 ranks");
+    }
+
+    #[test]
+    fn dense_shards_put_back_together_are_the_tensor() {
+        let t = matrix(12, 10);
+        let segs = [0..4, 4..12];
+        let parts: Vec<Tensor> =
+            (0..2).map(|r| dense_slice(&t, 0, &share(&segs, r, 2, 2, 2).unwrap()).unwrap()).collect();
+        assert_eq!(parts[0].dims(), [6, 10]);
+        // Rank 0 holds rows 0..2 and 4..8, rank 1 rows 2..4 and 8..12.
+        let back = Tensor::cat(
+            &[
+                parts[0].narrow(0, 0, 2).unwrap(),
+                parts[1].narrow(0, 0, 2).unwrap(),
+                parts[0].narrow(0, 2, 4).unwrap(),
+                parts[1].narrow(0, 2, 4).unwrap(),
+            ],
+            0,
+        )
+        .unwrap();
+        assert_eq!(back.to_vec2::<f32>().unwrap(), t.to_vec2::<f32>().unwrap());
+        let cols: Vec<Tensor> =
+            (0..2).map(|r| dense_slice(&t, 1, &share(&[0..10], r, 2, 2, 1).unwrap()).unwrap()).collect();
+        assert_eq!(Tensor::cat(&cols, 1).unwrap().to_vec2::<f32>().unwrap(), t.to_vec2::<f32>().unwrap());
+    }
+
+    #[test]
+    fn quantised_shards_are_the_same_blocks() {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+            let (rows, cols) = (6, 1024);
+            let q = QTensor::quantize(&matrix(rows, cols), dtype).unwrap();
+            let whole = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+            let bytes = q.data().unwrap().into_owned();
+            // Rows: the two halves' bytes are the whole's.
+            let halves: Vec<QTensor> =
+                (0..2).map(|r| quantised_slice(&q, 0, &share(&[0..rows], r, 2, 2, 1).unwrap()).unwrap()).collect();
+            let joined: Vec<u8> = halves.iter().flat_map(|h| h.data().unwrap().into_owned()).collect();
+            assert_eq!(joined, bytes, "{dtype:?} rows");
+            // Columns: each half dequantises to the whole's columns, exactly.
+            for r in 0..2 {
+                let c = quantised_slice(&q, 1, &share(&[0..cols], r, 2, 2, dtype.block_size()).unwrap()).unwrap();
+                assert_eq!(c.shape().dims2().unwrap(), (rows, cols / 2));
+                let got = c.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+                for (g, w) in got.iter().zip(&whole) {
+                    assert_eq!(g.as_slice(), &w[r * cols / 2..(r + 1) * cols / 2], "{dtype:?} columns of rank {r}");
+                }
+            }
+            assert!(quantised_slice(&q, 1, &[0..16]).is_err(), "{dtype:?}: half a block");
+        }
+    }
+}
