@@ -3,7 +3,7 @@
 //! `TANDEM_DEVICE=cuda` so every engine the suites start (`EngineHandle::load`, the loaders in
 //! `speculative.rs`) runs on the GPU: cache transparency with hybrid checkpoints, chunk
 //! equivalence, batch invariance, lossless speculation (ngram, draft, MTP; prefix hits,
-//! batches of 8), no leaks after cancellations, KV formats, sliding-window rings, the disk tier, constrained decoding. The same files run one by
+//! batches of 8), no leaks after cancellations, KV formats, sliding-window rings, the disk tier, constrained decoding, tensor-parallel ranks. The same files run one by
 //! one on the CPU in `cargo test`.
 
 #[path = "constrained.rs"]
@@ -24,3 +24,5 @@ mod prefix_cache;
 mod sliding_window;
 #[path = "speculative.rs"]
 mod speculative;
+#[path = "tensor_parallel.rs"]
+mod tensor_parallel;

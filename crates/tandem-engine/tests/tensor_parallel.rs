@@ -1,4 +1,5 @@
-//! Tensor parallelism through the engine (issue 21; on the CPU, every rank on one device): the
+//! Tensor parallelism through the engine (issue 21; every rank on the one device, the CPU in
+//! `cargo test` and the GPU in `tests/device_suite.rs`): the
 //! hybrid fixture cut into two ranks (one query head each, the single KV head held by both,
 //! two of the four GDN value heads each, half the FFN) decodes what the whole model does, and
 //! with n-gram speculation, the prefix cache (a miss, then a hit) and a batch of four it
@@ -15,8 +16,13 @@ use tandem_model::loader::{load_with, LoadOptions, LoadedModel};
 
 const HYBRID: &str = "hybrid/qwen3_5";
 
+/// The device the suites run on (`TANDEM_DEVICE`; the CPU in `cargo test`).
+fn device() -> Device {
+    tandem_model::device::default_device().expect("device")
+}
+
 fn load(ranks: usize) -> LoadedModel {
-    load_with(&fixture(HYBRID), &Device::Cpu, &LoadOptions { tensor_parallel: ranks, ..Default::default() })
+    load_with(&fixture(HYBRID), &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
         .expect("load the hybrid fixture")
 }
 
@@ -59,14 +65,13 @@ fn two_ranks_decode_what_the_whole_model_does_with_speculation_caching_and_batch
 #[test]
 fn tensor_parallelism_is_refused_where_it_does_not_apply() {
     // A Llama-family fixture: not sharded yet.
-    let err =
-        load_with(&fixture("tiny/llama"), &Device::Cpu, &LoadOptions { tensor_parallel: 2, ..Default::default() })
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+    let err = load_with(&fixture("tiny/llama"), &device(), &LoadOptions { tensor_parallel: 2, ..Default::default() })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(err.contains("--tensor-parallel 2") && err.contains("without --tensor-parallel"), "{err}");
     // Three ranks: one query head cannot be cut three ways.
-    let err = load_with(&fixture(HYBRID), &Device::Cpu, &LoadOptions { tensor_parallel: 3, ..Default::default() })
+    let err = load_with(&fixture(HYBRID), &device(), &LoadOptions { tensor_parallel: 3, ..Default::default() })
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
