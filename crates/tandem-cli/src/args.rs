@@ -43,8 +43,7 @@ pub struct ModelArgs {
     /// Tensor parallelism: cut the model into this many ranks by attention / GDN heads and
     /// FFN columns, their partial sums added per layer in rank order. Hugging Face hybrid
     /// checkpoints (Qwen3.5 / Qwen3.6) so far, and every rank on the one device: the sharded
-    /// path checked against the whole model, not yet a way to use more GPUs (the MTP head is
-    /// left out).
+    /// path checked against the whole model, not yet a way to use more GPUs.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tensor_parallel: usize,
     #[command(flatten)]

@@ -1,9 +1,9 @@
-//! Tensor parallelism through the engine (issue 21; every rank on the one device, the CPU in
-//! `cargo test` and the GPU in `tests/device_suite.rs`): the
-//! hybrid fixture cut into two ranks (one query head each, the single KV head held by both,
-//! two of the four GDN value heads each, half the FFN) decodes what the whole model does, and
-//! with n-gram speculation, the prefix cache (a miss, then a hit) and a batch of four it
-//! decodes what it does alone; nothing leaks.
+//! Tensor parallelism through the engine (issue 21; every rank on the one device: the CPU in
+//! `cargo test`, the GPU in `tests/device_suite.rs`): the hybrid fixture cut into two ranks
+//! (one query head each, the single KV head held by both, two of the four GDN value heads
+//! each, half the FFN; the MTP head whole) decodes what the whole model does, and with n-gram
+//! or MTP speculation, the prefix cache (a miss, then a hit) and a batch of four it decodes
+//! what it does alone; nothing leaks.
 
 mod common;
 
@@ -41,25 +41,22 @@ fn two_ranks_decode_what_the_whole_model_does_with_speculation_caching_and_batch
         assert_same_within(&got, &want, &format!("prompt {i}: 2 ranks against the whole model"), 1e-4);
         plain.push(got);
     }
-    let spec = SpecConfig {
-        method: SpecMethod::Ngram,
-        num_draft_tokens: 4,
-        ngram_min: 1,
-        ngram_max: 3,
-        adaptive: false,
-        draft_vocab: 0,
-    };
-    let e = EngineHandle::start_with_draft(load(2), None, EngineConfig { speculative: spec, ..Default::default() })
-        .expect("engine");
-    for pass in ["prefix-cache miss", "prefix-cache hit"] {
-        assert_same(&run(&e, greedy(prompts[0].clone(), n)), &plain[0], &format!("2 ranks, speculating, {pass}"));
+    for method in [SpecMethod::Ngram, SpecMethod::Mtp] {
+        let spec =
+            SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
+        let what = format!("2 ranks, {} speculation", method.as_str());
+        let e = EngineHandle::start_with_draft(load(2), None, EngineConfig { speculative: spec, ..Default::default() })
+            .expect("engine");
+        for pass in ["prefix-cache miss", "prefix-cache hit"] {
+            assert_same(&run(&e, greedy(prompts[0].clone(), n)), &plain[0], &format!("{what}, {pass}"));
+        }
+        let rxs: Vec<_> = prompts.iter().map(|q| e.submit(greedy(q.clone(), n)).expect("submit")).collect();
+        for (i, (rx, want)) in rxs.into_iter().zip(&plain).enumerate() {
+            assert_same(&collect(rx), want, &format!("{what}, batch member {i}"));
+        }
+        assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
+        assert_no_leaks(&e);
     }
-    let rxs: Vec<_> = prompts.iter().map(|q| e.submit(greedy(q.clone(), n)).expect("submit")).collect();
-    for (i, (rx, want)) in rxs.into_iter().zip(&plain).enumerate() {
-        assert_same(&collect(rx), want, &format!("2 ranks, speculating, batch member {i}"));
-    }
-    assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "nothing was drafted");
-    assert_no_leaks(&e);
 }
 
 #[test]

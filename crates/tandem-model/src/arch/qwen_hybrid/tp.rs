@@ -15,16 +15,18 @@
 //! against the unsharded model (tests below); ranks on their own GPUs with an NCCL all-reduce
 //! in its place are the step after. Layouts sliced: HF Qwen3.5 (split `in_proj_qkv` / `_z` /
 //! `_b` / `_a`, grouped V heads) and per-expert MoE weights; Qwen3-Next's fused `in_proj_qkvz`,
-//! llama.cpp's tiled V heads, stacked experts and the MTP head are refused or left out.
+//! llama.cpp's tiled V heads and stacked experts are refused. The MTP head runs whole on rank
+//! 0's device (its KV the cache layer after all the ranks'), so MTP speculation works too.
 
 use candle_core::{Device, Tensor};
 
 use super::config::HybridConfig;
+use super::mtp::MtpHead;
 use super::QwenHybrid;
-use crate::arch::CausalLm;
+use crate::arch::{CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
-use crate::kv::LayerCacheSpec;
+use crate::kv::{LayerCacheSpec, SequenceCache};
 use crate::loader::shard::{ShardSource, Split};
 use crate::loader::WeightSource;
 
@@ -133,6 +135,11 @@ fn unsliced(name: &str) -> ModelError {
 /// A hybrid model cut into ranks (module docs).
 pub struct TpHybrid {
     ranks: Vec<QwenHybrid>,
+    /// The MTP head, whole (one attention layer and FFN a drafted token), on rank 0's device;
+    /// its KV is the cache layer after every rank's.
+    mtp: Option<MtpHead>,
+    /// Attention KV heads of the whole model (the MTP head's cache layer).
+    kv_heads: usize,
 }
 
 impl TpHybrid {
@@ -151,6 +158,13 @@ impl TpHybrid {
         wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
+        let mtp = if ws.has("mtp.fc.weight") {
+            let whole = ShardSource::new(ws, 0, 1, |_| Ok(Split::Whole))?;
+            let src = wrap(&whole);
+            Some(MtpHead::load(cfg, &*src)?)
+        } else {
+            None
+        };
         let ranks = (0..world)
             .map(|r| {
                 let whole = cfg.clone();
@@ -161,7 +175,7 @@ impl TpHybrid {
                 rank
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { ranks })
+        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads })
     }
 
     pub fn world(&self) -> usize {
@@ -207,7 +221,11 @@ impl TpHybrid {
 
 impl CausalLm for TpHybrid {
     fn cache_spec(&self) -> Vec<LayerCacheSpec> {
-        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+        let mut spec: Vec<LayerCacheSpec> = self.ranks.iter().flat_map(|m| m.cache_spec()).collect();
+        if self.mtp.is_some() {
+            spec.push(LayerCacheSpec::Attention { kv_heads: self.kv_heads, head_dim: self.lead().cfg.head_dim });
+        }
+        spec
     }
     fn vocab_size(&self) -> usize {
         self.lead().vocab_size()
@@ -226,6 +244,26 @@ impl CausalLm for TpHybrid {
         let hidden = self.forward_hidden(chunks)?;
         let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lead().lm_head.forward(sel))?;
         Ok((logits, Some(hidden)))
+    }
+    fn mtp(&self) -> Option<&dyn MtpDraft> {
+        self.mtp.is_some().then_some(self as &dyn MtpDraft)
+    }
+}
+
+impl MtpDraft for TpHybrid {
+    fn mtp_forward(
+        &self,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        cache: &mut SequenceCache,
+        past: usize,
+    ) -> Result<Tensor> {
+        let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
+        let kv = cache.layer_kv_at(self.world() * self.lead().cfg.num_layers(), past)?;
+        head.forward_kv(self.lead(), hidden, next_tokens, kv, past)
+    }
+    fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
+        self.lead().logits(y)
     }
 }
 
