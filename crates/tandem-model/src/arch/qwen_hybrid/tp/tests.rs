@@ -1,7 +1,8 @@
 //! Tensor parallelism's maths on the CPU: the ranks' partial sums put back together are the
 //! unsharded model (one rank bit for bit, two and four within float rounding), a sequence
-//! gets the same bits alone or in a batch, verify mode's rollback works across the ranks'
-//! caches, and shapes that do not divide are refused with a reason.
+//! gets the same bits alone or in a batch (f32 and Q8_0), a prompt in uneven chunks gives what
+//! it gives whole, verify mode's rollback works across the ranks' caches, and shapes that do
+//! not divide are refused with a reason.
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
@@ -156,8 +157,13 @@ fn each_rank_caches_its_own_heads() {
 #[test]
 fn a_sequence_gets_the_same_bits_alone_or_in_a_batch() {
     let cfg = dense();
-    let tp = TpHybrid::load(&cfg, &source(&cfg, GgmlDType::F32), 2).unwrap();
-    let alone = run(&tp, &PROMPT, 3);
+    for dtype in [GgmlDType::F32, GgmlDType::Q8_0] {
+        same_bits_alone_or_batched(&TpHybrid::load(&cfg, &source(&cfg, dtype), 2).unwrap());
+    }
+}
+
+fn same_bits_alone_or_batched(tp: &TpHybrid) {
+    let alone = run(tp, &PROMPT, 3);
     let other: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 512).collect();
     let spec = tp.cache_spec();
     let (mut a, mut b) = (SequenceCache::new(&spec, &Device::Cpu), SequenceCache::new(&spec, &Device::Cpu));
@@ -176,6 +182,25 @@ fn a_sequence_gets_the_same_bits_alone_or_in_a_batch() {
         batched.push(v[1].clone());
     }
     assert_eq!(batched, alone, "the batch changed a sequence's bits");
+}
+
+#[test]
+fn a_prompt_in_uneven_chunks_gives_what_it_gives_whole() {
+    let cfg = dense();
+    let tp = TpHybrid::load(&cfg, &source(&cfg, GgmlDType::F32), 2).unwrap();
+    let spec = tp.cache_spec();
+    let last = |c: &mut SequenceCache, t: &[u32]| {
+        let out = tp.forward(&mut [SeqChunk { tokens: t, cache: c, logits: LogitsWanted::Last }]).unwrap();
+        out.into_iter().next().flatten().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    let mut whole = SequenceCache::new(&spec, &Device::Cpu);
+    let want = [last(&mut whole, &PROMPT), last(&mut whole, &[8])];
+    let mut cut = SequenceCache::new(&spec, &Device::Cpu);
+    last(&mut cut, &PROMPT[..1]);
+    last(&mut cut, &PROMPT[1..5]);
+    let got = [last(&mut cut, &PROMPT[5..]), last(&mut cut, &[8])];
+    let d = rel_diff(&got, &want);
+    assert!(d <= 1e-5, "chunks of 1, 4 and 6 differ from one chunk by {d} of the largest logit");
 }
 
 #[test]
