@@ -74,3 +74,55 @@ fn tensor_parallelism_is_refused_where_it_does_not_apply() {
         .unwrap_or_default();
     assert!(err.contains("do not divide 3 ways"), "{err}");
 }
+
+/// The same fixture as llama.cpp's `qwen35` GGUF (tiled V heads: a rank takes one piece of
+/// every tile): two ranks decode what the whole file does.
+#[test]
+fn a_gguf_with_tiled_v_heads_cut_into_ranks_decodes_what_it_decodes_whole() {
+    use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hybrid.gguf");
+    export_hf_dir(&fixture(HYBRID), &path, &ExportOptions::default()).expect("export");
+    let load = |ranks| load_with(&path, &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() });
+    let p = prompt(HYBRID);
+    let want = run(&EngineHandle::start(load(1).expect("load"), cache_off()).expect("engine"), greedy(p.clone(), 16));
+    let got = run(&EngineHandle::start(load(2).expect("load"), cache_off()).expect("engine"), greedy(p, 16));
+    assert_same_within(&got, &want, "the GGUF on 2 ranks", 1e-4);
+}
+
+/// A Q8_0 hybrid GGUF (a random preset with 256-wide matrices, tiled V heads): each rank's
+/// slices are cut from the stored blocks and packed for this CPU's kernels; two ranks decode
+/// what the whole file does, and with MTP speculation what they do plainly.
+#[test]
+fn a_q8_0_gguf_cut_into_ranks_keeps_its_blocks() {
+    use candle_core::quantized::GgmlDType;
+    use tandem_model::arch::qwen_hybrid::random::preset;
+    use tandem_model::arch::qwen_hybrid::random_gguf::export_random;
+    use tandem_model::arch::qwen_hybrid::HybridConfig;
+    let cfg = HybridConfig {
+        model_type: "qwen3_5_text".into(),
+        moe: None,
+        hidden_size: 256,
+        intermediate_size: 256,
+        mtp_layers: 1,
+        ..preset("tiny").expect("preset")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("q8.gguf");
+    export_random(&cfg, GgmlDType::Q8_0, &path, |_, _| {}).expect("export");
+    let load = |ranks| {
+        load_with(&path, &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() }).expect("load")
+    };
+    let p: Vec<u32> = (0..24u32).map(|j| 3 + (j % 5) * 7).collect();
+    let want = run(&EngineHandle::start(load(1), cache_off()).expect("engine"), greedy(p.clone(), 16));
+    let plain = run(&EngineHandle::start(load(2), cache_off()).expect("engine"), greedy(p.clone(), 16));
+    assert_same_within(&plain, &want, "Q8_0 GGUF on 2 ranks", 1e-4);
+    let method = SpecMethod::Mtp;
+    let spec = SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
+    let cfg = EngineConfig { speculative: spec, prefix_cache: false, ..Default::default() };
+    let e = EngineHandle::start_with_draft(load(2), None, cfg).expect("engine");
+    let what = format!("Q8_0 GGUF on 2 ranks, {} speculation", method.as_str());
+    assert_same(&run(&e, greedy(p.clone(), 16)), &plain, &what);
+    assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
+    assert_no_leaks(&e);
+}

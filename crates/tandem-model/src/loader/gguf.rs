@@ -51,15 +51,11 @@ impl GgufSource {
     /// or when `TANDEM_QUANT_KERNEL=candle` asks for candle's own kernels (for comparisons).
     fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let candle_only = crate::ops::quant::Kernel::candle_only();
-        let (Some(ty), [n, k], true) =
-            (QuantType::from_ggml(info.ggml_dtype), info.shape.dims(), self.device.is_cpu() && !candle_only)
-        else {
-            return Ok(None);
-        };
-        if !prefers_own_kernel(ty, *n, *k) {
+        let [n, k] = info.shape.dims() else { return Ok(None) };
+        if !takes_ggml(info.ggml_dtype, *n, *k, &self.device) {
             return Ok(None);
         }
+        let ty = QuantType::from_ggml(info.ggml_dtype).ok_or_else(|| ModelError::Config(format!("{name}: type")))?;
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
         Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, self.tensor_bytes(name, info)?)?))
     }
@@ -77,18 +73,10 @@ impl GgufSource {
     /// when the model runs on a CPU that has our kernel; `None` otherwise (candle's `QMatMul`).
     fn kquant_matrix(&self, name: &str, head: bool) -> Result<Option<KQuantMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        // Q6K layer matrices come here where `kquant::q6k_layers` says (by default on Zen 5
-        // and later: faster prefill, the same decode; elsewhere the Q6K pair kernel, `row_stable`,
-        // decodes faster), and an LM head, which only ever multiplies one row per sequence,
-        // always stays on the pair kernel.
-        let takes = crate::ops::quant::kquant::takes(info.ggml_dtype, head);
-        let supported = takes && self.device.is_cpu();
-        let ([n, k], true) = (info.shape.dims(), supported) else {
+        let ([n, k], true) = (info.shape.dims(), takes_kquant(info.ggml_dtype, info.shape.dims(), head, &self.device))
+        else {
             return Ok(None);
         };
-        if !crate::ops::quant::kquant::available() || !crate::ops::quant::kquant::fits(info.ggml_dtype, *k) {
-            return Ok(None);
-        }
         Ok(Some(KQuantMatrix::from_bytes(info.ggml_dtype, *n, *k, self.tensor_bytes(name, info)?)?))
     }
 
@@ -118,18 +106,13 @@ impl WeightSource for GgufSource {
         if let Some(w) = self.kquant_matrix(name, name == "output.weight")? {
             return Ok(LinearWeight::KQuant(Arc::new(w)));
         }
-        let q = self.qtensor(name)?;
-        // 16-bit matrices stay 16-bit (the dense kernels read them and widen exactly); candle
-        // would widen them to f32 here.
-        let keep = match q.dtype() {
-            candle_core::quantized::GgmlDType::F16 => Some(DType::F16),
-            candle_core::quantized::GgmlDType::BF16 => Some(DType::BF16),
-            _ => None,
-        };
-        if let (Some(dt), 2) = (keep, q.rank()) {
-            return Ok(LinearWeight::Candle(QMatMul::Tensor(q.dequantize(&self.device)?.to_dtype(dt)?)));
+        candle_linear(self.qtensor(name)?, &self.device)
+    }
+    fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
+        match self.content.tensor_infos.get(name) {
+            Some(info) if info.shape.rank() == 2 => Ok(Some(self.qtensor(name)?)),
+            _ => Ok(None),
         }
-        Ok(LinearWeight::Candle(QMatMul::from_qtensor(q)?))
     }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
@@ -162,6 +145,62 @@ impl WeightSource for GgufSource {
 
 /// Whether a CPU model runs a `ty` matrix `[n, k]` on our [`GgmlMatrix`] kernels rather than
 /// candle's (GGUF weights, and weights quantised at load alike).
+/// Whether a `[n, k]` matrix of `dtype` on `device` runs on our 32-value block kernels
+/// ([`GgmlMatrix`]).
+fn takes_ggml(dtype: candle_core::quantized::GgmlDType, n: usize, k: usize, device: &Device) -> bool {
+    let candle_only = crate::ops::quant::Kernel::candle_only();
+    match QuantType::from_ggml(dtype) {
+        Some(ty) => device.is_cpu() && !candle_only && prefers_own_kernel(ty, n, k),
+        None => false,
+    }
+}
+
+/// Whether a matrix of `dtype` and `dims` on `device` runs on our K-quant tiles
+/// ([`KQuantMatrix`]); `head`: it is the LM head.
+fn takes_kquant(dtype: candle_core::quantized::GgmlDType, dims: &[usize], head: bool, device: &Device) -> bool {
+    // Q6K layer matrices come here where `kquant::q6k_layers` says (by default on Zen 5 and
+    // later: faster prefill, the same decode; elsewhere the Q6K pair kernel, `row_stable`,
+    // decodes faster), and an LM head, which only ever multiplies one row per sequence, always
+    // stays on the pair kernel.
+    let takes = crate::ops::quant::kquant::takes(dtype, head) && device.is_cpu();
+    match dims {
+        [_, k] => takes && crate::ops::quant::kquant::available() && crate::ops::quant::kquant::fits(dtype, *k),
+        _ => false,
+    }
+}
+
+/// A stored matrix on candle's side: 16-bit matrices stay 16-bit (the dense kernels read them
+/// and widen exactly; candle would widen them to f32), the rest as a `QMatMul`.
+fn candle_linear(q: candle_core::quantized::QTensor, device: &Device) -> Result<LinearWeight> {
+    let keep = match q.dtype() {
+        candle_core::quantized::GgmlDType::F16 => Some(DType::F16),
+        candle_core::quantized::GgmlDType::BF16 => Some(DType::BF16),
+        _ => None,
+    };
+    if let (Some(dt), 2) = (keep, q.rank()) {
+        return Ok(LinearWeight::Candle(QMatMul::Tensor(q.dequantize(device)?.to_dtype(dt)?)));
+    }
+    Ok(LinearWeight::Candle(QMatMul::from_qtensor(q)?))
+}
+
+/// The layer weight for a stored matrix (a GGUF tensor, or a tensor-parallel slice of one) as
+/// the GGUF loader makes it: on our block or K-quant kernels where they take it, else candle's.
+pub(crate) fn linear_of_stored(q: candle_core::quantized::QTensor, head: bool) -> Result<LinearWeight> {
+    let device = q.device();
+    let dims = q.shape().dims().to_vec();
+    if let [n, k] = dims[..] {
+        if takes_ggml(q.dtype(), n, k, &device) {
+            if let Some(ty) = QuantType::from_ggml(q.dtype()) {
+                return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(ty, n, k, &q.data()?)?)));
+            }
+        }
+        if takes_kquant(q.dtype(), &dims, head, &device) {
+            return Ok(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(q.dtype(), n, k, &q.data()?)?)));
+        }
+    }
+    candle_linear(q, &device)
+}
+
 pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
     // Q8_0 has SIMD kernels in candle on every CPU (NEON included): ours only where ours
     // are SIMD too (x86 with AVX2), never the scalar reference in their place.

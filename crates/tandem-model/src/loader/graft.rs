@@ -108,6 +108,9 @@ impl WeightSource for Graft<'_> {
     fn stacked_experts(&self, prefix: &str, proj: &str) -> Result<Option<StackedExperts>> {
         self.pick(prefix).stacked_experts(prefix, proj)
     }
+    fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
+        self.pick(name).stored_matrix(name)
+    }
     fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
         // A stacked storage name is the file's own: ask the base first, then the donor.
         self.base.stacked_data(storage).or_else(|_| self.donor.source().stacked_data(storage))

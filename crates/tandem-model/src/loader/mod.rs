@@ -41,8 +41,8 @@ pub struct LoadOptions {
     /// Take the MTP head from this checkpoint (hybrid models; see [`graft`]).
     pub mtp_from: Option<std::path::PathBuf>,
     /// Tensor parallelism: the model cut into this many ranks by heads and FFN columns
-    /// (0 and 1: off). Hugging Face hybrid checkpoints so far, every rank on the one device
-    /// ([`crate::arch::qwen_hybrid::tp`]).
+    /// (0 and 1: off). Hybrid checkpoints (Hugging Face and `qwen35` GGUF) so far, every rank
+    /// on the one device ([`crate::arch::qwen_hybrid::tp`]).
     pub tensor_parallel: usize,
 }
 
@@ -107,6 +107,9 @@ impl WeightSource for Plain<'_> {
     fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
         self.0.stacked_data(storage)
     }
+    fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
+        self.0.stored_matrix(name)
+    }
     fn linear(&self, name: &str) -> Result<Linear> {
         self.0.linear(name)
     }
@@ -137,10 +140,12 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
 }
 
 fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
-    if opts.tensor_parallel > 1 && !(path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path)) {
+    let hybrid = (path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path))
+        || crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path);
+    if opts.tensor_parallel > 1 && !hybrid {
         return Err(ModelError::Unsupported(format!(
-            "--tensor-parallel {}: {} is not a Hugging Face hybrid checkpoint (Qwen3.5 / Qwen3.6), the only kind \
-             sharded so far; run it without --tensor-parallel",
+            "--tensor-parallel {}: {} is not a hybrid checkpoint (Qwen3.5 / Qwen3.6, Hugging Face or GGUF), the \
+             only kind sharded so far; run it without --tensor-parallel",
             opts.tensor_parallel,
             path.display()
         )));

@@ -103,14 +103,22 @@ impl WeightSource for ShardSource<'_> {
     }
 
     fn qmatmul(&self, name: &str) -> Result<LinearWeight> {
-        let w = self.inner.qmatmul(name)?;
         let (dim, segments, ways) = match (self.split)(name)? {
-            Split::Whole => return Ok(w),
+            Split::Whole => return self.inner.qmatmul(name),
             Split::Rows { segments, ways } => (0, segments, ways),
             Split::Cols { segments, ways } => (1, segments, ways),
             Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
         };
-        let cut = |unit: usize| share(&segments, self.rank, self.world, ways, unit);
+        let cut = |unit: usize| {
+            share(&segments, self.rank, self.world, ways, unit).map_err(|e| ModelError::Config(format!("{name}: {e}")))
+        };
+        // A source that repacks matrices for the CPU (GGUF) hands out the stored blocks: cut
+        // them, then pack the slice the same way.
+        if let Some(q) = self.inner.stored_matrix(name)? {
+            let unit = if dim == 1 { q.dtype().block_size() } else { 1 };
+            return crate::loader::gguf::linear_of_stored(quantised_slice(&q, dim, &cut(unit)?)?, false);
+        }
+        let w = self.inner.qmatmul(name)?;
         Ok(LinearWeight::Candle(match w {
             LinearWeight::Candle(QMatMul::Tensor(t)) => QMatMul::Tensor(dense_slice(&t, dim, &cut(1)?)?),
             LinearWeight::Candle(QMatMul::TensorF16(t)) => QMatMul::TensorF16(dense_slice(&t, dim, &cut(1)?)?),

@@ -296,6 +296,13 @@ pub trait WeightSource {
         let _ = (prefix, proj);
         Ok(None)
     }
+    /// A matrix exactly as the file stores it, where this source would repack it for the CPU's
+    /// kernels (GGUF): tensor parallelism cuts the stored blocks, then packs the slice.
+    /// `None` where the source hands out matrices as stored anyway.
+    fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
+        let _ = name;
+        Ok(None)
+    }
     /// The storage behind [`StackedExperts::storage`], kept as the file stores it.
     fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
         Err(ModelError::MissingTensor(storage.to_string()))

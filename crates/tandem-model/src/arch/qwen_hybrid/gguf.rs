@@ -369,6 +369,10 @@ impl WeightSource for HybridGgufSource {
         let (g, _) = self.mapped(name)?;
         self.inner.qmatmul(&g)
     }
+    fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
+        let (g, _) = self.mapped(name)?;
+        self.inner.stored_matrix(&g)
+    }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         let (g, fix) = self.mapped(name)?;
         let t = self.inner.tensor_f32(&g)?;
@@ -420,9 +424,16 @@ pub fn load_gguf(path: &Path, device: &Device, opts: &crate::loader::LoadOptions
     let tokenizer = Tokenizer::from_gguf(&src.inner.content)?;
     let donor = opts.mtp_donor(&src.config, device)?;
     let mut slot = None;
-    let model = QwenHybrid::load(&src.config, &*opts.hybrid_source(&src, &donor, &mut slot))?;
+    let model: Box<dyn crate::arch::CausalLm> = if opts.tensor_parallel > 1 {
+        // Each rank's slices are cut from the stored blocks first, quantised after (--quantize).
+        let plain = crate::loader::LoadOptions { quantize: None, ..opts.clone() };
+        let base = plain.hybrid_source(&src, &donor, &mut slot);
+        Box::new(super::tp::TpHybrid::load_with(&src.config, &*base, opts.tensor_parallel, |s| opts.source(s))?)
+    } else {
+        Box::new(QwenHybrid::load(&src.config, &*opts.hybrid_source(&src, &donor, &mut slot))?)
+    };
     let summary = src.summary(path);
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Describes a hybrid GGUF from its metadata (no weights are read).

@@ -14,8 +14,10 @@
 //! Today the ranks share one device and the sum is a device add: the sharding maths checked
 //! against the unsharded model (tests below); ranks on their own GPUs with an NCCL all-reduce
 //! in its place are the step after. Layouts sliced: HF Qwen3.5 (split `in_proj_qkv` / `_z` /
-//! `_b` / `_a`, grouped V heads) and per-expert MoE weights; Qwen3-Next's fused `in_proj_qkvz`,
-//! llama.cpp's tiled V heads and stacked experts are refused. The MTP head runs whole on rank
+//! `_b` / `_a`, grouped V heads), llama.cpp's `qwen35` GGUFs (tiled V heads: one segment per
+//! tile, so a rank's heads stay in its own tiled order; the stored blocks cut, then packed for
+//! the CPU's kernels) and per-expert MoE weights; Qwen3-Next's fused `in_proj_qkvz` and
+//! grouped `in_proj_ba`, and stacked GGUF experts are refused. The MTP head runs whole on rank
 //! 0's device (its KV the cache layer after all the ranks'), so MTP speculation works too.
 
 use candle_core::{Device, Tensor};
@@ -41,11 +43,6 @@ pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
     if cfg.grouped_projections {
         return Err(ModelError::Unsupported(
             "tensor parallelism: Qwen3-Next's fused in_proj_qkvz is not sliced yet".into(),
-        ));
-    }
-    if cfg.v_heads_tiled && cfg.linear_num_key_heads != cfg.linear_num_value_heads {
-        return Err(ModelError::Unsupported(
-            "tensor parallelism: GGUF files with llama.cpp's tiled V heads are not sliced yet".into(),
         ));
     }
     let div = |what: &str, n: usize| -> Result<usize> {
@@ -89,9 +86,25 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
     };
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim;
-    let vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
-    let nv = cfg.linear_num_value_heads;
-    let qkv = || Split::Rows { segments: vec![0..kd, kd..2 * kd, 2 * kd..2 * kd + vd], ways: world };
+    let (nk, nv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads);
+    // V-indexed rows of `width` each from `base`: in grouped order one segment (a rank's key
+    // heads' value heads are contiguous); in llama.cpp's tiled order (tiled head j * nk + g is
+    // grouped head g * r + j) one segment per j, each cut by key heads, which gives a rank
+    // its value heads in its own tiled order.
+    let v_rows = |base: usize, width: usize| -> Vec<std::ops::Range<usize>> {
+        if cfg.v_heads_tiled && nk != nv && nk > 0 {
+            (0..nv / nk).map(|j| base + j * nk * width..base + (j + 1) * nk * width).collect()
+        } else {
+            vec![base..base + nv * width]
+        }
+    };
+    let dv = cfg.linear_value_head_dim;
+    let by_v = |width: usize| Split::Rows { segments: v_rows(0, width), ways: world };
+    let qkv = || {
+        let mut segments = vec![0..kd, kd..2 * kd];
+        segments.extend(v_rows(2 * kd, dv));
+        Split::Rows { segments, ways: world }
+    };
     // Each rank's KV heads: its share, or (fewer heads than ranks) the one its queries use.
     let kv_ways = if nkv < world { nkv } else { world };
     let ffn = |proj: &str, width: usize| match proj {
@@ -107,12 +120,12 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
         "self_attn.o_proj.weight" => Split::cols(nh * hd, world),
         "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => Split::Whole,
         "linear_attn.in_proj_qkv.weight" | "linear_attn.conv1d.weight" => qkv(),
-        "linear_attn.in_proj_z.weight" => Split::rows(vd, world),
-        "linear_attn.in_proj_b.weight" | "linear_attn.in_proj_a.weight" => Split::rows(nv, world),
-        "linear_attn.A_log" | "linear_attn.dt_bias" => Split::rows(nv, world),
+        "linear_attn.in_proj_z.weight" => by_v(dv),
+        "linear_attn.in_proj_b.weight" | "linear_attn.in_proj_a.weight" => by_v(1),
+        "linear_attn.A_log" | "linear_attn.dt_bias" => by_v(1),
         // The gated norm's weight is per value dimension, the same for every head.
         "linear_attn.norm.weight" => Split::Whole,
-        "linear_attn.out_proj.weight" => Split::cols(vd, world),
+        "linear_attn.out_proj.weight" => Split::Cols { segments: v_rows(0, dv), ways: world },
         "mlp.gate.weight" | "mlp.shared_expert_gate.weight" => Split::Whole,
         t => {
             if let Some(p) = t.strip_prefix("mlp.shared_expert.") {
