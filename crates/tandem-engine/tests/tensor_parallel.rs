@@ -116,13 +116,33 @@ fn a_q8_0_gguf_cut_into_ranks_keeps_its_blocks() {
     let p: Vec<u32> = (0..24u32).map(|j| 3 + (j % 5) * 7).collect();
     let want = run(&EngineHandle::start(load(1), cache_off()).expect("engine"), greedy(p.clone(), 16));
     let plain = run(&EngineHandle::start(load(2), cache_off()).expect("engine"), greedy(p.clone(), 16));
-    assert_same_within(&plain, &want, "Q8_0 GGUF on 2 ranks", 1e-4);
+    // On a GPU the Q8_0 chain's segments follow a row's length, so a rank's half-length rows
+    // sum their blocks in another order than whole rows do; 8-bit activations downstream
+    // carry such last-bit differences into the logits (the CPU gives 1e-4 here).
+    let tol = if device().is_cpu() { 1e-4 } else { 2e-3 };
+    eprintln!("Q8_0 GGUF on 2 ranks: top-5 logprobs within {}", max_logprob_diff(&plain, &want));
+    assert_same_within(&plain, &want, "Q8_0 GGUF on 2 ranks", tol);
     let method = SpecMethod::Mtp;
     let spec = SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
     let cfg = EngineConfig { speculative: spec, prefix_cache: false, ..Default::default() };
     let e = EngineHandle::start_with_draft(load(2), None, cfg).expect("engine");
     let what = format!("Q8_0 GGUF on 2 ranks, {} speculation", method.as_str());
-    assert_same(&run(&e, greedy(p.clone(), 16)), &plain, &what);
+    let spec_out = run(&e, greedy(p.clone(), 16));
+    eprintln!("{what}: top-5 logprobs within {}", max_logprob_diff(&spec_out, &plain));
+    assert_same(&spec_out, &plain, &what);
     assert!(e.stats().spec_drafted.load(Ordering::Relaxed) > 0, "{what}: nothing was drafted");
     assert_no_leaks(&e);
+}
+
+/// The largest difference between two outputs' top-5 log-probabilities of the same token.
+fn max_logprob_diff(a: &Outcome, b: &Outcome) -> f32 {
+    let mut d = 0f32;
+    for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+        for (s, t) in x.top.iter().zip(&y.top) {
+            if s.id == t.id {
+                d = d.max((s.logprob - t.logprob).abs());
+            }
+        }
+    }
+    d
 }
