@@ -75,19 +75,27 @@ fn tensor_parallelism_is_refused_where_it_does_not_apply() {
     assert!(err.contains("do not divide 3 ways"), "{err}");
 }
 
-/// The same fixture as llama.cpp's `qwen35` GGUF (tiled V heads: a rank takes one piece of
-/// every tile): two ranks decode what the whole file does.
+/// The dense and the MoE fixture, as checkpoints and as llama.cpp's `qwen35` / `qwen35moe`
+/// GGUFs (tiled V heads: a rank takes one piece of every tile; stacked experts: each expert's
+/// view cut): two ranks decode what the whole model does.
 #[test]
-fn a_gguf_with_tiled_v_heads_cut_into_ranks_decodes_what_it_decodes_whole() {
+fn checkpoints_and_ggufs_cut_into_ranks_decode_what_they_decode_whole() {
     use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("hybrid.gguf");
-    export_hf_dir(&fixture(HYBRID), &path, &ExportOptions::default()).expect("export");
-    let load = |ranks| load_with(&path, &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() });
-    let p = prompt(HYBRID);
-    let want = run(&EngineHandle::start(load(1).expect("load"), cache_off()).expect("engine"), greedy(p.clone(), 16));
-    let got = run(&EngineHandle::start(load(2).expect("load"), cache_off()).expect("engine"), greedy(p, 16));
-    assert_same_within(&got, &want, "the GGUF on 2 ranks", 1e-4);
+    for fx in [HYBRID, "hybrid/qwen3_5_moe"] {
+        let gguf = dir.path().join(format!("{}.gguf", fx.replace('/', "-")));
+        export_hf_dir(&fixture(fx), &gguf, &ExportOptions::default()).expect("export");
+        for path in [fixture(fx), gguf] {
+            let load = |ranks| {
+                load_with(&path, &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
+                    .expect("load")
+            };
+            let p = prompt(fx);
+            let want = run(&EngineHandle::start(load(1), cache_off()).expect("engine"), greedy(p.clone(), 16));
+            let got = run(&EngineHandle::start(load(2), cache_off()).expect("engine"), greedy(p, 16));
+            assert_same_within(&got, &want, &format!("{} on 2 ranks", path.display()), 1e-4);
+        }
+    }
 }
 
 /// A Q8_0 hybrid GGUF (a random preset with 256-wide matrices, tiled V heads): each rank's

@@ -30,6 +30,9 @@ pub enum Split {
     Rows { segments: Vec<Range<usize>>, ways: usize },
     /// A matrix's input columns, cut the same way (row-parallel projections).
     Cols { segments: Vec<Range<usize>>, ways: usize },
+    /// Along dim `dim` of any tensor, cut the same way (stacked experts `[E, rows, cols]`:
+    /// dim 1 for their rows, 2 for their columns); served by `tensor_f32`.
+    Along { dim: usize, segments: Vec<Range<usize>>, ways: usize },
     /// Not served to the ranks at all (`has` is false): a part the sharded model leaves out.
     Absent,
 }
@@ -107,6 +110,7 @@ impl WeightSource for ShardSource<'_> {
             Split::Whole => return self.inner.qmatmul(name),
             Split::Rows { segments, ways } => (0, segments, ways),
             Split::Cols { segments, ways } => (1, segments, ways),
+            Split::Along { dim, segments, ways } => (dim, segments, ways),
             Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
         };
         let cut = |unit: usize| {
@@ -141,6 +145,9 @@ impl WeightSource for ShardSource<'_> {
             Split::Whole => Ok(t),
             Split::Rows { segments, ways } => dense_slice(&t, 0, &share(&segments, self.rank, self.world, ways, 1)?),
             Split::Cols { segments, ways } => dense_slice(&t, 1, &share(&segments, self.rank, self.world, ways, 1)?),
+            Split::Along { dim, segments, ways } => {
+                dense_slice(&t, dim, &share(&segments, self.rank, self.world, ways, 1)?)
+            }
             Split::Absent => Err(ModelError::MissingTensor(name.to_string())),
         }
     }

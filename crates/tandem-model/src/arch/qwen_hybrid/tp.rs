@@ -16,8 +16,9 @@
 //! in its place are the step after. Layouts sliced: HF Qwen3.5 (split `in_proj_qkv` / `_z` /
 //! `_b` / `_a`, grouped V heads), llama.cpp's `qwen35` GGUFs (tiled V heads: one segment per
 //! tile, so a rank's heads stay in its own tiled order; the stored blocks cut, then packed for
-//! the CPU's kernels) and per-expert MoE weights; Qwen3-Next's fused `in_proj_qkvz` and
-//! grouped `in_proj_ba`, and stacked GGUF experts are refused. The MTP head runs whole on rank
+//! the CPU's kernels) and MoE experts (one by one, stacked as transformers 5 saves them, or a
+//! GGUF's stacked tensors read one expert at a time); Qwen3-Next's fused `in_proj_qkvz` and
+//! grouped `in_proj_ba` are refused. The MTP head runs whole on rank
 //! 0's device (its KV the cache layer after all the ranks'), so MTP speculation works too.
 
 use candle_core::{Device, Tensor};
@@ -127,6 +128,16 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
         "linear_attn.norm.weight" => Split::Whole,
         "linear_attn.out_proj.weight" => Split::Cols { segments: v_rows(0, dv), ways: world },
         "mlp.gate.weight" | "mlp.shared_expert_gate.weight" => Split::Whole,
+        // Experts stacked as transformers 5 saves them: gate_up `[E, 2I, H]` (gate rows
+        // first), down `[E, H, I]`.
+        "mlp.experts.gate_up_proj" => {
+            let i = cfg.moe.as_ref().map_or(0, |m| m.intermediate_size);
+            Split::Along { dim: 1, segments: vec![0..i, i..2 * i], ways: world }
+        }
+        "mlp.experts.down_proj" => {
+            let i = cfg.moe.as_ref().map_or(0, |m| m.intermediate_size);
+            Split::Along { dim: 2, segments: vec![0..i], ways: world }
+        }
         t => {
             if let Some(p) = t.strip_prefix("mlp.shared_expert.") {
                 ffn(p, cfg.moe.as_ref().map_or(0, |m| m.shared_intermediate_size))?
