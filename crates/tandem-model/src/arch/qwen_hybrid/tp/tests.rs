@@ -245,6 +245,7 @@ fn shapes_that_do_not_divide_are_refused_with_a_reason() {
     assert!(e.contains("whole pieces of 32"), "{e}");
     let grouped = HybridConfig { grouped_projections: true, ..cfg.clone() };
     assert!(shard_config(&grouped, 2).is_err());
+    // llama.cpp's tiled V heads are cut tile by tile (the GGUF tests in tandem-engine).
     let tiled = HybridConfig { v_heads_tiled: true, ..cfg };
-    assert!(shard_config(&tiled, 2).is_err());
+    assert!(shard_config(&tiled, 2).is_ok());
 }
