@@ -331,8 +331,7 @@ impl super::MtpDraft for QwenHybrid {
     ) -> Result<Tensor> {
         let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
         // The head's KV is the layer after the main ones (see `cache_spec`).
-        let kv = cache.layer_kv_at(self.cfg.num_layers(), past)?;
-        head.forward_kv(self, hidden, next_tokens, kv, past)
+        head.forward_in(self, hidden, next_tokens, cache, self.cfg.num_layers(), past)
     }
 
     fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {

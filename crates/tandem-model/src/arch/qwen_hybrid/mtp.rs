@@ -73,6 +73,19 @@ impl MtpHead {
         Ok((model.logits(&y)?, y))
     }
 
+    /// [`Self::forward_kv`] with the head's KV in layer `layer` of a sequence's cache.
+    pub fn forward_in(
+        &self,
+        model: &QwenHybrid,
+        hidden: &Tensor,
+        next_tokens: &[u32],
+        cache: &mut crate::kv::SequenceCache,
+        layer: usize,
+        past: usize,
+    ) -> Result<Tensor> {
+        self.forward_kv(model, hidden, next_tokens, cache.layer_kv_at(layer, past)?, past)
+    }
+
     /// The head's output `y: [n, H]` (before the LM head) over any KV store: `kv` continues at
     /// main position `start` (its `past`), e.g. the head's layer in the engine's paged blocks.
     pub fn forward_kv(

@@ -283,8 +283,8 @@ impl MtpDraft for TpHybrid {
         past: usize,
     ) -> Result<Tensor> {
         let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
-        let kv = cache.layer_kv_at(self.world() * self.lead().cfg.num_layers(), past)?;
-        head.forward_kv(self.lead(), hidden, next_tokens, kv, past)
+        // The head's KV is the layer after every rank's (see `cache_spec`).
+        head.forward_in(self.lead(), hidden, next_tokens, cache, self.world() * self.lead().cfg.num_layers(), past)
     }
     fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
         self.lead().logits(y)

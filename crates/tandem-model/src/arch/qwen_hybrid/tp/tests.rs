@@ -36,6 +36,12 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
 }
 
+/// The last position's logits of feeding `tokens` to a sequence.
+fn last_logits(m: &dyn CausalLm, cache: &mut SequenceCache, tokens: &[u32]) -> Vec<f32> {
+    let out = m.forward(&mut [SeqChunk { tokens, cache, logits: LogitsWanted::Last }]).unwrap();
+    out.into_iter().next().flatten().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
 /// The last position's logits after a prefill of `prompt`, then after each of `steps` greedy
 /// decode steps.
 fn run(m: &dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
@@ -43,8 +49,7 @@ fn run(m: &dyn CausalLm, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     let mut tokens = prompt.to_vec();
     for _ in 0..=steps {
-        let logits = m.forward(&mut [SeqChunk { tokens: &tokens, cache: &mut cache, logits: LogitsWanted::Last }]);
-        let v = logits.unwrap().pop().flatten().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let v = last_logits(m, &mut cache, &tokens);
         tokens = vec![argmax(&v)];
         out.push(v);
     }
@@ -189,10 +194,7 @@ fn a_prompt_in_uneven_chunks_gives_what_it_gives_whole() {
     let cfg = dense();
     let tp = TpHybrid::load(&cfg, &source(&cfg, GgmlDType::F32), 2).unwrap();
     let spec = tp.cache_spec();
-    let last = |c: &mut SequenceCache, t: &[u32]| {
-        let out = tp.forward(&mut [SeqChunk { tokens: t, cache: c, logits: LogitsWanted::Last }]).unwrap();
-        out.into_iter().next().flatten().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
-    };
+    let last = |c: &mut SequenceCache, t: &[u32]| last_logits(&tp, c, t);
     let mut whole = SequenceCache::new(&spec, &Device::Cpu);
     let want = [last(&mut whole, &PROMPT), last(&mut whole, &[8])];
     let mut cut = SequenceCache::new(&spec, &Device::Cpu);
@@ -208,10 +210,7 @@ fn verify_mode_keeps_and_rolls_back_every_ranks_state() {
     let cfg = dense();
     let tp = TpHybrid::load(&cfg, &source(&cfg, GgmlDType::F32), 2).unwrap();
     let spec = tp.cache_spec();
-    let last = |m: &TpHybrid, c: &mut SequenceCache, t: &[u32]| {
-        let out = m.forward(&mut [SeqChunk { tokens: t, cache: c, logits: LogitsWanted::Last }]).unwrap();
-        out.into_iter().next().flatten().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
-    };
+    let last = |m: &TpHybrid, c: &mut SequenceCache, t: &[u32]| last_logits(m, c, t);
     // Plain: the prompt, then 9 and 4 one at a time, then 8.
     let mut plain = SequenceCache::new(&spec, &Device::Cpu);
     last(&tp, &mut plain, &PROMPT);
