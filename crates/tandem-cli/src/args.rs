@@ -41,9 +41,10 @@ pub struct ModelArgs {
     #[arg(long, value_name = "PATH")]
     pub mtp_from: Option<std::path::PathBuf>,
     /// Tensor parallelism: cut the model into this many ranks by attention / GDN heads and
-    /// FFN columns, their partial sums added per layer in rank order. Hybrid checkpoints
-    /// (Qwen3.5 / Qwen3.6, Hugging Face or GGUF) so far, and every rank on the one device: the
-    /// sharded path checked against the whole model, not yet a way to use more GPUs.
+    /// FFN columns, their partial sums added per layer in rank order. Hybrid (Qwen3.5 /
+    /// Qwen3.6) and Llama-family checkpoints, Hugging Face or GGUF, so far, and every rank on
+    /// the one device: the sharded path checked against the whole model, not yet a way to use
+    /// more GPUs.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tensor_parallel: usize,
     #[command(flatten)]

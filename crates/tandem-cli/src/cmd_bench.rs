@@ -143,11 +143,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let dt = random::parse_weight_type(&a.random_dtype)?;
             let n = tandem_model::arch::random_llama::parameter_count(&cfg);
             let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
-            let m = tandem_model::arch::random_llama::random_model(&cfg, dt, &device)
-                .context("building the random model")?;
+            let ranks = a.model.tensor_parallel;
+            let m: Box<dyn CausalLm> = if ranks > 1 {
+                Box::new(
+                    tandem_model::arch::random_llama::random_model_ranks(&cfg, dt, &device, ranks)
+                        .context("building the random model's ranks")?,
+                )
+            } else {
+                Box::new(
+                    tandem_model::arch::random_llama::random_model(&cfg, dt, &device)
+                        .context("building the random model")?,
+                )
+            };
             let params = n as f64 / 1e6;
             let w = bound::random_weights(n, embedding, cfg.tie_word_embeddings, dt);
-            (format!("random Llama `{p}` ({params:.1} M parameters, {dt:?} matrices)"), Box::new(m), Some(w))
+            let on = if ranks > 1 { format!(", {ranks} tensor-parallel ranks") } else { String::new() };
+            (format!("random Llama `{p}` ({params:.1} M parameters, {dt:?} matrices{on})"), m, Some(w))
         }
         (Some(p), _) => {
             let cfg = random::preset(p)?;

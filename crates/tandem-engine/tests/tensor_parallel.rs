@@ -61,18 +61,59 @@ fn two_ranks_decode_what_the_whole_model_does_with_speculation_caching_and_batch
 
 #[test]
 fn tensor_parallelism_is_refused_where_it_does_not_apply() {
-    // A Llama-family fixture: not sharded yet.
-    let err = load_with(&fixture("tiny/llama"), &device(), &LoadOptions { tensor_parallel: 2, ..Default::default() })
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(err.contains("--tensor-parallel 2") && err.contains("without --tensor-parallel"), "{err}");
+    let err = |fx: &str, ranks| {
+        load_with(&fixture(fx), &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    // Gemma 3: not sharded yet.
+    let e = err("tiny/gemma3", 2);
+    assert!(e.contains("--tensor-parallel 2") && e.contains("without --tensor-parallel"), "{e}");
     // Three ranks: one query head cannot be cut three ways.
-    let err = load_with(&fixture(HYBRID), &device(), &LoadOptions { tensor_parallel: 3, ..Default::default() })
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(err.contains("do not divide 3 ways"), "{err}");
+    let e = err(HYBRID, 3);
+    assert!(e.contains("do not divide 3 ways"), "{e}");
+    let e = err("tiny/llama", 3);
+    assert!(e.contains("do not divide 3 ways"), "{e}");
+}
+
+/// The Llama-family fixtures (4 query heads, 2 KV heads) on 2 and 4 ranks (4: each KV head
+/// held by two ranks) decode what the whole model does, and with n-gram speculation, prefix
+/// hits and a batch what they do plainly.
+#[test]
+fn llama_family_ranks_decode_what_the_whole_model_does() {
+    let n = 16;
+    for fx in ["tiny/llama", "tiny/qwen2", "tiny/qwen3"] {
+        let load = |ranks| {
+            load_with(&fixture(fx), &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
+                .expect("load")
+        };
+        let p = prompt(fx);
+        let want = run(&EngineHandle::start(load(1), cache_off()).expect("engine"), greedy(p.clone(), n));
+        for ranks in [2, 4] {
+            let what = format!("{fx} on {ranks} ranks");
+            let plain = run(&EngineHandle::start(load(ranks), cache_off()).expect("engine"), greedy(p.clone(), n));
+            assert_same_within(&plain, &want, &what, 1e-4);
+            let spec = SpecConfig {
+                method: SpecMethod::Ngram,
+                num_draft_tokens: 4,
+                ngram_min: 1,
+                ngram_max: 3,
+                adaptive: false,
+                draft_vocab: 0,
+            };
+            let e = EngineHandle::start_with_draft(
+                load(ranks),
+                None,
+                EngineConfig { speculative: spec, ..Default::default() },
+            )
+            .expect("engine");
+            for pass in ["prefix-cache miss", "prefix-cache hit"] {
+                assert_same(&run(&e, greedy(p.clone(), n)), &plain, &format!("{what}, speculating, {pass}"));
+            }
+            assert_no_leaks(&e);
+        }
+    }
 }
 
 /// The dense and the MoE fixture, as checkpoints and as llama.cpp's `qwen35` / `qwen35moe`

@@ -11,6 +11,8 @@ use crate::kv::LayerCacheSpec;
 use crate::loader::{layer_progress, Embedding, Linear, LinearSet, WeightSource};
 use crate::ops::Rope;
 
+pub mod tp;
+
 struct Layer {
     attn_norm: Tensor,
     /// attn_q, attn_k, attn_v (one matmul on CUDA).
@@ -191,32 +193,68 @@ impl Llama {
         tables: &(Tensor, Tensor),
         mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let cfg = &self.cfg;
-        let (nh, hd) = (cfg.num_heads, cfg.head_dim);
-        let total = ids.dim(0)?;
-        let mut x = self.embed.forward(ids)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let eps = cfg.rms_norm_eps as f32;
+        let (mut x, mut h) = self.embed_normed(ids)?;
+        for li in 0..self.layers.len() {
+            let att = self.attn_out(li, &h, tables, |q, k, v, scale| attend(li, q, k, v, scale))?;
+            let (x1, h1) = self.post_attn(li, &x, &att)?;
+            (x, h) = self.layer_end(li, &x1, &self.ffn_out(li, &h1)?)?;
+        }
+        Ok(x)
+    }
+
+    /// `(x, h)`: the embeddings of `ids` and their norm before layer 0.
+    fn embed_normed(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+        let x = self.embed.forward(ids)?;
         // Each residual add is fused with the norm after it (one launch on CUDA): `h` is the
         // normed `x` the next projection reads.
-        let mut h = match self.layers.first() {
+        let h = match self.layers.first() {
             Some(l) => self.rms(&x, &l.attn_norm)?,
             None => x.clone(),
         };
-        for (li, layer) in self.layers.iter().enumerate() {
-            // Norms and RoPE are per token: once over the batch; attention per sequence.
-            let (q, k, v) = self.heads(layer, layer.qkv.forward_array(&h)?, tables)?;
-            let att = attend(li, &q, &k, &v, scale)?;
-            let att = att.transpose(0, 1)?.reshape((total, nh * hd))?;
-            let (x1, h1) = crate::ops::norm::add_rms_norm(&x, &layer.o.forward(&att)?, &layer.ffn_norm, eps)?;
-            let [g, u] = layer.gate_up.forward_array(&h1)?;
-            let down = layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)?;
-            match self.layers.get(li + 1) {
-                Some(next) => (x, h) = crate::ops::norm::add_rms_norm(&x1, &down, &next.attn_norm, eps)?,
-                None => x = (x1 + down)?,
+        Ok((x, h))
+    }
+
+    /// Layer `li`'s attention on the normed `h`, through o_proj (under tensor parallelism, this
+    /// rank's partial sum); attention itself left to `attend(q, k, v, scale)`.
+    fn attn_out(
+        &self,
+        li: usize,
+        h: &Tensor,
+        tables: &(Tensor, Tensor),
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let (nh, hd) = (self.cfg.num_heads, self.cfg.head_dim);
+        // Norms and RoPE are per token: once over the batch; attention per sequence.
+        let (q, k, v) = self.heads(layer, layer.qkv.forward_array(h)?, tables)?;
+        let att = attend(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
+        let att = att.transpose(0, 1)?.reshape((h.dim(0)?, nh * hd))?;
+        layer.o.forward(&att)
+    }
+
+    /// `(x1, h1)`: the residual add after layer `li`'s attention and the FFN norm.
+    fn post_attn(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)> {
+        crate::ops::norm::add_rms_norm(x, att, &self.layers[li].ffn_norm, self.cfg.rms_norm_eps as f32)
+    }
+
+    /// Layer `li`'s SwiGLU MLP on the normed `h1`, through down_proj (a partial sum under
+    /// tensor parallelism).
+    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let [g, u] = layer.gate_up.forward_array(h1)?;
+        layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
+    }
+
+    /// `(x, h)` after layer `li`: the residual add and the next layer's norm (the last layer:
+    /// the add alone, `h` = `x`; the final norm runs on the rows whose logits are asked for).
+    fn layer_end(&self, li: usize, x1: &Tensor, down: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self.layers.get(li + 1) {
+            Some(next) => crate::ops::norm::add_rms_norm(x1, down, &next.attn_norm, self.cfg.rms_norm_eps as f32),
+            None => {
+                let x = (x1 + down)?;
+                Ok((x.clone(), x))
             }
         }
-        Ok(x)
     }
 
     /// Layer `layer`'s projections `[q, k, v]` (`[total, heads hd]` rows) as head-major `[heads,

@@ -15,6 +15,20 @@ use crate::batch::SeqChunk;
 use crate::error::Result;
 use crate::kv::{LayerCacheSpec, SequenceCache};
 
+/// The ranks' partial sums of one projection, added in rank order (the all-reduce: one order
+/// for every row, whatever the batch).
+pub(crate) fn rank_sum<M>(ranks: &[M], mut part: impl FnMut(usize, &M) -> Result<Tensor>) -> Result<Tensor> {
+    let mut sum: Option<Tensor> = None;
+    for (r, m) in ranks.iter().enumerate() {
+        let p = part(r, m)?;
+        sum = Some(match sum {
+            None => p,
+            Some(s) => (s + p)?,
+        });
+    }
+    sum.ok_or_else(|| crate::error::ModelError::Config("tensor parallelism without ranks".into()))
+}
+
 /// The token ids of a batch's chunks one after another and each token's position, after
 /// checking that no chunk is empty and every id is inside the vocabulary.
 pub(crate) fn batch_tokens(chunks: &[SeqChunk<'_>], vocab_size: usize) -> Result<(Vec<u32>, Vec<usize>)> {

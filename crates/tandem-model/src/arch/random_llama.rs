@@ -96,6 +96,18 @@ pub fn random_model(cfg: &LlamaConfig, dtype: GgmlDType, device: &Device) -> Res
     Llama::load(cfg, &RandomSource::from_shapes(shapes(cfg), dtype, device))
 }
 
+/// [`random_model`] cut into `ranks` tensor-parallel ranks ([`super::llama::tp`]).
+pub fn random_model_ranks(
+    cfg: &LlamaConfig,
+    dtype: GgmlDType,
+    device: &Device,
+    ranks: usize,
+) -> Result<super::llama::tp::TpLlama> {
+    let src = RandomSource::from_shapes(shapes(cfg), dtype, device);
+    let plain = crate::loader::LoadOptions::default();
+    super::llama::tp::TpLlama::load_with(cfg, &src, ranks, |s| plain.source(s))
+}
+
 /// Parameters of a model of config `cfg`.
 pub fn parameter_count(cfg: &LlamaConfig) -> u64 {
     shapes(cfg).iter().map(|(_, s, _)| s.iter().product::<usize>() as u64).sum()

@@ -12,7 +12,6 @@ use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
 use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
-use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::ops::quant::{GgmlMatrix, KQuantMatrix, QuantType};
@@ -254,9 +253,9 @@ pub fn load_gguf(path: &Path, device: &Device, opts: &super::LoadOptions) -> Res
     let src = GgufSource::open(path, device)?;
     let cfg = read_config(&src)?;
     let tokenizer = Tokenizer::from_gguf(&src.content)?;
-    let model = Llama::load(&cfg, &*opts.source(&src))?;
+    let model = crate::arch::llama::tp::load(&cfg, &src, opts)?;
     let summary = summary_of(&src, &cfg, path);
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Describes a GGUF file from its metadata alone (no weights are read).

@@ -41,8 +41,8 @@ pub struct LoadOptions {
     /// Take the MTP head from this checkpoint (hybrid models; see [`graft`]).
     pub mtp_from: Option<std::path::PathBuf>,
     /// Tensor parallelism: the model cut into this many ranks by heads and FFN columns
-    /// (0 and 1: off). Hybrid checkpoints (Hugging Face and `qwen35` GGUF) so far, every rank
-    /// on the one device ([`crate::arch::qwen_hybrid::tp`]).
+    /// (0 and 1: off). Hybrid and Llama-family checkpoints (Hugging Face and GGUF) so far,
+    /// every rank on the one device ([`crate::arch::qwen_hybrid::tp`], [`crate::arch::llama::tp`]).
     pub tensor_parallel: usize,
 }
 
@@ -140,12 +140,12 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
 }
 
 fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
-    let hybrid = (path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path))
-        || crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path);
-    if opts.tensor_parallel > 1 && !hybrid {
+    let gemma =
+        (path.is_dir() && crate::arch::gemma3::is_gemma3_dir(path)) || crate::arch::gemma3::is_gemma3_gguf(path);
+    if opts.tensor_parallel > 1 && gemma {
         return Err(ModelError::Unsupported(format!(
-            "--tensor-parallel {}: {} is not a hybrid checkpoint (Qwen3.5 / Qwen3.6, Hugging Face or GGUF), the \
-             only kind sharded so far; run it without --tensor-parallel",
+            "--tensor-parallel {}: {} is a Gemma 3 model, not sharded yet (hybrid and Llama-family models are); \
+             run it without --tensor-parallel",
             opts.tensor_parallel,
             path.display()
         )));

@@ -10,7 +10,6 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::{Embedding, LinearWeight, LoadedModel, ModelSummary, WeightSource};
-use crate::arch::llama::Llama;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
@@ -427,9 +426,9 @@ pub fn load_hf_dir(dir: &Path, device: &Device, opts: &super::LoadOptions) -> Re
     let cfg = read_config(dir)?;
     let src = SafetensorsSource::open(dir, device)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let model = Llama::load(&cfg, &*opts.source(&src))?;
+    let model = crate::arch::llama::tp::load(&cfg, &src, opts)?;
     let summary = summary_of(&src, &cfg, dir)?;
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Describes a Hugging Face directory from its config and safetensors headers.

@@ -26,7 +26,7 @@ use candle_core::{Device, Tensor};
 use super::config::HybridConfig;
 use super::mtp::MtpHead;
 use super::QwenHybrid;
-use crate::arch::{CausalLm, MtpDraft};
+use crate::arch::{rank_sum, CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
 use crate::kv::{LayerCacheSpec, SequenceCache};
@@ -210,19 +210,6 @@ impl TpHybrid {
         &self.ranks[0]
     }
 
-    /// The ranks' partial sums of one projection, added in rank order.
-    fn all_reduce(&self, mut part: impl FnMut(usize, &QwenHybrid) -> Result<Tensor>) -> Result<Tensor> {
-        let mut sum: Option<Tensor> = None;
-        for (r, m) in self.ranks.iter().enumerate() {
-            let p = part(r, m)?;
-            sum = Some(match sum {
-                None => p,
-                Some(s) => (s + p)?,
-            });
-        }
-        sum.ok_or_else(|| ModelError::Config("tensor parallelism without ranks".into()))
-    }
-
     /// [`QwenHybrid::forward_hidden`] over the ranks.
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
         let lead = self.lead();
@@ -231,9 +218,9 @@ impl TpHybrid {
         let tables = lead.rope.tables(&positions, &lead.device)?;
         let (mut x, mut h) = lead.embed_normed(ids)?;
         for li in 0..layers {
-            let mixed = self.all_reduce(|r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
+            let mixed = rank_sum(&self.ranks, |r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
             let (x1, h1) = lead.add_rms(&x, &mixed, &lead.layers[li].post_norm)?;
-            let ffn = self.all_reduce(|_, m| m.ffn_out(li, &h1))?;
+            let ffn = rank_sum(&self.ranks, |_, m| m.ffn_out(li, &h1))?;
             (x, h) = lead.add_rms(&x1, &ffn, lead.norm_before(li + 1))?;
         }
         for c in chunks.iter_mut() {

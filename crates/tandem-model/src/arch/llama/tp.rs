@@ -1,0 +1,149 @@
+//! Tensor parallelism for the Llama family (issue 21), the same scheme as the hybrids'
+//! ([`crate::arch::qwen_hybrid::tp`]): N ranks, each a [`Llama`] of the smaller shape loaded
+//! through a [`ShardSource`] (query heads, KV heads (held whole by several ranks where they are
+//! fewer than the ranks), the SwiGLU columns; o_proj and down_proj by input columns), their
+//! partial sums added in rank order per layer, the residual adds and norms once; embeddings,
+//! norms and the LM head whole on every rank, rank 0's serving. A sequence's cache holds rank
+//! r's layer l at `r * layers + l`. Every rank runs on the one device so far.
+
+use candle_core::{Device, Tensor};
+
+use super::Llama;
+use crate::arch::{rank_sum, CausalLm};
+use crate::batch::SeqChunk;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::kv::LayerCacheSpec;
+use crate::loader::shard::{ShardSource, Split};
+use crate::loader::WeightSource;
+
+/// The config of one rank of `world`.
+pub fn shard_config(cfg: &LlamaConfig, world: usize) -> Result<LlamaConfig> {
+    let div = |what: &str, n: usize| -> Result<usize> {
+        if world > 0 && n.is_multiple_of(world) {
+            Ok(n / world)
+        } else {
+            Err(ModelError::Config(format!("tensor parallelism {world}: {what} ({n}) do not divide {world} ways")))
+        }
+    };
+    Ok(LlamaConfig {
+        num_heads: div("attention heads", cfg.num_heads)?,
+        // KV heads fewer than the ranks are held whole by several (their queries' ranks).
+        num_kv_heads: if cfg.num_kv_heads < world && world.is_multiple_of(cfg.num_kv_heads.max(1)) {
+            1
+        } else {
+            div("KV heads", cfg.num_kv_heads)?
+        },
+        intermediate_size: div("FFN columns", cfg.intermediate_size)?,
+        ..cfg.clone()
+    })
+}
+
+/// How tensor `name` (GGUF-style names, as the Llama loaders serve them) divides among
+/// `world` ranks.
+pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
+    let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
+        // token_embd, output_norm, output, rope_freqs.
+        return Ok(Split::Whole);
+    };
+    let (nh, nkv, hd, ff) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size);
+    let kv_ways = if nkv < world { nkv } else { world };
+    Ok(match tail {
+        "attn_norm.weight" | "ffn_norm.weight" | "attn_q_norm.weight" | "attn_k_norm.weight" => Split::Whole,
+        "attn_q.weight" | "attn_q.bias" => Split::rows(nh * hd, world),
+        "attn_k.weight" | "attn_k.bias" | "attn_v.weight" | "attn_v.bias" => Split::rows(nkv * hd, kv_ways),
+        "attn_output.weight" => Split::cols(nh * hd, world),
+        "ffn_gate.weight" | "ffn_up.weight" => Split::rows(ff, world),
+        "ffn_down.weight" => Split::cols(ff, world),
+        // A row-parallel projection's bias would be added once per rank.
+        _ => return Err(ModelError::Unsupported(format!("tensor parallelism: no rule to slice {name}"))),
+    })
+}
+
+/// A Llama-family model cut into ranks (module docs).
+pub struct TpLlama {
+    ranks: Vec<Llama>,
+}
+
+/// A Llama-family model from `ws` as `opts` asks: whole, or cut into `--tensor-parallel` ranks
+/// (each rank's slices quantised after the cut where `--quantize` asks).
+pub fn load(cfg: &LlamaConfig, ws: &dyn WeightSource, opts: &crate::loader::LoadOptions) -> Result<Box<dyn CausalLm>> {
+    Ok(if opts.tensor_parallel > 1 {
+        Box::new(TpLlama::load_with(cfg, ws, opts.tensor_parallel, |s| opts.source(s))?)
+    } else {
+        Box::new(Llama::load(cfg, &*opts.source(ws))?)
+    })
+}
+
+impl TpLlama {
+    /// Loads `world` ranks of `cfg`'s model from `ws`, each rank's source wrapped by `wrap`
+    /// after the cut (load-time quantisation of the slices).
+    pub fn load_with<'a>(
+        cfg: &LlamaConfig,
+        ws: &'a dyn WeightSource,
+        world: usize,
+        wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
+    ) -> Result<Self> {
+        let rank_cfg = shard_config(cfg, world)?;
+        let ranks = (0..world)
+            .map(|r| {
+                let whole = cfg.clone();
+                let shard = ShardSource::new(ws, r, world, move |n| split_of(&whole, world, n))?;
+                let src = wrap(&shard);
+                let rank = Llama::load(&rank_cfg, &*src);
+                drop(src);
+                rank
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { ranks })
+    }
+
+    pub fn world(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn lead(&self) -> &Llama {
+        &self.ranks[0]
+    }
+}
+
+impl CausalLm for TpLlama {
+    fn cache_spec(&self) -> Vec<LayerCacheSpec> {
+        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+    }
+    fn vocab_size(&self) -> usize {
+        self.lead().vocab_size()
+    }
+    fn context_length(&self) -> usize {
+        self.lead().context_length()
+    }
+    fn device(&self) -> &Device {
+        self.lead().device()
+    }
+    fn limit_logits(&mut self, n: usize) -> Result<bool> {
+        // Rank 0's LM head is the one that serves.
+        self.ranks[0].limit_logits(n)
+    }
+    fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
+        let lead = self.lead();
+        let layers = lead.cfg.num_layers;
+        let (ids, positions) = crate::arch::batch_tokens(chunks, lead.cfg.vocab_size)?;
+        let tables = lead.rope.tables(&positions, &lead.device)?;
+        let total = ids.len();
+        let (mut x, mut h) = lead.embed_normed(&Tensor::from_vec(ids, total, &lead.device)?)?;
+        for li in 0..layers {
+            let att = rank_sum(&self.ranks, |r, m| {
+                m.attn_out(li, &h, &tables, |q, k, v, scale| {
+                    crate::arch::attend_chunks(chunks, r * layers + li, q, k, v, scale)
+                })
+            })?;
+            let (x1, h1) = lead.post_attn(li, &x, &att)?;
+            let down = rank_sum(&self.ranks, |_, m| m.ffn_out(li, &h1))?;
+            (x, h) = lead.layer_end(li, &x1, &down)?;
+        }
+        for c in chunks.iter_mut() {
+            c.cache.advance(c.tokens.len());
+        }
+        crate::batch::logits_for_chunks(&x, chunks, |sel| lead.lm_head.forward(&lead.rms(sel, &lead.norm)?))
+    }
+}
