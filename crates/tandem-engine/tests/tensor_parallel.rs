@@ -21,6 +21,13 @@ fn device() -> Device {
     tandem_model::device::default_device().expect("device")
 }
 
+/// An engine config speculating with `method` (4 drafted tokens; the prefix cache as given).
+fn speculating(method: SpecMethod, prefix_cache: bool) -> EngineConfig {
+    let speculative =
+        SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
+    EngineConfig { speculative, prefix_cache, ..Default::default() }
+}
+
 fn load(ranks: usize) -> LoadedModel {
     load_with(&fixture(HYBRID), &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
         .expect("load the hybrid fixture")
@@ -42,11 +49,8 @@ fn two_ranks_decode_what_the_whole_model_does_with_speculation_caching_and_batch
         plain.push(got);
     }
     for method in [SpecMethod::Ngram, SpecMethod::Mtp] {
-        let spec =
-            SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
         let what = format!("2 ranks, {} speculation", method.as_str());
-        let e = EngineHandle::start_with_draft(load(2), None, EngineConfig { speculative: spec, ..Default::default() })
-            .expect("engine");
+        let e = EngineHandle::start_with_draft(load(2), None, speculating(method, true)).expect("engine");
         for pass in ["prefix-cache miss", "prefix-cache hit"] {
             assert_same(&run(&e, greedy(prompts[0].clone(), n)), &plain[0], &format!("{what}, {pass}"));
         }
@@ -94,20 +98,8 @@ fn llama_family_ranks_decode_what_the_whole_model_does() {
             let what = format!("{fx} on {ranks} ranks");
             let plain = run(&EngineHandle::start(load(ranks), cache_off()).expect("engine"), greedy(p.clone(), n));
             assert_same_within(&plain, &want, &what, 1e-4);
-            let spec = SpecConfig {
-                method: SpecMethod::Ngram,
-                num_draft_tokens: 4,
-                ngram_min: 1,
-                ngram_max: 3,
-                adaptive: false,
-                draft_vocab: 0,
-            };
-            let e = EngineHandle::start_with_draft(
-                load(ranks),
-                None,
-                EngineConfig { speculative: spec, ..Default::default() },
-            )
-            .expect("engine");
+            let e = EngineHandle::start_with_draft(load(ranks), None, speculating(SpecMethod::Ngram, true))
+                .expect("engine");
             for pass in ["prefix-cache miss", "prefix-cache hit"] {
                 assert_same(&run(&e, greedy(p.clone(), n)), &plain, &format!("{what}, speculating, {pass}"));
             }
@@ -172,9 +164,7 @@ fn a_q8_0_gguf_cut_into_ranks_keeps_its_blocks() {
     eprintln!("Q8_0 GGUF on 2 ranks: top-5 logprobs within {}", max_logprob_diff(&plain, &want));
     assert_same_within(&plain, &want, "Q8_0 GGUF on 2 ranks", tol);
     let method = SpecMethod::Mtp;
-    let spec = SpecConfig { method, num_draft_tokens: 4, ngram_min: 1, ngram_max: 3, adaptive: false, draft_vocab: 0 };
-    let cfg = EngineConfig { speculative: spec, prefix_cache: false, ..Default::default() };
-    let e = EngineHandle::start_with_draft(load(2), None, cfg).expect("engine");
+    let e = EngineHandle::start_with_draft(load(2), None, speculating(method, false)).expect("engine");
     let what = format!("Q8_0 GGUF on 2 ranks, {} speculation", method.as_str());
     let spec_out = run(&e, greedy(p.clone(), 16));
     eprintln!("{what}: top-5 logprobs within {}", max_logprob_diff(&spec_out, &plain));
