@@ -5,8 +5,9 @@
 //! [`ShardSource`]. Per layer each rank runs the mixer on the same normed input and returns a
 //! partial sum of the output projection; the partials are added in rank order (the all-reduce;
 //! the same order for every row, so a row's bits never depend on the batch), then the residual
-//! and norm run once; the FFN the same. Embeddings, norms, the router and the LM head are whole
-//! on every rank; rank 0's serve.
+//! and norm run once; the FFN the same. An untied LM head is cut by vocabulary (the logits are
+//! the ranks' slices side by side); embeddings, norms and the router are whole on every rank,
+//! rank 0's serving (a tied table is rank 0's head too).
 //!
 //! A sequence's cache holds every rank's layers one rank after another ([`TpHybrid`]'s
 //! `cache_spec`: rank r's layer l is cache layer `r * layers + l`), so the engine's paged KV,
@@ -78,7 +79,9 @@ pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
 /// How tensor `name` of a model of config `cfg` (the whole model's) divides among `world`
 /// ranks.
 pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
-    if name.starts_with("mtp.") {
+    // The MTP head runs whole; an untied LM head is cut by vocabulary outside the ranks
+    // (`TpHybrid::heads`), so the ranks fall back to their (unused) tied table for theirs.
+    if name.starts_with("mtp.") || name == "output.weight" {
         return Ok(Split::Absent);
     }
     let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
@@ -164,6 +167,10 @@ pub struct TpHybrid {
     mtp: Option<MtpHead>,
     /// Attention KV heads of the whole model (the MTP head's cache layer).
     kv_heads: usize,
+    /// An untied LM head cut by vocabulary, one slice a rank (the whole head where the
+    /// vocabulary does not divide): the logits are the slices' side by side. Empty for a tied
+    /// table, which rank 0's embedding serves.
+    heads: Vec<crate::loader::Linear>,
 }
 
 impl TpHybrid {
@@ -189,6 +196,20 @@ impl TpHybrid {
         } else {
             None
         };
+        let heads = if !cfg.tie_word_embeddings && ws.has("output.weight") {
+            let (vocab, ways) = (cfg.vocab_size, if cfg.vocab_size.is_multiple_of(world) { world } else { 1 });
+            (0..ways)
+                .map(|r| {
+                    let slice = ShardSource::new(ws, r, ways, move |_| Ok(Split::rows(vocab, ways)))?;
+                    let src = wrap(&slice);
+                    let head = src.linear("output.weight")?.expect("output.weight", &[vocab / ways], cfg.hidden_size);
+                    drop(src);
+                    head
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let ranks = (0..world)
             .map(|r| {
                 let whole = cfg.clone();
@@ -199,7 +220,7 @@ impl TpHybrid {
                 rank
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads })
+        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads, heads })
     }
 
     pub fn world(&self) -> usize {
@@ -208,6 +229,18 @@ impl TpHybrid {
 
     fn lead(&self) -> &QwenHybrid {
         &self.ranks[0]
+    }
+
+    /// Logits `[rows, vocab]` of final-normed hidden rows.
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        match self.heads.as_slice() {
+            [] => self.lead().lm_head.forward(hidden),
+            [head] => head.forward(hidden),
+            heads => {
+                let parts = heads.iter().map(|h| h.forward(hidden)).collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&parts, candle_core::D::Minus1)?)
+            }
+        }
     }
 
     /// [`QwenHybrid::forward_hidden`] over the ranks.
@@ -249,11 +282,11 @@ impl CausalLm for TpHybrid {
     }
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let hidden = self.forward_hidden(chunks)?;
-        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lead().lm_head.forward(sel))
+        crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.logits(sel))
     }
     fn forward_with_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<(Vec<Option<Tensor>>, Option<Tensor>)> {
         let hidden = self.forward_hidden(chunks)?;
-        let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.lead().lm_head.forward(sel))?;
+        let logits = crate::batch::logits_for_chunks(&hidden, chunks, |sel| self.logits(sel))?;
         Ok((logits, Some(hidden)))
     }
     fn mtp(&self) -> Option<&dyn MtpDraft> {
@@ -274,7 +307,7 @@ impl MtpDraft for TpHybrid {
         head.forward_in(self.lead(), hidden, next_tokens, cache, self.world() * self.lead().cfg.num_layers(), past)
     }
     fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
-        self.lead().logits(y)
+        self.logits(y)
     }
 }
 

@@ -144,6 +144,9 @@ fn each_rank_caches_its_own_heads() {
     let tp = TpHybrid::load(&cfg, &source(&cfg, GgmlDType::F32), 4).unwrap();
     let spec = tp.cache_spec();
     assert_eq!(spec.len(), 4 * cfg.num_layers(), "every rank's layers, rank after rank");
+    // The untied LM head: a quarter of the vocabulary a rank.
+    let rows: Vec<usize> = tp.heads.iter().map(|h| h.weight.dims().unwrap().0).collect();
+    assert_eq!(rows, vec![cfg.vocab_size / 4; 4]);
     for (i, s) in spec.iter().enumerate() {
         match (s, cfg.layer_kinds[i % cfg.num_layers()]) {
             // Two KV heads over four ranks: each rank keeps the one its query head reads.
