@@ -114,7 +114,10 @@ impl WeightSource for ShardSource<'_> {
             Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
         };
         let cut = |unit: usize| {
-            share(&segments, self.rank, self.world, ways, unit).map_err(|e| ModelError::Config(format!("{name}: {e}")))
+            share(&segments, self.rank, self.world, ways, unit).map_err(|e| match e {
+                ModelError::Config(m) => ModelError::Config(format!("{name}: {m}")),
+                e => e,
+            })
         };
         // A source that repacks matrices for the CPU (GGUF) hands out the stored blocks: cut
         // them, then pack the slice the same way.
