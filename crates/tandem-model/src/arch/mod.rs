@@ -8,6 +8,7 @@ pub mod llama;
 pub mod llama_to_gguf;
 pub mod qwen_hybrid;
 pub mod random_llama;
+pub mod vocab_heads;
 
 use candle_core::{Device, Tensor};
 

@@ -2,13 +2,15 @@
 //! ([`crate::arch::qwen_hybrid::tp`]): N ranks, each a [`Llama`] of the smaller shape loaded
 //! through a [`ShardSource`] (query heads, KV heads (held whole by several ranks where they are
 //! fewer than the ranks), the SwiGLU columns; o_proj and down_proj by input columns), their
-//! partial sums added in rank order per layer, the residual adds and norms once; embeddings,
-//! norms and the LM head whole on every rank, rank 0's serving. A sequence's cache holds rank
-//! r's layer l at `r * layers + l`. Every rank runs on the one device so far.
+//! partial sums added in rank order per layer, the residual adds and norms once; an untied LM
+//! head cut by vocabulary ([`VocabHeads`]), embeddings and norms whole on every rank, rank 0's
+//! serving. A sequence's cache holds rank r's layer l at `r * layers + l`. Every rank runs on
+//! the one device so far.
 
 use candle_core::{Device, Tensor};
 
 use super::Llama;
+use crate::arch::vocab_heads::VocabHeads;
 use crate::arch::{rank_sum, CausalLm};
 use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
@@ -42,8 +44,13 @@ pub fn shard_config(cfg: &LlamaConfig, world: usize) -> Result<LlamaConfig> {
 /// How tensor `name` (GGUF-style names, as the Llama loaders serve them) divides among
 /// `world` ranks.
 pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
+    if name == "output.weight" {
+        // Cut by vocabulary outside the ranks (`TpLlama::heads`); the ranks fall back to
+        // their tied table for theirs, which costs nothing.
+        return Ok(Split::Absent);
+    }
     let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
-        // token_embd, output_norm, output, rope_freqs.
+        // token_embd, output_norm, rope_freqs.
         return Ok(Split::Whole);
     };
     let (nh, nkv, hd, ff) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size);
@@ -63,6 +70,8 @@ pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
 /// A Llama-family model cut into ranks (module docs).
 pub struct TpLlama {
     ranks: Vec<Llama>,
+    /// An untied LM head cut by vocabulary; empty for a tied table (rank 0's serves).
+    heads: VocabHeads,
 }
 
 /// A Llama-family model from `ws` as `opts` asks: whole, or cut into `--tensor-parallel` ranks
@@ -85,6 +94,7 @@ impl TpLlama {
         wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
+        let heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
         let ranks = (0..world)
             .map(|r| {
                 let whole = cfg.clone();
@@ -95,7 +105,7 @@ impl TpLlama {
                 rank
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { ranks })
+        Ok(Self { ranks, heads })
     }
 
     pub fn world(&self) -> usize {
@@ -121,8 +131,15 @@ impl CausalLm for TpLlama {
         self.lead().device()
     }
     fn limit_logits(&mut self, n: usize) -> Result<bool> {
-        // Rank 0's LM head is the one that serves.
-        self.ranks[0].limit_logits(n)
+        if self.heads.is_empty() {
+            // The tied table: rank 0's LM head is the one that serves.
+            return self.ranks[0].limit_logits(n);
+        }
+        if n == 0 || n >= self.vocab_size() {
+            return Ok(false);
+        }
+        self.heads.limit(n)?;
+        Ok(true)
     }
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let lead = self.lead();
@@ -144,6 +161,12 @@ impl CausalLm for TpLlama {
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
-        crate::batch::logits_for_chunks(&x, chunks, |sel| lead.lm_head.forward(&lead.rms(sel, &lead.norm)?))
+        crate::batch::logits_for_chunks(&x, chunks, |sel| {
+            let normed = lead.rms(sel, &lead.norm)?;
+            match self.heads.logits(&normed)? {
+                Some(l) => Ok(l),
+                None => lead.lm_head.forward(&normed),
+            }
+        })
     }
 }

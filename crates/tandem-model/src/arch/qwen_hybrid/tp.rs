@@ -27,6 +27,7 @@ use candle_core::{Device, Tensor};
 use super::config::HybridConfig;
 use super::mtp::MtpHead;
 use super::QwenHybrid;
+use crate::arch::vocab_heads::VocabHeads;
 use crate::arch::{rank_sum, CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
@@ -167,10 +168,9 @@ pub struct TpHybrid {
     mtp: Option<MtpHead>,
     /// Attention KV heads of the whole model (the MTP head's cache layer).
     kv_heads: usize,
-    /// An untied LM head cut by vocabulary, one slice a rank (the whole head where the
-    /// vocabulary does not divide): the logits are the slices' side by side. Empty for a tied
-    /// table, which rank 0's embedding serves.
-    heads: Vec<crate::loader::Linear>,
+    /// An untied LM head cut by vocabulary; empty for a tied table, which rank 0's embedding
+    /// serves.
+    heads: VocabHeads,
 }
 
 impl TpHybrid {
@@ -196,19 +196,10 @@ impl TpHybrid {
         } else {
             None
         };
-        let heads = if !cfg.tie_word_embeddings && ws.has("output.weight") {
-            let (vocab, ways) = (cfg.vocab_size, if cfg.vocab_size.is_multiple_of(world) { world } else { 1 });
-            (0..ways)
-                .map(|r| {
-                    let slice = ShardSource::new(ws, r, ways, move |_| Ok(Split::rows(vocab, ways)))?;
-                    let src = wrap(&slice);
-                    let head = src.linear("output.weight")?.expect("output.weight", &[vocab / ways], cfg.hidden_size);
-                    drop(src);
-                    head
-                })
-                .collect::<Result<Vec<_>>>()?
+        let heads = if cfg.tie_word_embeddings {
+            VocabHeads::default()
         } else {
-            Vec::new()
+            VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?
         };
         let ranks = (0..world)
             .map(|r| {
@@ -233,13 +224,9 @@ impl TpHybrid {
 
     /// Logits `[rows, vocab]` of final-normed hidden rows.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        match self.heads.as_slice() {
-            [] => self.lead().lm_head.forward(hidden),
-            [head] => head.forward(hidden),
-            heads => {
-                let parts = heads.iter().map(|h| h.forward(hidden)).collect::<Result<Vec<_>>>()?;
-                Ok(Tensor::cat(&parts, candle_core::D::Minus1)?)
-            }
+        match self.heads.logits(hidden)? {
+            Some(l) => Ok(l),
+            None => self.lead().lm_head.forward(hidden),
         }
     }
 

@@ -145,7 +145,7 @@ fn each_rank_caches_its_own_heads() {
     let spec = tp.cache_spec();
     assert_eq!(spec.len(), 4 * cfg.num_layers(), "every rank's layers, rank after rank");
     // The untied LM head: a quarter of the vocabulary a rank.
-    let rows: Vec<usize> = tp.heads.iter().map(|h| h.weight.dims().unwrap().0).collect();
+    let rows = tp.heads.rows().unwrap();
     assert_eq!(rows, vec![cfg.vocab_size / 4; 4]);
     for (i, s) in spec.iter().enumerate() {
         match (s, cfg.layer_kinds[i % cfg.num_layers()]) {
@@ -250,4 +250,24 @@ fn shapes_that_do_not_divide_are_refused_with_a_reason() {
     // llama.cpp's tiled V heads are cut tile by tile (the GGUF tests in tandem-engine).
     let tiled = HybridConfig { v_heads_tiled: true, ..cfg };
     assert!(shard_config(&tiled, 2).is_ok());
+}
+
+/// The untied LM head cut by vocabulary gives the whole head's logits bit for bit, and a
+/// limit to the first n logits keeps whole slices and cuts the one it ends in.
+#[test]
+fn the_vocabulary_split_head_is_the_whole_head() {
+    use crate::arch::vocab_heads::VocabHeads;
+    let cfg = dense();
+    let src = source(&cfg, GgmlDType::F32);
+    let x: Vec<f32> = (0..2 * 64).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 311.0).collect();
+    let x = Tensor::from_vec(x, (2, 64), &Device::Cpu).unwrap();
+    let whole = src.linear("output.weight").unwrap().forward(&x).unwrap().to_vec2::<f32>().unwrap();
+    let plain = crate::loader::LoadOptions::default();
+    let mut heads = VocabHeads::load(&src, 4, (cfg.vocab_size, cfg.hidden_size), &|s| plain.source(s)).unwrap();
+    assert_eq!(heads.rows().unwrap(), vec![128; 4]);
+    assert_eq!(heads.logits(&x).unwrap().unwrap().to_vec2::<f32>().unwrap(), whole);
+    heads.limit(300).unwrap();
+    assert_eq!(heads.rows().unwrap(), vec![128, 128, 44]);
+    let first: Vec<Vec<f32>> = whole.iter().map(|r| r[..300].to_vec()).collect();
+    assert_eq!(heads.logits(&x).unwrap().unwrap().to_vec2::<f32>().unwrap(), first);
 }
