@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::loader::shard::{ShardSource, Split};
+use crate::loader::shard::{load_ranks, ShardSource, Split};
 use crate::loader::{Linear, WeightSource};
 
 /// The slices, in vocabulary order; empty where the model's head is its tied table.
@@ -27,15 +27,10 @@ impl VocabHeads {
             return Ok(Self::default());
         }
         let ways = if world > 0 && vocab.is_multiple_of(world) { world } else { 1 };
-        let heads = (0..ways)
-            .map(|r| {
-                let slice = ShardSource::new(ws, r, ways, move |_| Ok(Split::rows(vocab, ways)))?;
-                let src = wrap(&slice);
-                let head = src.linear("output.weight")?.expect("output.weight", &[vocab / ways], hidden);
-                drop(src);
-                head
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let slices = move |_: &str| Ok(Split::rows(vocab, ways));
+        let heads = load_ranks(ws, ways, slices, wrap, |src| {
+            src.linear("output.weight")?.expect("output.weight", &[vocab / ways], hidden)
+        })?;
         Ok(Self(heads))
     }
 

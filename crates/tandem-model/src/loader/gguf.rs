@@ -51,10 +51,7 @@ impl GgufSource {
     fn ggml_matrix(&self, name: &str) -> Result<Option<GgmlMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let [n, k] = info.shape.dims() else { return Ok(None) };
-        if !takes_ggml(info.ggml_dtype, *n, *k, &self.device) {
-            return Ok(None);
-        }
-        let ty = QuantType::from_ggml(info.ggml_dtype).ok_or_else(|| ModelError::Config(format!("{name}: type")))?;
+        let Some(ty) = ggml_type(info.ggml_dtype, *n, *k, &self.device) else { return Ok(None) };
         // `TensorInfo::shape` is already in PyTorch order ([out, in]); GGUF stores it reversed.
         Ok(Some(GgmlMatrix::from_bytes(ty, *n, *k, self.tensor_bytes(name, info)?)?))
     }
@@ -144,14 +141,11 @@ impl WeightSource for GgufSource {
 
 /// Whether a CPU model runs a `ty` matrix `[n, k]` on our [`GgmlMatrix`] kernels rather than
 /// candle's (GGUF weights, and weights quantised at load alike).
-/// Whether a `[n, k]` matrix of `dtype` on `device` runs on our 32-value block kernels
-/// ([`GgmlMatrix`]).
-fn takes_ggml(dtype: candle_core::quantized::GgmlDType, n: usize, k: usize, device: &Device) -> bool {
-    let candle_only = crate::ops::quant::Kernel::candle_only();
-    match QuantType::from_ggml(dtype) {
-        Some(ty) => device.is_cpu() && !candle_only && prefers_own_kernel(ty, n, k),
-        None => false,
-    }
+/// The block type of a `[n, k]` matrix of `dtype` on `device` where it runs on our 32-value
+/// block kernels ([`GgmlMatrix`]); `None` where it does not.
+fn ggml_type(dtype: candle_core::quantized::GgmlDType, n: usize, k: usize, device: &Device) -> Option<QuantType> {
+    let ty = QuantType::from_ggml(dtype)?;
+    (device.is_cpu() && !crate::ops::quant::Kernel::candle_only() && prefers_own_kernel(ty, n, k)).then_some(ty)
 }
 
 /// Whether a matrix of `dtype` and `dims` on `device` runs on our K-quant tiles
@@ -188,10 +182,8 @@ pub(crate) fn linear_of_stored(q: candle_core::quantized::QTensor, head: bool) -
     let device = q.device();
     let dims = q.shape().dims().to_vec();
     if let [n, k] = dims[..] {
-        if takes_ggml(q.dtype(), n, k, &device) {
-            if let Some(ty) = QuantType::from_ggml(q.dtype()) {
-                return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(ty, n, k, &q.data()?)?)));
-            }
+        if let Some(ty) = ggml_type(q.dtype(), n, k, &device) {
+            return Ok(LinearWeight::Ggml(Arc::new(GgmlMatrix::from_bytes(ty, n, k, &q.data()?)?)));
         }
         if takes_kquant(q.dtype(), &dims, head, &device) {
             return Ok(LinearWeight::KQuant(Arc::new(KQuantMatrix::from_bytes(q.dtype(), n, k, &q.data()?)?)));

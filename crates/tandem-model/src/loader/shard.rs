@@ -77,6 +77,51 @@ pub fn share(
         .collect()
 }
 
+/// `n` (heads, FFN columns: `what`) per rank of `world`; an uneven cut is a config error.
+pub fn per_rank(what: &str, n: usize, world: usize) -> Result<usize> {
+    if world > 0 && n.is_multiple_of(world) {
+        Ok(n / world)
+    } else {
+        Err(ModelError::Config(format!("tensor parallelism {world}: {what} ({n}) do not divide {world} ways")))
+    }
+}
+
+/// KV heads per rank: an even share, or one where the heads are fewer than the ranks (each
+/// held whole by the `world / heads` ranks whose queries read it).
+pub fn kv_heads_per_rank(heads: usize, world: usize) -> Result<usize> {
+    if heads > 0 && heads < world && world.is_multiple_of(heads) {
+        Ok(1)
+    } else {
+        per_rank("KV heads", heads, world)
+    }
+}
+
+/// The `ways` a KV projection's rows are cut ([`Split::Rows`]): one piece a head where the
+/// heads are fewer than the ranks, else one a rank.
+pub fn kv_ways(heads: usize, world: usize) -> usize {
+    heads.min(world)
+}
+
+/// `world` ranks loaded by `load`, each from `ws` cut by `split` and then wrapped by `wrap`
+/// (load-time quantisation of the slices).
+pub fn load_ranks<'a, M>(
+    ws: &'a dyn WeightSource,
+    world: usize,
+    split: impl Fn(&str) -> Result<Split> + Clone + 'a,
+    wrap: &impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
+    load: impl Fn(&dyn WeightSource) -> Result<M>,
+) -> Result<Vec<M>> {
+    (0..world)
+        .map(|r| {
+            let shard = ShardSource::new(ws, r, world, split.clone())?;
+            let src = wrap(&shard);
+            let rank = load(&*src);
+            drop(src);
+            rank
+        })
+        .collect()
+}
+
 /// A [`WeightSource`] serving rank `rank` of `world`: each tensor cut as `split(name)` says.
 pub struct ShardSource<'a> {
     inner: &'a dyn WeightSource,

@@ -16,27 +16,15 @@ use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::LayerCacheSpec;
-use crate::loader::shard::{ShardSource, Split};
+use crate::loader::shard::{kv_heads_per_rank, kv_ways, load_ranks, per_rank, ShardSource, Split};
 use crate::loader::WeightSource;
 
 /// The config of one rank of `world`.
 pub fn shard_config(cfg: &LlamaConfig, world: usize) -> Result<LlamaConfig> {
-    let div = |what: &str, n: usize| -> Result<usize> {
-        if world > 0 && n.is_multiple_of(world) {
-            Ok(n / world)
-        } else {
-            Err(ModelError::Config(format!("tensor parallelism {world}: {what} ({n}) do not divide {world} ways")))
-        }
-    };
     Ok(LlamaConfig {
-        num_heads: div("attention heads", cfg.num_heads)?,
-        // KV heads fewer than the ranks are held whole by several (their queries' ranks).
-        num_kv_heads: if cfg.num_kv_heads < world && world.is_multiple_of(cfg.num_kv_heads.max(1)) {
-            1
-        } else {
-            div("KV heads", cfg.num_kv_heads)?
-        },
-        intermediate_size: div("FFN columns", cfg.intermediate_size)?,
+        num_heads: per_rank("attention heads", cfg.num_heads, world)?,
+        num_kv_heads: kv_heads_per_rank(cfg.num_kv_heads, world)?,
+        intermediate_size: per_rank("FFN columns", cfg.intermediate_size, world)?,
         ..cfg.clone()
     })
 }
@@ -54,7 +42,7 @@ pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
         return Ok(Split::Whole);
     };
     let (nh, nkv, hd, ff) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size);
-    let kv_ways = if nkv < world { nkv } else { world };
+    let kv_ways = kv_ways(nkv, world);
     Ok(match tail {
         "attn_norm.weight" | "ffn_norm.weight" | "attn_q_norm.weight" | "attn_k_norm.weight" => Split::Whole,
         "attn_q.weight" | "attn_q.bias" => Split::rows(nh * hd, world),
@@ -95,16 +83,9 @@ impl TpLlama {
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
         let heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
-        let ranks = (0..world)
-            .map(|r| {
-                let whole = cfg.clone();
-                let shard = ShardSource::new(ws, r, world, move |n| split_of(&whole, world, n))?;
-                let src = wrap(&shard);
-                let rank = Llama::load(&rank_cfg, &*src);
-                drop(src);
-                rank
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let whole = cfg.clone();
+        let split = move |n: &str| split_of(&whole, world, n);
+        let ranks = load_ranks(ws, world, split, &wrap, |src| Llama::load(&rank_cfg, src))?;
         Ok(Self { ranks, heads })
     }
 

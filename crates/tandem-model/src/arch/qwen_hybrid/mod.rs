@@ -160,27 +160,16 @@ impl QwenHybrid {
     /// The batch's token ids and positions, after checking every chunk against a model whose
     /// caches hold `cache_layers` layers.
     fn batch_inputs(&self, chunks: &[SeqChunk<'_>], cache_layers: usize) -> Result<(Vec<u32>, Vec<usize>)> {
-        let cfg = &self.cfg;
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
+        let batch = crate::arch::batch_tokens(chunks, self.cfg.vocab_size)?;
         for c in chunks.iter() {
-            if c.tokens.is_empty() {
-                return Err(ModelError::Input("empty chunk in forward batch".into()));
-            }
-            if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
-            }
             if c.cache.layers.len() < cache_layers || c.cache.recurrent.len() < cache_layers {
                 return Err(ModelError::Input("sequence cache has fewer layers than the model".into()));
             }
             if c.cache.verify.is_some() && c.logits == LogitsWanted::None {
                 return Err(ModelError::Input("a verify chunk must ask for logits".into()));
             }
-            ids.extend_from_slice(c.tokens);
-            let start = c.cache.position();
-            positions.extend(start..start + c.tokens.len());
         }
-        Ok((ids, positions))
+        Ok(batch)
     }
 
     /// `(x, h)`: the tokens' embeddings and their norm before layer 0.

@@ -32,14 +32,11 @@ use crate::arch::{rank_sum, CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
 use crate::kv::{LayerCacheSpec, SequenceCache};
-use crate::loader::shard::{ShardSource, Split};
+use crate::loader::shard::{kv_heads_per_rank, kv_ways, load_ranks, per_rank, ShardSource, Split};
 use crate::loader::WeightSource;
 
 /// The config of one rank of `world`: heads and FFN widths divided, the MTP head left out.
 pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
-    let bad = |what: &str, n: usize| {
-        Err(ModelError::Config(format!("tensor parallelism {world}: {what} ({n}) do not divide {world} ways")))
-    };
     if world == 0 {
         return Err(ModelError::Config("tensor parallelism of 0 ranks".into()));
     }
@@ -48,22 +45,11 @@ pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
             "tensor parallelism: Qwen3-Next's fused in_proj_qkvz is not sliced yet".into(),
         ));
     }
-    let div = |what: &str, n: usize| -> Result<usize> {
-        if n.is_multiple_of(world) {
-            Ok(n / world)
-        } else {
-            bad(what, n)
-        }
-    };
+    let div = |what: &str, n: usize| per_rank(what, n, world);
     let dense = (0..cfg.num_layers()).any(|i| !cfg.is_moe_layer(i));
     let mut out = HybridConfig {
         num_heads: div("attention heads", cfg.num_heads)?,
-        // KV heads fewer than the ranks are held whole by several (their queries' ranks).
-        num_kv_heads: if world.is_multiple_of(cfg.num_kv_heads.max(1)) && cfg.num_kv_heads < world {
-            1
-        } else {
-            div("KV heads", cfg.num_kv_heads)?
-        },
+        num_kv_heads: kv_heads_per_rank(cfg.num_kv_heads, world)?,
         linear_num_key_heads: div("GDN key heads", cfg.linear_num_key_heads)?,
         linear_num_value_heads: div("GDN value heads", cfg.linear_num_value_heads)?,
         intermediate_size: if dense { div("FFN columns", cfg.intermediate_size)? } else { cfg.intermediate_size },
@@ -111,7 +97,7 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
         Split::Rows { segments, ways: world }
     };
     // Each rank's KV heads: its share, or (fewer heads than ranks) the one its queries use.
-    let kv_ways = if nkv < world { nkv } else { world };
+    let kv_ways = kv_ways(nkv, world);
     let ffn = |proj: &str, width: usize| match proj {
         "gate_proj.weight" | "up_proj.weight" => Ok(Split::rows(width, world)),
         "down_proj.weight" => Ok(Split::cols(width, world)),
@@ -201,16 +187,9 @@ impl TpHybrid {
         } else {
             VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?
         };
-        let ranks = (0..world)
-            .map(|r| {
-                let whole = cfg.clone();
-                let shard = ShardSource::new(ws, r, world, move |n| split_of(&whole, world, n))?;
-                let src = wrap(&shard);
-                let rank = QwenHybrid::load(&rank_cfg, &*src);
-                drop(src);
-                rank
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let whole = cfg.clone();
+        let split = move |n: &str| split_of(&whole, world, n);
+        let ranks = load_ranks(ws, world, split, &wrap, |src| QwenHybrid::load(&rank_cfg, src))?;
         Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads, heads })
     }
 
