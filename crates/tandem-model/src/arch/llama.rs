@@ -204,7 +204,11 @@ impl Llama {
 
     /// `(x, h)`: the embeddings of `ids` and their norm before layer 0.
     fn embed_normed(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
-        let x = self.embed.forward(ids)?;
+        self.input_normed(self.embed.forward(ids)?)
+    }
+
+    /// `(x, h)`: embeddings `x` and their norm before layer 0.
+    fn input_normed(&self, x: Tensor) -> Result<(Tensor, Tensor)> {
         // Each residual add is fused with the norm after it (one launch on CUDA): `h` is the
         // normed `x` the next projection reads.
         let h = match self.layers.first() {

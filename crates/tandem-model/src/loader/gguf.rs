@@ -114,25 +114,17 @@ impl WeightSource for GgufSource {
         Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
     }
     fn embedding(&self, name: &str) -> Result<Embedding> {
+        // Packed from the mapped bytes where our kernels take the table (no copy first).
+        let tied = !self.has("output.weight");
         if let Some(w) = self.ggml_matrix(name)? {
             return Ok(Embedding::Ggml(Arc::new(w)));
         }
-        // A tied table (no `output.weight`) is the LM head too: K-quant tables that our kernel
-        // takes as a head are packed once and serve both (lookups dequantise the tiles).
-        if !self.has("output.weight") {
+        if tied {
             if let Some(w) = self.kquant_matrix(name, true)? {
                 return Ok(Embedding::KQuant(Arc::new(w)));
             }
         }
-        let q = self.qtensor(name)?;
-        Ok(match q.dtype() {
-            candle_core::quantized::GgmlDType::F32
-            | candle_core::quantized::GgmlDType::F16
-            | candle_core::quantized::GgmlDType::BF16 => {
-                Embedding::Dense(q.dequantize(&self.device)?.to_dtype(DType::F32)?)
-            }
-            _ => Embedding::Quantized(Arc::new(q)),
-        })
+        embedding_of_stored(self.qtensor(name)?, tied)
     }
     fn device(&self) -> &Device {
         &self.device
@@ -174,6 +166,30 @@ fn candle_linear(q: candle_core::quantized::QTensor, device: &Device) -> Result<
         return Ok(LinearWeight::Candle(QMatMul::Tensor(q.dequantize(device)?.to_dtype(dt)?)));
     }
     Ok(LinearWeight::Candle(QMatMul::from_qtensor(q)?))
+}
+
+/// The token embedding table for a stored matrix (a GGUF tensor, or a tensor-parallel slice
+/// of one's rows) as the GGUF loader makes it: on our block kernels where they take it; a
+/// `tied` table (no `output.weight`: it is the LM head too) on our K-quant tiles where they
+/// take it as a head, packed once for both uses (lookups dequantise the tiles); 16- and 32-bit
+/// tables dense f32; the rest as stored.
+pub(crate) fn embedding_of_stored(q: candle_core::quantized::QTensor, tied: bool) -> Result<Embedding> {
+    let device = q.device();
+    let dims = q.shape().dims().to_vec();
+    if let [n, k] = dims[..] {
+        if let Some(ty) = ggml_type(q.dtype(), n, k, &device) {
+            return Ok(Embedding::Ggml(Arc::new(GgmlMatrix::from_bytes(ty, n, k, &q.data()?)?)));
+        }
+        if tied && takes_kquant(q.dtype(), &dims, true, &device) {
+            return Ok(Embedding::KQuant(Arc::new(KQuantMatrix::from_bytes(q.dtype(), n, k, &q.data()?)?)));
+        }
+    }
+    Ok(match q.dtype() {
+        candle_core::quantized::GgmlDType::F32
+        | candle_core::quantized::GgmlDType::F16
+        | candle_core::quantized::GgmlDType::BF16 => Embedding::Dense(q.dequantize(&device)?.to_dtype(DType::F32)?),
+        _ => Embedding::Quantized(Arc::new(q)),
+    })
 }
 
 /// The layer weight for a stored matrix (a GGUF tensor, or a tensor-parallel slice of one) as

@@ -2,7 +2,8 @@
 //! out rank `r` of `world`'s slice of each tensor, as an architecture's rule ([`Split`] by
 //! name) says: the output rows of column-parallel projections (a rank's heads, its share of an
 //! FFN's intermediate), the input columns of row-parallel ones (o_proj, out_proj, down_proj:
-//! their outputs are partial sums the ranks add), or the whole tensor (norms, embeddings).
+//! their outputs are partial sums the ranks add), the rows of an embedding table (its
+//! vocabulary), or the whole tensor (norms).
 //!
 //! Slices are exact: dense weights keep their dtype, and block-quantised weights are cut at
 //! block boundaries from their bytes (rows whole; columns in whole blocks), so the shards of a
@@ -201,10 +202,36 @@ impl WeightSource for ShardSource<'_> {
     }
 
     fn embedding(&self, name: &str) -> Result<Embedding> {
-        match (self.split)(name)? {
-            Split::Whole => self.inner.embedding(name),
-            _ => Err(ModelError::Unsupported(format!("tensor parallelism: {name} is not split by vocabulary yet"))),
+        let (segments, ways) = match (self.split)(name)? {
+            Split::Whole => return self.inner.embedding(name),
+            Split::Rows { segments, ways } => (segments, ways),
+            Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
+            _ => {
+                return Err(ModelError::Unsupported(format!(
+                    "tensor parallelism: {name} is an embedding table, cut by vocabulary rows only"
+                )))
+            }
+        };
+        let rows = share(&segments, self.rank, self.world, ways, 1).map_err(|e| match e {
+            ModelError::Config(m) => ModelError::Config(format!("{name}: {m}")),
+            e => e,
+        })?;
+        // A source that repacks tables for the CPU (GGUF): cut the stored blocks, then make the
+        // table of the slice the same way (a tied one packed to serve as the head too).
+        if let Some(q) = self.inner.stored_matrix(name)? {
+            let tied = !self.inner.has("output.weight");
+            return crate::loader::gguf::embedding_of_stored(quantised_slice(&q, 0, &rows)?, tied);
         }
+        Ok(match self.inner.embedding(name)? {
+            Embedding::Dense(t) => Embedding::Dense(dense_slice(&t, 0, &rows)?),
+            Embedding::Quantized(q) => Embedding::Quantized(std::sync::Arc::new(quantised_slice(&q, 0, &rows)?)),
+            _ => {
+                return Err(ModelError::Unsupported(format!(
+                    "tensor parallelism: {name} was repacked for this CPU's kernels and cannot be cut by \
+                     vocabulary; load it as stored"
+                )))
+            }
+        })
     }
 
     fn device(&self) -> &Device {

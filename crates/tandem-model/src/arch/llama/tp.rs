@@ -2,15 +2,15 @@
 //! ([`crate::arch::qwen_hybrid::tp`]): N ranks, each a [`Llama`] of the smaller shape loaded
 //! through a [`ShardSource`] (query heads, KV heads (held whole by several ranks where they are
 //! fewer than the ranks), the SwiGLU columns; o_proj and down_proj by input columns), their
-//! partial sums added in rank order per layer, the residual adds and norms once; an untied LM
-//! head cut by vocabulary ([`VocabHeads`]), embeddings and norms whole on every rank, rank 0's
-//! serving. A sequence's cache holds rank r's layer l at `r * layers + l`. Every rank runs on
+//! partial sums added in rank order per layer, the residual adds and norms once; the LM head
+//! and the embedding table cut by vocabulary where it divides ([`VocabHeads`],
+//! [`embed_by_vocab`]), the norms whole on every rank, rank 0's serving. A sequence's cache holds rank r's layer l at `r * layers + l`. Every rank runs on
 //! the one device so far.
 
 use candle_core::{Device, Tensor};
 
 use super::Llama;
-use crate::arch::vocab_heads::VocabHeads;
+use crate::arch::vocab_heads::{embed_by_vocab, vocab_ways, VocabHeads};
 use crate::arch::{rank_sum, CausalLm};
 use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
@@ -25,6 +25,8 @@ pub fn shard_config(cfg: &LlamaConfig, world: usize) -> Result<LlamaConfig> {
         num_heads: per_rank("attention heads", cfg.num_heads, world)?,
         num_kv_heads: kv_heads_per_rank(cfg.num_kv_heads, world)?,
         intermediate_size: per_rank("FFN columns", cfg.intermediate_size, world)?,
+        // The embedding table (and a tied head) cut by vocabulary where it divides.
+        vocab_size: cfg.vocab_size / vocab_ways(cfg.vocab_size, world),
         ..cfg.clone()
     })
 }
@@ -37,8 +39,11 @@ pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
         // their tied table for theirs, which costs nothing.
         return Ok(Split::Absent);
     }
+    if name == "token_embd.weight" {
+        return Ok(Split::rows(cfg.vocab_size, vocab_ways(cfg.vocab_size, world)));
+    }
     let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
-        // token_embd, output_norm, rope_freqs.
+        // output_norm, rope_freqs.
         return Ok(Split::Whole);
     };
     let (nh, nkv, hd, ff) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size);
@@ -58,8 +63,12 @@ pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
 /// A Llama-family model cut into ranks (module docs).
 pub struct TpLlama {
     ranks: Vec<Llama>,
-    /// An untied LM head cut by vocabulary; empty for a tied table (rank 0's serves).
+    /// The LM head cut by vocabulary (an untied one's slices, or the ranks' slices of a tied
+    /// table); empty where the vocabulary does not divide and rank 0's whole tied table serves.
     heads: VocabHeads,
+    /// The whole model's vocabulary; each rank's embedding table holds `vocab / embed_ways`.
+    vocab: usize,
+    embed_ways: usize,
 }
 
 /// A Llama-family model from `ws` as `opts` asks: whole, or cut into `--tensor-parallel` ranks
@@ -82,11 +91,16 @@ impl TpLlama {
         wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
-        let heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
+        let mut heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
         let whole = cfg.clone();
         let split = move |n: &str| split_of(&whole, world, n);
         let ranks = load_ranks(ws, world, split, &wrap, |src| Llama::load(&rank_cfg, src))?;
-        Ok(Self { ranks, heads })
+        let embed_ways = vocab_ways(cfg.vocab_size, world);
+        if heads.is_empty() && embed_ways > 1 {
+            // A tied table's slices are the head's.
+            heads = VocabHeads::of_slices(ranks.iter().map(|r| r.lm_head.clone()).collect());
+        }
+        Ok(Self { ranks, heads, vocab: cfg.vocab_size, embed_ways })
     }
 
     pub fn world(&self) -> usize {
@@ -103,7 +117,7 @@ impl CausalLm for TpLlama {
         self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
     }
     fn vocab_size(&self) -> usize {
-        self.lead().vocab_size()
+        self.vocab
     }
     fn context_length(&self) -> usize {
         self.lead().context_length()
@@ -125,10 +139,18 @@ impl CausalLm for TpLlama {
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
         let lead = self.lead();
         let layers = lead.cfg.num_layers;
-        let (ids, positions) = crate::arch::batch_tokens(chunks, lead.cfg.vocab_size)?;
+        let (ids, positions) = crate::arch::batch_tokens(chunks, self.vocab)?;
         let tables = lead.rope.tables(&positions, &lead.device)?;
-        let total = ids.len();
-        let (mut x, mut h) = lead.embed_normed(&Tensor::from_vec(ids, total, &lead.device)?)?;
+        let (mut x, mut h) = if self.embed_ways == 1 {
+            let total = ids.len();
+            lead.embed_normed(&Tensor::from_vec(ids, total, &lead.device)?)?
+        } else {
+            // Each rank's slice of the table gives its tokens' rows (module docs).
+            let x = embed_by_vocab(&self.ranks, &ids, lead.cfg.vocab_size, &lead.device, |m, local| {
+                m.embed.forward(local)
+            })?;
+            lead.input_normed(x)?
+        };
         for li in 0..layers {
             let att = rank_sum(&self.ranks, |r, m| {
                 m.attn_out(li, &h, &tables, |q, k, v, scale| {

@@ -142,7 +142,7 @@ impl QwenHybrid {
     /// Runs the decoder over the batch and advances every cache. Returns the final-normed
     /// hidden states of all tokens, `[tokens, hidden]` (the MTP head's input).
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
-        let (ids, positions) = self.batch_inputs(chunks, self.cfg.num_layers())?;
+        let (ids, positions) = self.batch_inputs(chunks, self.cfg.num_layers(), self.cfg.vocab_size)?;
         // One upload of every token's RoPE table (not one per sequence).
         let tables = self.rope.tables(&positions, &self.device)?;
         let (mut x, mut h) = self.embed_normed(ids)?;
@@ -158,9 +158,14 @@ impl QwenHybrid {
     }
 
     /// The batch's token ids and positions, after checking every chunk against a model whose
-    /// caches hold `cache_layers` layers.
-    fn batch_inputs(&self, chunks: &[SeqChunk<'_>], cache_layers: usize) -> Result<(Vec<u32>, Vec<usize>)> {
-        let batch = crate::arch::batch_tokens(chunks, self.cfg.vocab_size)?;
+    /// caches hold `cache_layers` layers and whose vocabulary holds `vocab` tokens.
+    fn batch_inputs(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        cache_layers: usize,
+        vocab: usize,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let batch = crate::arch::batch_tokens(chunks, vocab)?;
         for c in chunks.iter() {
             if c.cache.layers.len() < cache_layers || c.cache.recurrent.len() < cache_layers {
                 return Err(ModelError::Input("sequence cache has fewer layers than the model".into()));

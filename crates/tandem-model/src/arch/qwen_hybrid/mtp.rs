@@ -103,9 +103,40 @@ impl MtpHead {
         if let Some(&bad) = next_tokens.iter().find(|&&t| t as usize >= model.config().vocab_size) {
             return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
         }
+        let e = model.embed_tokens(&Tensor::from_vec(next_tokens.to_vec(), n, hidden.device())?)?;
+        self.forward_embedded(model, &e, hidden, kv, start)
+    }
+
+    /// [`Self::forward_embedded`] with the head's KV in layer `layer` of a sequence's cache.
+    pub fn forward_embedded_in(
+        &self,
+        model: &QwenHybrid,
+        e: &Tensor,
+        hidden: &Tensor,
+        cache: &mut crate::kv::SequenceCache,
+        layer: usize,
+        past: usize,
+    ) -> Result<Tensor> {
+        self.forward_embedded(model, e, hidden, cache.layer_kv_at(layer, past)?, past)
+    }
+
+    /// [`Self::forward_kv`] with the next tokens already embedded (`e: [n, H]`; a model whose
+    /// table is cut among tensor-parallel ranks embeds them itself); `model` gives the rotary
+    /// tables.
+    pub fn forward_embedded(
+        &self,
+        model: &QwenHybrid,
+        e: &Tensor,
+        hidden: &Tensor,
+        kv: LayerKv<'_>,
+        start: usize,
+    ) -> Result<Tensor> {
+        let n = hidden.dim(0)?;
+        if e.dim(0)? != n || n == 0 {
+            return Err(ModelError::Input(format!("MTP: {} hidden rows for {} tokens", n, e.dim(0)?)));
+        }
         let dev = hidden.device();
-        let e = model.embed_tokens(&Tensor::from_vec(next_tokens.to_vec(), n, dev)?)?;
-        let x = Tensor::cat(&[self.rms(&e, &self.enorm)?, self.rms(hidden, &self.hnorm)?], 1)?;
+        let x = Tensor::cat(&[self.rms(e, &self.enorm)?, self.rms(hidden, &self.hnorm)?], 1)?;
         let x = self.fc.forward(&x)?;
         let positions: Vec<usize> = (start..start + n).collect();
         let tables = model.rope.tables(&positions, dev)?;

@@ -6,8 +6,10 @@
 //! partial sum of the output projection; the partials are added in rank order (the all-reduce;
 //! the same order for every row, so a row's bits never depend on the batch), then the residual
 //! and norm run once; the FFN the same. An untied LM head is cut by vocabulary (the logits are
-//! the ranks' slices side by side); embeddings, norms and the router are whole on every rank,
-//! rank 0's serving (a tied table is rank 0's head too).
+//! the ranks' slices side by side), and so is the embedding table where the vocabulary divides
+//! (`arch::vocab_heads`: each rank looks up its tokens, zeros for the rest, the rows added in
+//! rank order; a tied table's slices are the head's); norms and the router are whole on every
+//! rank, rank 0's serving.
 //!
 //! A sequence's cache holds every rank's layers one rank after another ([`TpHybrid`]'s
 //! `cache_spec`: rank r's layer l is cache layer `r * layers + l`), so the engine's paged KV,
@@ -27,7 +29,7 @@ use candle_core::{Device, Tensor};
 use super::config::HybridConfig;
 use super::mtp::MtpHead;
 use super::QwenHybrid;
-use crate::arch::vocab_heads::VocabHeads;
+use crate::arch::vocab_heads::{embed_by_vocab, vocab_ways, VocabHeads};
 use crate::arch::{rank_sum, CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
@@ -53,6 +55,8 @@ pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
         linear_num_key_heads: div("GDN key heads", cfg.linear_num_key_heads)?,
         linear_num_value_heads: div("GDN value heads", cfg.linear_num_value_heads)?,
         intermediate_size: if dense { div("FFN columns", cfg.intermediate_size)? } else { cfg.intermediate_size },
+        // The embedding table (and a tied head) cut by vocabulary where it divides.
+        vocab_size: cfg.vocab_size / vocab_ways(cfg.vocab_size, world),
         mtp_layers: 0,
         ..cfg.clone()
     };
@@ -71,8 +75,11 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
     if name.starts_with("mtp.") || name == "output.weight" {
         return Ok(Split::Absent);
     }
+    if name == "token_embd.weight" {
+        return Ok(Split::rows(cfg.vocab_size, vocab_ways(cfg.vocab_size, world)));
+    }
     let Some(tail) = name.strip_prefix("blk.").and_then(|t| t.split_once('.')).map(|(_, t)| t) else {
-        // token_embd, output_norm, output.
+        // output_norm.
         return Ok(Split::Whole);
     };
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -154,9 +161,14 @@ pub struct TpHybrid {
     mtp: Option<MtpHead>,
     /// Attention KV heads of the whole model (the MTP head's cache layer).
     kv_heads: usize,
-    /// An untied LM head cut by vocabulary; empty for a tied table, which rank 0's embedding
-    /// serves.
+    /// The LM head cut by vocabulary (an untied one's slices, or the ranks' slices of a tied
+    /// table); empty where the vocabulary does not divide among the ranks and rank 0's whole
+    /// tied table serves.
     heads: VocabHeads,
+    /// The whole model's vocabulary; each rank's embedding table holds `vocab / embed_ways`
+    /// of it (all of it where `embed_ways` is 1, rank 0's then serving alone).
+    vocab: usize,
+    embed_ways: usize,
 }
 
 impl TpHybrid {
@@ -182,15 +194,42 @@ impl TpHybrid {
         } else {
             None
         };
-        let heads = if cfg.tie_word_embeddings {
-            VocabHeads::default()
-        } else {
+        let untied = !cfg.tie_word_embeddings && ws.has("output.weight");
+        let mut heads = if untied {
             VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?
+        } else {
+            VocabHeads::default()
         };
         let whole = cfg.clone();
         let split = move |n: &str| split_of(&whole, world, n);
         let ranks = load_ranks(ws, world, split, &wrap, |src| QwenHybrid::load(&rank_cfg, src))?;
-        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads, heads })
+        let embed_ways = vocab_ways(cfg.vocab_size, world);
+        if !untied && embed_ways > 1 {
+            // A tied table's slices are the head's.
+            heads = VocabHeads::of_slices(ranks.iter().map(|r| r.lm_head.clone()).collect());
+        }
+        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads, heads, vocab: cfg.vocab_size, embed_ways })
+    }
+
+    /// `(x, h)`: the tokens' embeddings (from the ranks' slices of the table where it is cut)
+    /// and their norm before layer 0.
+    fn embed_normed(&self, ids: Vec<u32>) -> Result<(Tensor, Tensor)> {
+        let lead = self.lead();
+        if self.embed_ways == 1 {
+            return lead.embed_normed(ids);
+        }
+        let x = self.embed(&ids)?;
+        let h = lead.rms(&x, lead.norm_before(0))?;
+        Ok((x, h))
+    }
+
+    /// Embedding rows of `ids`, `[ids.len(), hidden]`.
+    fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let lead = self.lead();
+        if self.embed_ways == 1 {
+            return lead.embed_tokens(&Tensor::from_vec(ids.to_vec(), ids.len(), &lead.device)?);
+        }
+        embed_by_vocab(&self.ranks, ids, lead.cfg.vocab_size, &lead.device, |m, local| m.embed_tokens(local))
     }
 
     pub fn world(&self) -> usize {
@@ -213,9 +252,9 @@ impl TpHybrid {
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
         let lead = self.lead();
         let layers = lead.cfg.num_layers();
-        let (ids, positions) = lead.batch_inputs(chunks, layers * self.world())?;
+        let (ids, positions) = lead.batch_inputs(chunks, layers * self.world(), self.vocab)?;
         let tables = lead.rope.tables(&positions, &lead.device)?;
-        let (mut x, mut h) = lead.embed_normed(ids)?;
+        let (mut x, mut h) = self.embed_normed(ids)?;
         for li in 0..layers {
             let mixed = rank_sum(&self.ranks, |r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
             let (x1, h1) = lead.add_rms(&x, &mixed, &lead.layers[li].post_norm)?;
@@ -238,7 +277,7 @@ impl CausalLm for TpHybrid {
         spec
     }
     fn vocab_size(&self) -> usize {
-        self.lead().vocab_size()
+        self.vocab
     }
     fn context_length(&self) -> usize {
         self.lead().context_length()
@@ -270,7 +309,9 @@ impl MtpDraft for TpHybrid {
     ) -> Result<Tensor> {
         let head = self.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP head".into()))?;
         // The head's KV is the layer after every rank's (see `cache_spec`).
-        head.forward_in(self.lead(), hidden, next_tokens, cache, self.world() * self.lead().cfg.num_layers(), past)
+        let e = self.embed(next_tokens)?;
+        let layer = self.world() * self.lead().cfg.num_layers();
+        head.forward_embedded_in(self.lead(), &e, hidden, cache, layer, past)
     }
     fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
         self.logits(y)

@@ -271,3 +271,34 @@ fn the_vocabulary_split_head_is_the_whole_head() {
     let first: Vec<Vec<f32>> = whole.iter().map(|r| r[..300].to_vec()).collect();
     assert_eq!(heads.logits(&x).unwrap().unwrap().to_vec2::<f32>().unwrap(), first);
 }
+
+/// The embedding table cut by vocabulary: each rank holds a quarter of it, the ranks' rows
+/// added are the whole table's rows bit for bit, and a tied table's slices serve as the head
+/// (the model's logits as the whole model's, within the ranks' rounding). A vocabulary that
+/// does not divide stays whole on every rank.
+#[test]
+fn the_embedding_table_is_cut_by_vocabulary() {
+    let tied = HybridConfig { tie_word_embeddings: true, ..dense() };
+    let src = source(&tied, GgmlDType::F32);
+    let tp = TpHybrid::load(&tied, &src, 4).unwrap();
+    assert_eq!(tp.vocab_size(), tied.vocab_size);
+    for r in &tp.ranks {
+        assert_eq!(r.embed.dims().unwrap(), (tied.vocab_size / 4, tied.hidden_size));
+    }
+    assert_eq!(tp.heads.rows().unwrap(), vec![tied.vocab_size / 4; 4]);
+    let ids: Vec<u32> = vec![0, 127, 128, 300, 511, 5, 384];
+    let whole = src.embedding("token_embd.weight").unwrap();
+    let want = whole.forward(&Tensor::new(ids.as_slice(), &Device::Cpu).unwrap()).unwrap();
+    assert_eq!(tp.embed(&ids).unwrap().to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
+    assert!(tp.embed(&[512]).is_err(), "an id past the vocabulary");
+    let want = run(&random_model(&tied, GgmlDType::F32, &Device::Cpu).unwrap(), &PROMPT, 5);
+    let got = run(&tp, &PROMPT, 5);
+    let d = rel_diff(&got, &want);
+    assert!(d <= 2e-5, "tied table on 4 ranks: logits differ by {d} of the largest");
+    // 510 tokens do not divide 4 ways: every rank keeps the whole table, rank 0's serves.
+    let odd = HybridConfig { vocab_size: 510, ..dense() };
+    let tp = TpHybrid::load(&odd, &source(&odd, GgmlDType::F32), 4).unwrap();
+    assert!(tp.ranks.iter().all(|r| r.embed.dims().unwrap().0 == 510));
+    let want = run(&random_model(&odd, GgmlDType::F32, &Device::Cpu).unwrap(), &PROMPT[..7], 2);
+    assert!(rel_diff(&run(&tp, &PROMPT[..7], 2), &want) <= 2e-5);
+}
