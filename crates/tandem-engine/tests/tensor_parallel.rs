@@ -108,14 +108,16 @@ fn llama_family_ranks_decode_what_the_whole_model_does() {
     }
 }
 
-/// The dense and the MoE fixture, as checkpoints and as llama.cpp's `qwen35` / `qwen35moe`
-/// GGUFs (tiled V heads: a rank takes one piece of every tile; stacked experts: each expert's
-/// view cut): two ranks decode what the whole model does.
+/// The dense, the MoE and the Qwen3-Next fixture, as checkpoints and as llama.cpp's `qwen35` /
+/// `qwen35moe` / `qwen3next` GGUFs (tiled V heads: a rank takes one piece of every tile;
+/// stacked experts: each expert's view cut; Qwen3-Next's projections grouped per key head, in
+/// the checkpoint `in_proj_qkvz` and `in_proj_ba`, in the GGUF `ssm_ba`): two ranks decode
+/// what the whole model does.
 #[test]
 fn checkpoints_and_ggufs_cut_into_ranks_decode_what_they_decode_whole() {
     use tandem_model::arch::qwen_hybrid::to_gguf::{export_hf_dir, ExportOptions};
     let dir = tempfile::tempdir().expect("tempdir");
-    for fx in [HYBRID, "hybrid/qwen3_5_moe"] {
+    for fx in [HYBRID, "hybrid/qwen3_5_moe", "hybrid/qwen3_next"] {
         let gguf = dir.path().join(format!("{}.gguf", fx.replace('/', "-")));
         export_hf_dir(&fixture(fx), &gguf, &ExportOptions::default()).expect("export");
         for path in [fixture(fx), gguf] {

@@ -19,9 +19,9 @@
 //! in its place are the step after. Layouts sliced: HF Qwen3.5 (split `in_proj_qkv` / `_z` /
 //! `_b` / `_a`, grouped V heads), llama.cpp's `qwen35` GGUFs (tiled V heads: one segment per
 //! tile, so a rank's heads stay in its own tiled order; the stored blocks cut, then packed for
-//! the CPU's kernels) and MoE experts (one by one, stacked as transformers 5 saves them, or a
-//! GGUF's stacked tensors read one expert at a time); Qwen3-Next's fused `in_proj_qkvz` and
-//! grouped `in_proj_ba` are refused. The MTP head runs whole on rank
+//! the CPU's kernels), Qwen3-Next's `in_proj_qkvz` / `in_proj_ba` grouped per key head (a
+//! rank's key heads are one run of whole groups) and MoE experts (one by one, stacked as
+//! transformers 5 saves them, or a GGUF's stacked tensors read one expert at a time). The MTP head runs whole on rank
 //! 0's device (its KV the cache layer after all the ranks'), so MTP speculation works too.
 
 use candle_core::{Device, Tensor};
@@ -41,11 +41,6 @@ use crate::loader::WeightSource;
 pub fn shard_config(cfg: &HybridConfig, world: usize) -> Result<HybridConfig> {
     if world == 0 {
         return Err(ModelError::Config("tensor parallelism of 0 ranks".into()));
-    }
-    if cfg.grouped_projections {
-        return Err(ModelError::Unsupported(
-            "tensor parallelism: Qwen3-Next's fused in_proj_qkvz is not sliced yet".into(),
-        ));
     }
     let div = |what: &str, n: usize| per_rank(what, n, world);
     let dense = (0..cfg.num_layers()).any(|i| !cfg.is_moe_layer(i));
@@ -118,6 +113,14 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
         "self_attn.o_proj.weight" => Split::cols(nh * hd, world),
         "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => Split::Whole,
         "linear_attn.in_proj_qkv.weight" | "linear_attn.conv1d.weight" => qkv(),
+        // Qwen3-Next's projections grouped per key head (`[q_g | k_g | v_g | z_g]` and
+        // `[b_g | a_g]` for each key head g): a rank's key heads are one run of whole groups,
+        // which its loader un-groups with its own head counts.
+        "linear_attn.in_proj_qkvz.weight" => {
+            let (dk, r) = (cfg.linear_key_head_dim, if nk > 0 { nv / nk } else { 0 });
+            Split::rows(nk * (2 * dk + 2 * r * dv), world)
+        }
+        "linear_attn.in_proj_ba.weight" => Split::rows(2 * nv, world),
         "linear_attn.in_proj_z.weight" => by_v(dv),
         "linear_attn.in_proj_b.weight" | "linear_attn.in_proj_a.weight" => by_v(1),
         "linear_attn.A_log" | "linear_attn.dt_bias" => by_v(1),
