@@ -7,6 +7,8 @@
 # DEPTH=N profiles decode steps after N tokens of context (`tandem bench -d N`). MODE=prefill
 # captures one timed prefill of PROMPT (default 512) tokens instead (TANDEM_PROFILE_PREFILL);
 # MODE=verify one verify step of VERIFY (default 4) positions (TANDEM_PROFILE_VERIFY).
+# MODE=batch one batched decode step of BATCH (default 64) sequences (TANDEM_PROFILE_BATCH),
+# each at DEPTH tokens of context.
 # A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset; a case
 # llama<preset>:<dtype> (llama8b:bf16) a random Llama-family preset.
 set -uo pipefail
@@ -23,6 +25,8 @@ for c in ${CASES:-9b:q8_0}; do
     [ "${p#llama}" != "$p" ] && model=(--random-llama "${p#llama}" --random-dtype "$t"); fi
   if [ "${MODE:-decode}" = prefill ]; then
     t=$t-pp${PROMPT:-512}; what=(env TANDEM_PROFILE_PREFILL=1); run=(-p "${PROMPT:-512}" -g 1)
+  elif [ "${MODE:-decode}" = batch ]; then
+    t=$t-x${BATCH:-64}; what=(env TANDEM_PROFILE_BATCH="${PROFILE_STEPS:-1}"); run=(-p 0 -g 4 --batch "${BATCH:-64}")
   elif [ "${MODE:-decode}" = verify ]; then
     t=$t-tv${VERIFY:-4}; what=(env TANDEM_PROFILE_VERIFY="${PROFILE_STEPS:-1}"); run=(-p 0 -g 6 --verify "${VERIFY:-4}")
   else

@@ -398,8 +398,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             for _ in 0..a.reps.max(1) {
                 let mut caches = caches_at_depth(b, &context, a.gen_tokens + WARM_STEPS)?;
                 let mut toks: Vec<[u32; 1]> = (0..b as u32).map(|i| [1 + i % 7]).collect();
+                // `TANDEM_PROFILE_BATCH=N`: the profiler captures N batched steps of each batch
+                // size's first repetition (from the third step on), as TANDEM_PROFILE_DECODE does.
+                let mut capture = StepCapture::new(&device, "TANDEM_PROFILE_BATCH", totals.is_empty());
                 let mut t = Instant::now();
                 for step in 0..WARM_STEPS + a.gen_tokens {
+                    capture.before(step)?;
                     if step == WARM_STEPS {
                         device.synchronize()?;
                         t = Instant::now();
@@ -420,9 +424,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                         tok[0] = id;
                     }
                 }
+                capture.end()?;
                 totals.push((b * a.gen_tokens) as f64 / t.elapsed().as_secs_f64());
             }
-            rows.push((format!("tg{} x{b}{at}", a.gen_tokens), totals));
+            if let (Some(bw), Some(sb)) = (bandwidth, step_bytes) {
+                // Every sequence at the timed steps' mean context, as for the plain test.
+                let context = depth + WARM_STEPS + a.gen_tokens / 2;
+                let limit = b as f64 * bw * 1e12 / sb.batch_at(&spec, a.model.kv_cache_dtype, context, b) as f64;
+                let share = totals.iter().map(|r| 100.0 * r / limit).collect();
+                rows.push((format!("tg{} x{b}{at}", a.gen_tokens), totals));
+                rows.push((format!("tg{} x{b} bound{at}", a.gen_tokens), vec![limit]));
+                rows.push((format!("tg{} x{b} % bound{at}", a.gen_tokens), share));
+            } else {
+                rows.push((format!("tg{} x{b}{at}", a.gen_tokens), totals));
+            }
         }
         if !device.is_cpu() {
             // Percent of the decode wall time the host spent queueing work: near 100 means the

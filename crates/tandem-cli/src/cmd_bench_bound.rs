@@ -3,7 +3,8 @@
 //! every weight matrix once (the LM head included; the token embedding table only where it is
 //! also the LM head), the keys and values of every attention layer over the context (a sliding
 //! window caps it), and read and write every recurrent layer's state; at `bandwidth` bytes a
-//! second that takes `bytes / bandwidth` seconds, the fastest a step can be.
+//! second that takes `bytes / bandwidth` seconds, the fastest a step can be. A batched step
+//! reads the weights once and every sequence's state, keys and values (`StepBytes::batch_at`).
 
 use std::path::Path;
 
@@ -24,7 +25,14 @@ impl StepBytes {
     /// Bytes of a step at `context` positions: the fixed part plus every attention layer's
     /// keys and values of the positions it sees.
     pub fn at(&self, spec: &[LayerCacheSpec], kv: KvDtype, context: usize) -> u64 {
-        self.weights + self.state + kv_bytes(spec, kv, context)
+        self.batch_at(spec, kv, context, 1)
+    }
+
+    /// Bytes of a batched step of `batch` sequences at `context` positions each: the weights
+    /// once (every row of the batch multiplies by the same read), every sequence's recurrent
+    /// state and its attention layers' keys and values.
+    pub fn batch_at(&self, spec: &[LayerCacheSpec], kv: KvDtype, context: usize, batch: usize) -> u64 {
+        self.weights + batch as u64 * (self.state + kv_bytes(spec, kv, context))
     }
 }
 
@@ -103,6 +111,8 @@ mod tests {
         assert_eq!(state_bytes(&spec), 2 * 4 * (30 + 128));
         let sb = StepBytes { weights: 1_000_000, state: state_bytes(&spec) };
         assert_eq!(sb.at(&spec, KvDtype::F16, 0), 1_000_000 + 1264);
+        // A batch of 8 at 50 positions: the weights once, each sequence's state and context.
+        assert_eq!(sb.batch_at(&spec, KvDtype::F16, 50, 8), 1_000_000 + 8 * (1264 + 4096 * 50 + 512 * 50));
     }
 
     #[test]
