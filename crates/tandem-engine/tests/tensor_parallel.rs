@@ -71,9 +71,8 @@ fn tensor_parallelism_is_refused_where_it_does_not_apply() {
             .map(|e| e.to_string())
             .unwrap_or_default()
     };
-    // Gemma 3: not sharded yet.
-    let e = err("tiny/gemma3", 2);
-    assert!(e.contains("--tensor-parallel 2") && e.contains("without --tensor-parallel"), "{e}");
+    let e = err("tiny/gemma3", 3);
+    assert!(e.contains("do not divide 3 ways"), "{e}");
     // Three ranks: one query head cannot be cut three ways.
     let e = err(HYBRID, 3);
     assert!(e.contains("do not divide 3 ways"), "{e}");
@@ -81,13 +80,14 @@ fn tensor_parallelism_is_refused_where_it_does_not_apply() {
     assert!(e.contains("do not divide 3 ways"), "{e}");
 }
 
-/// The Llama-family fixtures (4 query heads, 2 KV heads) on 2 and 4 ranks (4: each KV head
-/// held by two ranks) decode what the whole model does, and with n-gram speculation, prefix
-/// hits and a batch what they do plainly.
+/// The Llama-family fixtures and Gemma 3's (4 query heads, 2 KV heads; Gemma's sandwich
+/// norms after the ranks' sum, its sliding-window layers) on 2 and 4 ranks (4: each KV head
+/// held by two ranks) decode what the whole model does, and with n-gram speculation and prefix
+/// hits what they do plainly.
 #[test]
 fn llama_family_ranks_decode_what_the_whole_model_does() {
     let n = 16;
-    for fx in ["tiny/llama", "tiny/qwen2", "tiny/qwen3"] {
+    for fx in ["tiny/llama", "tiny/qwen2", "tiny/qwen3", "tiny/gemma3"] {
         let load = |ranks| {
             load_with(&fixture(fx), &device(), &LoadOptions { tensor_parallel: ranks, ..Default::default() })
                 .expect("load")

@@ -140,16 +140,6 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
 }
 
 fn load_any(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
-    let gemma =
-        (path.is_dir() && crate::arch::gemma3::is_gemma3_dir(path)) || crate::arch::gemma3::is_gemma3_gguf(path);
-    if opts.tensor_parallel > 1 && gemma {
-        return Err(ModelError::Unsupported(format!(
-            "--tensor-parallel {}: {} is a Gemma 3 model, not sharded yet (hybrid and Llama-family models are); \
-             run it without --tensor-parallel",
-            opts.tensor_parallel,
-            path.display()
-        )));
-    }
     let mut loaded = if path.is_dir() && crate::arch::qwen_hybrid::is_hybrid_dir(path) {
         crate::arch::qwen_hybrid::load_hf_dir(path, device, opts)?
     } else if opts.mtp_from.is_some() && !crate::arch::qwen_hybrid::gguf::is_hybrid_gguf(path) {

@@ -11,6 +11,7 @@
 //! Hugging Face checkpoints store `w` (the loader adds one).
 
 pub mod config;
+pub mod tp;
 
 use std::path::Path;
 
@@ -178,46 +179,95 @@ impl CausalLm for Gemma3 {
     }
 
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
-        let c = &self.cfg.base;
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let eps = c.rms_norm_eps as f32;
-        let (ids, positions) = crate::arch::batch_tokens(chunks, c.vocab_size)?;
+        let (ids, positions) = crate::arch::batch_tokens(chunks, self.cfg.base.vocab_size)?;
+        let tables = self.tables(&positions)?;
         let total = ids.len();
-        let global = self.rope_global.tables(&positions, &self.device)?;
-        let local = self.rope_local.tables(&positions, &self.device)?;
-        let ids = Tensor::from_vec(ids, total, &self.device)?;
-        let mut x = self.embed.forward(&ids)?.affine(self.embed_scale, 0.0)?;
-        let scale = self.cfg.query_pre_attn_scalar.powf(-0.5);
-        let mut h = match self.layers.first() {
-            Some(l) => self.rms(&x, &l.attn_norm)?,
-            None => x.clone(),
-        };
-        for (li, layer) in self.layers.iter().enumerate() {
-            let [q, k, v] = layer.qkv.forward_array(&h)?;
-            let q = self.rms(&q.reshape((total, nh, hd))?.contiguous()?, &layer.q_norm)?;
-            let k = self.rms(&k.reshape((total, nkv, hd))?.contiguous()?, &layer.k_norm)?;
-            let (rope, (cos, sin)) =
-                if layer.sliding { (&self.rope_local, &local) } else { (&self.rope_global, &global) };
-            // [heads, tokens, head_dim]
-            let q = rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let k = rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
-            let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
-            let att = crate::arch::attend_chunks(chunks, li, &q, &k, &v, scale)?;
-            let att = layer.o.forward(&att.transpose(0, 1)?.reshape((total, nh * hd))?)?;
-            let att = self.rms(&att, &layer.post_attn_norm)?;
-            let (x1, h1) = crate::ops::norm::add_rms_norm(&x, &att, &layer.pre_ffn_norm, eps)?;
-            let [g, u] = layer.gate_up.forward_array(&h1)?;
-            let ffn = layer.down.forward(&crate::ops::act::gelu_mul(&g, &u)?)?;
-            let ffn = self.rms(&ffn, &layer.post_ffn_norm)?;
-            match self.layers.get(li + 1) {
-                Some(next) => (x, h) = crate::ops::norm::add_rms_norm(&x1, &ffn, &next.attn_norm, eps)?,
-                None => x = (x1 + ffn)?,
-            }
+        let (mut x, mut h) = self.input_normed(self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?)?;
+        for li in 0..self.layers.len() {
+            let att = self
+                .attn_out(li, &h, &tables, |q, k, v, scale| crate::arch::attend_chunks(chunks, li, q, k, v, scale))?;
+            let (x1, h1) = self.post_attn(li, &x, &att)?;
+            (x, h) = self.layer_end(li, &x1, &self.ffn_out(li, &h1)?)?;
         }
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
         crate::batch::logits_for_chunks(&x, chunks, |sel| self.lm_head.forward(&self.rms(sel, &self.norm)?))
+    }
+}
+
+/// The global and the local layers' RoPE tables for a batch's positions.
+type Tables = ((Tensor, Tensor), (Tensor, Tensor));
+
+impl Gemma3 {
+    fn tables(&self, positions: &[usize]) -> Result<Tables> {
+        Ok((self.rope_global.tables(positions, &self.device)?, self.rope_local.tables(positions, &self.device)?))
+    }
+
+    /// `(x, h)`: embedding rows scaled by sqrt(hidden), and their norm before layer 0.
+    fn input_normed(&self, rows: Tensor) -> Result<(Tensor, Tensor)> {
+        let x = rows.affine(self.embed_scale, 0.0)?;
+        let h = match self.layers.first() {
+            Some(l) => self.rms(&x, &l.attn_norm)?,
+            None => x.clone(),
+        };
+        Ok((x, h))
+    }
+
+    /// Layer `li`'s attention on the normed `h` through o_proj, before the post-attention norm
+    /// (under tensor parallelism this rank's partial sum, which the ranks add first);
+    /// attention itself left to `attend(q, k, v, scale)`.
+    fn attn_out(
+        &self,
+        li: usize,
+        h: &Tensor,
+        (global, local): &Tables,
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let c = &self.cfg.base;
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let layer = &self.layers[li];
+        let total = h.dim(0)?;
+        let [q, k, v] = layer.qkv.forward_array(h)?;
+        let q = self.rms(&q.reshape((total, nh, hd))?.contiguous()?, &layer.q_norm)?;
+        let k = self.rms(&k.reshape((total, nkv, hd))?.contiguous()?, &layer.k_norm)?;
+        let (rope, (cos, sin)) = if layer.sliding { (&self.rope_local, local) } else { (&self.rope_global, global) };
+        // [heads, tokens, head_dim]
+        let q = rope.apply(&q.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let k = rope.apply(&k.transpose(0, 1)?.unsqueeze(0)?, cos, sin)?.squeeze(0)?;
+        let v = v.reshape((total, nkv, hd))?.transpose(0, 1)?;
+        let att = attend(&q, &k, &v, self.cfg.query_pre_attn_scalar.powf(-0.5))?;
+        layer.o.forward(&att.transpose(0, 1)?.reshape((total, nh * hd))?)
+    }
+
+    /// `(x1, h1)`: layer `li`'s post-attention norm of the (summed) attention output, the
+    /// residual add and the pre-FFN norm.
+    fn post_attn(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)> {
+        let layer = &self.layers[li];
+        let att = self.rms(att, &layer.post_attn_norm)?;
+        crate::ops::norm::add_rms_norm(x, &att, &layer.pre_ffn_norm, self.cfg.base.rms_norm_eps as f32)
+    }
+
+    /// Layer `li`'s GeGLU MLP on the normed `h1` through down_proj, before the post-FFN norm
+    /// (a partial sum under tensor parallelism).
+    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let [g, u] = layer.gate_up.forward_array(h1)?;
+        layer.down.forward(&crate::ops::act::gelu_mul(&g, &u)?)
+    }
+
+    /// `(x, h)` after layer `li`: the post-FFN norm of the (summed) MLP output, the residual add
+    /// and the next layer's norm (the last layer: the add alone, `h` = `x`; the final norm runs
+    /// on the rows whose logits are asked for).
+    fn layer_end(&self, li: usize, x1: &Tensor, down: &Tensor) -> Result<(Tensor, Tensor)> {
+        let ffn = self.rms(down, &self.layers[li].post_ffn_norm)?;
+        match self.layers.get(li + 1) {
+            Some(next) => crate::ops::norm::add_rms_norm(x1, &ffn, &next.attn_norm, self.cfg.base.rms_norm_eps as f32),
+            None => {
+                let x = (x1 + ffn)?;
+                Ok((x.clone(), x))
+            }
+        }
     }
 }
 
@@ -260,9 +310,9 @@ pub fn load_gguf(path: &Path, device: &Device, opts: &crate::loader::LoadOptions
     let src = crate::loader::gguf::GgufSource::open(path, device)?;
     let cfg = Gemma3Config::from_gguf(src.metadata())?;
     let tokenizer = Tokenizer::from_gguf(&src.content)?;
-    let model = Gemma3::load(&cfg, &*opts.source(&src), Naming::Gguf)?;
+    let model = tp::load(&cfg, &src, Naming::Gguf, opts)?;
     let summary = summary(&cfg, crate::loader::gguf::summary_of(&src, &cfg.base, path));
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Loads a Gemma 3 Hugging Face directory.
@@ -270,9 +320,9 @@ pub fn load_hf_dir(dir: &Path, device: &Device, opts: &crate::loader::LoadOption
     let cfg = read_hf_config(dir)?;
     let src = crate::loader::safetensors::SafetensorsSource::open(dir, device)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let model = Gemma3::load(&cfg, &*opts.source(&src), Naming::Hf)?;
+    let model = tp::load(&cfg, &src, Naming::Hf, opts)?;
     let summary = summary(&cfg, crate::loader::safetensors::summary_of(&src, &cfg.base, dir)?);
-    Ok(LoadedModel { model: Box::new(model), tokenizer, chat_template: summary.chat_template.clone(), summary })
+    Ok(LoadedModel { model, tokenizer, chat_template: summary.chat_template.clone(), summary })
 }
 
 /// Describes a Gemma 3 GGUF file or Hugging Face directory without loading its weights.
