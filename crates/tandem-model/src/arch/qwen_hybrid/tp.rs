@@ -117,7 +117,7 @@ pub fn split_of(cfg: &HybridConfig, world: usize, name: &str) -> Result<Split> {
         // `[b_g | a_g]` for each key head g): a rank's key heads are one run of whole groups,
         // which its loader un-groups with its own head counts.
         "linear_attn.in_proj_qkvz.weight" => {
-            let (dk, r) = (cfg.linear_key_head_dim, if nk > 0 { nv / nk } else { 0 });
+            let (dk, r) = (cfg.linear_key_head_dim, nv.checked_div(nk).unwrap_or(0));
             Split::rows(nk * (2 * dk + 2 * r * dv), world)
         }
         "linear_attn.in_proj_ba.weight" => Split::rows(2 * nv, world),
