@@ -110,6 +110,22 @@ impl WeightSource for GgufSource {
             _ => Ok(None),
         }
     }
+    fn stored_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        ranges: &super::weights::SliceRanges<'_>,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        // The slice's blocks straight from the mapped file: no copy of the whole matrix first
+        // (nor, on a GPU, an upload and a read back of it).
+        let Some(info) = self.content.tensor_infos.get(name).filter(|i| i.shape.rank() == 2) else { return Ok(None) };
+        let (rows, cols) = info.shape.dims2()?;
+        let dtype = info.ggml_dtype;
+        let (bytes, shape) =
+            super::shard::slice_bytes(self.tensor_bytes(name, info)?, (rows, cols), dtype, dim, &ranges(dtype)?)?;
+        let storage = candle_core::quantized::QStorage::from_data(std::borrow::Cow::Owned(bytes), &self.device, dtype)?;
+        Ok(Some(candle_core::quantized::QTensor::new(storage, shape)?))
+    }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         Ok(self.qtensor(name)?.dequantize(&self.device)?.to_dtype(DType::F32)?)
     }

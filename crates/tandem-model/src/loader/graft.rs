@@ -111,6 +111,14 @@ impl WeightSource for Graft<'_> {
     fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
         self.pick(name).stored_matrix(name)
     }
+    fn stored_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        ranges: &crate::loader::SliceRanges<'_>,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        self.pick(name).stored_slice(name, dim, ranges)
+    }
     fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {
         // A stacked storage name is the file's own: ask the base first, then the donor.
         self.base.stacked_data(storage).or_else(|_| self.donor.source().stacked_data(storage))

@@ -22,7 +22,7 @@ use crate::arch::CausalLm;
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
 pub use summary::ModelSummary;
-pub use weights::{Embedding, Linear, LinearSet, LinearWeight, StackedExperts, WeightSource};
+pub use weights::{Embedding, Linear, LinearSet, LinearWeight, SliceRanges, StackedExperts, WeightSource};
 
 /// A model ready to run, with everything needed to talk to it.
 pub struct LoadedModel {
@@ -109,6 +109,14 @@ impl WeightSource for Plain<'_> {
     }
     fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
         self.0.stored_matrix(name)
+    }
+    fn stored_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        ranges: &weights::SliceRanges<'_>,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        self.0.stored_slice(name, dim, ranges)
     }
     fn linear(&self, name: &str) -> Result<Linear> {
         self.0.linear(name)

@@ -167,9 +167,8 @@ impl WeightSource for ShardSource<'_> {
         };
         // A source that repacks matrices for the CPU (GGUF) hands out the stored blocks: cut
         // them, then pack the slice the same way.
-        if let Some(q) = self.inner.stored_matrix(name)? {
-            let unit = if dim == 1 { q.dtype().block_size() } else { 1 };
-            return crate::loader::gguf::linear_of_stored(quantised_slice(&q, dim, &cut(unit)?)?, false);
+        if let Some(q) = self.inner.stored_slice(name, dim, &|dt| cut(if dim == 1 { dt.block_size() } else { 1 }))? {
+            return crate::loader::gguf::linear_of_stored(q, false);
         }
         let w = self.inner.qmatmul(name)?;
         Ok(LinearWeight::Candle(match w {
@@ -218,9 +217,9 @@ impl WeightSource for ShardSource<'_> {
         })?;
         // A source that repacks tables for the CPU (GGUF): cut the stored blocks, then make the
         // table of the slice the same way (a tied one packed to serve as the head too).
-        if let Some(q) = self.inner.stored_matrix(name)? {
+        if let Some(q) = self.inner.stored_slice(name, 0, &|_| Ok(rows.clone()))? {
             let tied = !self.inner.has("output.weight");
-            return crate::loader::gguf::embedding_of_stored(quantised_slice(&q, 0, &rows)?, tied);
+            return crate::loader::gguf::embedding_of_stored(q, tied);
         }
         Ok(match self.inner.embedding(name)? {
             Embedding::Dense(t) => Embedding::Dense(dense_slice(&t, 0, &rows)?),
@@ -249,37 +248,51 @@ pub fn dense_slice(t: &Tensor, dim: usize, ranges: &[Range<usize>]) -> Result<Te
 /// A block-quantised `[rows, cols]` matrix's ranges along `dim` (0: rows; 1: columns, in whole
 /// blocks), cut from its bytes: the same blocks, on the same device.
 pub fn quantised_slice(q: &QTensor, dim: usize, ranges: &[Range<usize>]) -> Result<QTensor> {
-    let (rows, cols) = q.shape().dims2()?;
+    let dims = q.shape().dims2()?;
     let dtype = q.dtype();
+    let (out, shape) = slice_bytes(&q.data()?, dims, dtype, dim, ranges)?;
+    Ok(QTensor::new(QStorage::from_data(Cow::Owned(out), &q.device(), dtype)?, shape)?)
+}
+
+/// The bytes of a `[rows, cols]` matrix of `dtype` blocks (`data`, row after row) cut along
+/// `dim` as [`quantised_slice`] cuts, and the slice's shape.
+pub fn slice_bytes(
+    data: &[u8],
+    (rows, cols): (usize, usize),
+    dtype: candle_core::quantized::GgmlDType,
+    dim: usize,
+    ranges: &[Range<usize>],
+) -> Result<(Vec<u8>, (usize, usize))> {
     let (bs, ts) = (dtype.block_size(), dtype.type_size());
     if !cols.is_multiple_of(bs) {
         return Err(ModelError::Config(format!("a {dtype:?} matrix of {cols} columns is not whole blocks")));
     }
     let row_bytes = cols / bs * ts;
-    let data = q.data()?;
     if data.len() != rows * row_bytes {
         return Err(ModelError::Config(format!("a {dtype:?} matrix of {} bytes is not [{rows}, {cols}]", data.len())));
     }
-    let (out, shape) = if dim == 0 {
+    if dim == 0 {
         let mut out = Vec::new();
         for r in ranges {
-            out.extend_from_slice(&data[r.start * row_bytes..r.end * row_bytes]);
+            let part = data.get(r.start * row_bytes..r.end * row_bytes);
+            out.extend_from_slice(part.ok_or_else(|| ModelError::Config(format!("rows {r:?} of {rows}")))?);
         }
-        (out, (ranges.iter().map(|r| r.end - r.start).sum::<usize>(), cols))
+        Ok((out, (ranges.iter().map(|r| r.end - r.start).sum::<usize>(), cols)))
     } else {
         let width: usize = ranges.iter().map(|r| r.end - r.start).sum();
+        for r in ranges {
+            if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) || r.end > cols {
+                return Err(ModelError::Config(format!("columns {r:?} cut a {dtype:?} block or pass {cols}")));
+            }
+        }
         let mut out = Vec::with_capacity(rows * width / bs * ts);
         for row in data.chunks_exact(row_bytes) {
             for r in ranges {
-                if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) {
-                    return Err(ModelError::Config(format!("columns {r:?} cut a {dtype:?} block")));
-                }
                 out.extend_from_slice(&row[r.start / bs * ts..r.end / bs * ts]);
             }
         }
-        (out, (rows, width))
-    };
-    Ok(QTensor::new(QStorage::from_data(Cow::Owned(out), &q.device(), dtype)?, shape)?)
+        Ok((out, (rows, width)))
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,10 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
+
+/// The ranges of a stored slice ([`WeightSource::stored_slice`]) for the matrix's block type
+/// (a column cut keeps whole blocks).
+pub type SliceRanges<'a> = dyn Fn(candle_core::quantized::GgmlDType) -> Result<Vec<std::ops::Range<usize>>> + 'a;
 use crate::ops::quant::{GgmlMatrix, KQuantMatrix};
 
 /// The weight of a [`Linear`]: candle's `QMatMul` (dense, GPU, or quantised types candle has
@@ -302,6 +306,16 @@ pub trait WeightSource {
     fn stored_matrix(&self, name: &str) -> Result<Option<candle_core::quantized::QTensor>> {
         let _ = name;
         Ok(None)
+    }
+    /// [`Self::stored_matrix`]'s rows (`dim` 0) or columns (`dim` 1) `ranges(dtype)`, its stored
+    /// blocks cut (`shard::quantised_slice`); a source that can read the slice alone (GGUF's
+    /// mapped bytes) does so rather than copy the whole matrix first. `None` where
+    /// `stored_matrix` is.
+    fn stored_slice(&self, name: &str, dim: usize, ranges: &SliceRanges<'_>) -> Result<Option<QTensor>> {
+        match self.stored_matrix(name)? {
+            Some(q) => Ok(Some(crate::loader::shard::quantised_slice(&q, dim, &ranges(q.dtype())?)?)),
+            None => Ok(None),
+        }
     }
     /// The storage behind [`StackedExperts::storage`], kept as the file stores it.
     fn stacked_data(&self, storage: &str) -> Result<crate::ops::moe::StackData> {

@@ -373,6 +373,15 @@ impl WeightSource for HybridGgufSource {
         let (g, _) = self.mapped(name)?;
         self.inner.stored_matrix(&g)
     }
+    fn stored_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        ranges: &crate::loader::SliceRanges<'_>,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        let (g, _) = self.mapped(name)?;
+        self.inner.stored_slice(&g, dim, ranges)
+    }
     fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         let (g, fix) = self.mapped(name)?;
         let t = self.inner.tensor_f32(&g)?;
