@@ -127,3 +127,80 @@ pub fn embed_by_vocab<M>(
         Ok(e.broadcast_mul(&keep)?)
     })
 }
+
+/// A tensor-parallel model's ranks with the vocabulary they share: the LM head cut by
+/// vocabulary (an untied one's slices, or a tied table's, the ranks' own heads) and each
+/// rank's slice of the embedding table, or rank 0's whole table where the vocabulary does not
+/// divide. What the families' `Tp*` models have in common; their layer loops are their own.
+pub struct VocabRanks<M> {
+    pub ranks: Vec<M>,
+    heads: VocabHeads,
+    vocab: usize,
+    embed_ways: usize,
+}
+
+impl<M: crate::arch::CausalLm> VocabRanks<M> {
+    /// `ranks` of a model of `vocab` tokens; `heads` its untied head cut by vocabulary (empty
+    /// for a tied table, whose slices, each rank's `lm_head`, serve where the table is cut).
+    pub fn new(ranks: Vec<M>, mut heads: VocabHeads, vocab: usize, lm_head: impl Fn(&M) -> Linear) -> Self {
+        let embed_ways = vocab_ways(vocab, ranks.len());
+        if heads.is_empty() && embed_ways > 1 {
+            heads = VocabHeads::of_slices(ranks.iter().map(lm_head).collect());
+        }
+        Self { ranks, heads, vocab, embed_ways }
+    }
+
+    pub fn lead(&self) -> &M {
+        &self.ranks[0]
+    }
+
+    pub fn world(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The LM head's slices (empty where rank 0's whole table serves).
+    pub fn heads(&self) -> &VocabHeads {
+        &self.heads
+    }
+
+    /// The whole model's vocabulary.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Every rank's cache layers, one rank after another (rank r's layer l at `r * layers + l`).
+    pub fn cache_spec(&self) -> Vec<crate::kv::LayerCacheSpec> {
+        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+    }
+
+    /// Keeps the first `n` logits (see [`VocabHeads::limit`]; rank 0's whole tied table where
+    /// the head is not cut).
+    pub fn limit_logits(&mut self, n: usize) -> Result<bool> {
+        if self.heads.is_empty() {
+            return self.ranks[0].limit_logits(n);
+        }
+        if n == 0 || n >= self.vocab {
+            return Ok(false);
+        }
+        self.heads.limit(n)?;
+        Ok(true)
+    }
+
+    /// Logits of final-normed rows: the cut head's, or `whole(normed)` (rank 0's head).
+    pub fn logits(&self, normed: &Tensor, whole: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        match self.heads.logits(normed)? {
+            Some(l) => Ok(l),
+            None => whole(normed),
+        }
+    }
+
+    /// Embedding rows of `ids` (checked against the whole vocabulary by the caller): rank 0's
+    /// whole table, or the ranks' slices added ([`embed_by_vocab`]); `embed(rank, ids)` looks
+    /// rows up in a rank's table.
+    pub fn embed(&self, ids: &[u32], device: &Device, embed: impl Fn(&M, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        if self.embed_ways == 1 {
+            return embed(self.lead(), &Tensor::from_vec(ids.to_vec(), ids.len(), device)?);
+        }
+        embed_by_vocab(&self.ranks, ids, self.vocab / self.embed_ways, device, embed)
+    }
+}

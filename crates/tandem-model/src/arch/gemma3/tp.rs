@@ -12,7 +12,7 @@
 use candle_core::{Device, Tensor};
 
 use super::{Gemma3, Gemma3Config, Naming};
-use crate::arch::vocab_heads::{embed_by_vocab, vocab_ways, VocabHeads};
+use crate::arch::vocab_heads::{VocabHeads, VocabRanks};
 use crate::arch::{rank_sum, CausalLm};
 use crate::batch::SeqChunk;
 use crate::error::Result;
@@ -36,14 +36,7 @@ pub fn split_of(cfg: &Gemma3Config, world: usize, name: &str) -> Result<Split> {
 }
 
 /// A Gemma 3 model cut into ranks (module docs).
-pub struct TpGemma3 {
-    ranks: Vec<Gemma3>,
-    /// The LM head cut by vocabulary (an untied one's slices, or the tied table's); empty where
-    /// the vocabulary does not divide and rank 0's whole table serves.
-    heads: VocabHeads,
-    vocab: usize,
-    embed_ways: usize,
-}
+pub struct TpGemma3(VocabRanks<Gemma3>);
 
 impl TpGemma3 {
     /// Loads `world` ranks of `cfg`'s model from `ws` (norms named as `naming` says), each rank's
@@ -57,82 +50,55 @@ impl TpGemma3 {
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
         let c = &cfg.base;
-        let mut heads = VocabHeads::load(ws, world, (c.vocab_size, c.hidden_size), &wrap)?;
+        let heads = VocabHeads::load(ws, world, (c.vocab_size, c.hidden_size), &wrap)?;
         let whole = cfg.clone();
         let split = move |n: &str| split_of(&whole, world, n);
         let ranks = load_ranks(ws, world, split, &wrap, |src| Gemma3::load(&rank_cfg, src, naming))?;
-        let embed_ways = vocab_ways(c.vocab_size, world);
-        if heads.is_empty() && embed_ways > 1 {
-            heads = VocabHeads::of_slices(ranks.iter().map(|r| r.lm_head.clone()).collect());
-        }
-        Ok(Self { ranks, heads, vocab: c.vocab_size, embed_ways })
+        Ok(Self(VocabRanks::new(ranks, heads, c.vocab_size, |r| r.lm_head.clone())))
     }
 
     pub fn world(&self) -> usize {
-        self.ranks.len()
-    }
-
-    fn lead(&self) -> &Gemma3 {
-        &self.ranks[0]
+        self.0.world()
     }
 }
 
 impl CausalLm for TpGemma3 {
     fn cache_spec(&self) -> Vec<LayerCacheSpec> {
-        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+        self.0.cache_spec()
     }
     fn vocab_size(&self) -> usize {
-        self.vocab
+        self.0.vocab()
     }
     fn context_length(&self) -> usize {
-        self.lead().context_length()
+        self.0.lead().context_length()
     }
     fn device(&self) -> &Device {
-        self.lead().device()
+        self.0.lead().device()
     }
     fn limit_logits(&mut self, n: usize) -> Result<bool> {
-        if self.heads.is_empty() {
-            // The whole tied table on rank 0 serves.
-            return self.ranks[0].limit_logits(n);
-        }
-        if n == 0 || n >= self.vocab {
-            return Ok(false);
-        }
-        self.heads.limit(n)?;
-        Ok(true)
+        self.0.limit_logits(n)
     }
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
-        let lead = self.lead();
+        let (ranks, lead) = (&self.0.ranks, self.0.lead());
         let layers = lead.layers.len();
-        let (ids, positions) = crate::arch::batch_tokens(chunks, self.vocab)?;
+        let (ids, positions) = crate::arch::batch_tokens(chunks, self.0.vocab())?;
         let tables = lead.tables(&positions)?;
-        let rows = if self.embed_ways == 1 {
-            let total = ids.len();
-            lead.embed.forward(&Tensor::from_vec(ids, total, &lead.device)?)?
-        } else {
-            let slice = lead.cfg.base.vocab_size;
-            embed_by_vocab(&self.ranks, &ids, slice, &lead.device, |m, local| m.embed.forward(local))?
-        };
-        let (mut x, mut h) = lead.input_normed(rows)?;
+        let (mut x, mut h) = lead.input_normed(self.0.embed(&ids, &lead.device, |m, ids| m.embed.forward(ids))?)?;
         for li in 0..layers {
-            let att = rank_sum(&self.ranks, |r, m| {
+            let att = rank_sum(ranks, |r, m| {
                 m.attn_out(li, &h, &tables, |q, k, v, scale| {
                     crate::arch::attend_chunks(chunks, r * layers + li, q, k, v, scale)
                 })
             })?;
             let (x1, h1) = lead.post_attn(li, &x, &att)?;
-            let down = rank_sum(&self.ranks, |_, m| m.ffn_out(li, &h1))?;
+            let down = rank_sum(ranks, |_, m| m.ffn_out(li, &h1))?;
             (x, h) = lead.layer_end(li, &x1, &down)?;
         }
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
         crate::batch::logits_for_chunks(&x, chunks, |sel| {
-            let normed = lead.rms(sel, &lead.norm)?;
-            match self.heads.logits(&normed)? {
-                Some(l) => Ok(l),
-                None => lead.lm_head.forward(&normed),
-            }
+            self.0.logits(&lead.rms(sel, &lead.norm)?, |normed| lead.lm_head.forward(normed))
         })
     }
 }

@@ -10,7 +10,7 @@
 use candle_core::{Device, Tensor};
 
 use super::Llama;
-use crate::arch::vocab_heads::{embed_by_vocab, vocab_ways, VocabHeads};
+use crate::arch::vocab_heads::{vocab_ways, VocabHeads, VocabRanks};
 use crate::arch::{rank_sum, CausalLm};
 use crate::batch::SeqChunk;
 use crate::config::LlamaConfig;
@@ -61,15 +61,7 @@ pub fn split_of(cfg: &LlamaConfig, world: usize, name: &str) -> Result<Split> {
 }
 
 /// A Llama-family model cut into ranks (module docs).
-pub struct TpLlama {
-    ranks: Vec<Llama>,
-    /// The LM head cut by vocabulary (an untied one's slices, or the ranks' slices of a tied
-    /// table); empty where the vocabulary does not divide and rank 0's whole tied table serves.
-    heads: VocabHeads,
-    /// The whole model's vocabulary; each rank's embedding table holds `vocab / embed_ways`.
-    vocab: usize,
-    embed_ways: usize,
-}
+pub struct TpLlama(VocabRanks<Llama>);
 
 /// A Llama-family model from `ws` as `opts` asks: whole, or cut into `--tensor-parallel` ranks
 /// (each rank's slices quantised after the cut where `--quantize` asks).
@@ -91,85 +83,56 @@ impl TpLlama {
         wrap: impl for<'b> Fn(&'b ShardSource<'a>) -> Box<dyn WeightSource + 'b>,
     ) -> Result<Self> {
         let rank_cfg = shard_config(cfg, world)?;
-        let mut heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
+        let heads = VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?;
         let whole = cfg.clone();
         let split = move |n: &str| split_of(&whole, world, n);
         let ranks = load_ranks(ws, world, split, &wrap, |src| Llama::load(&rank_cfg, src))?;
-        let embed_ways = vocab_ways(cfg.vocab_size, world);
-        if heads.is_empty() && embed_ways > 1 {
-            // A tied table's slices are the head's.
-            heads = VocabHeads::of_slices(ranks.iter().map(|r| r.lm_head.clone()).collect());
-        }
-        Ok(Self { ranks, heads, vocab: cfg.vocab_size, embed_ways })
+        Ok(Self(VocabRanks::new(ranks, heads, cfg.vocab_size, |r| r.lm_head.clone())))
     }
 
     pub fn world(&self) -> usize {
-        self.ranks.len()
-    }
-
-    fn lead(&self) -> &Llama {
-        &self.ranks[0]
+        self.0.world()
     }
 }
 
 impl CausalLm for TpLlama {
     fn cache_spec(&self) -> Vec<LayerCacheSpec> {
-        self.ranks.iter().flat_map(|m| m.cache_spec()).collect()
+        self.0.cache_spec()
     }
     fn vocab_size(&self) -> usize {
-        self.vocab
+        self.0.vocab()
     }
     fn context_length(&self) -> usize {
-        self.lead().context_length()
+        self.0.lead().context_length()
     }
     fn device(&self) -> &Device {
-        self.lead().device()
+        self.0.lead().device()
     }
     fn limit_logits(&mut self, n: usize) -> Result<bool> {
-        if self.heads.is_empty() {
-            // The tied table: rank 0's LM head is the one that serves.
-            return self.ranks[0].limit_logits(n);
-        }
-        if n == 0 || n >= self.vocab_size() {
-            return Ok(false);
-        }
-        self.heads.limit(n)?;
-        Ok(true)
+        self.0.limit_logits(n)
     }
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
-        let lead = self.lead();
+        let (ranks, lead) = (&self.0.ranks, self.0.lead());
         let layers = lead.cfg.num_layers;
-        let (ids, positions) = crate::arch::batch_tokens(chunks, self.vocab)?;
+        let (ids, positions) = crate::arch::batch_tokens(chunks, self.0.vocab())?;
         let tables = lead.rope.tables(&positions, &lead.device)?;
-        let (mut x, mut h) = if self.embed_ways == 1 {
-            let total = ids.len();
-            lead.embed_normed(&Tensor::from_vec(ids, total, &lead.device)?)?
-        } else {
-            // Each rank's slice of the table gives its tokens' rows (module docs).
-            let x = embed_by_vocab(&self.ranks, &ids, lead.cfg.vocab_size, &lead.device, |m, local| {
-                m.embed.forward(local)
-            })?;
-            lead.input_normed(x)?
-        };
+        // Each rank's slice of the table gives its tokens' rows where it is cut (module docs).
+        let (mut x, mut h) = lead.input_normed(self.0.embed(&ids, &lead.device, |m, ids| m.embed.forward(ids))?)?;
         for li in 0..layers {
-            let att = rank_sum(&self.ranks, |r, m| {
+            let att = rank_sum(ranks, |r, m| {
                 m.attn_out(li, &h, &tables, |q, k, v, scale| {
                     crate::arch::attend_chunks(chunks, r * layers + li, q, k, v, scale)
                 })
             })?;
             let (x1, h1) = lead.post_attn(li, &x, &att)?;
-            let down = rank_sum(&self.ranks, |_, m| m.ffn_out(li, &h1))?;
+            let down = rank_sum(ranks, |_, m| m.ffn_out(li, &h1))?;
             (x, h) = lead.layer_end(li, &x1, &down)?;
         }
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
         crate::batch::logits_for_chunks(&x, chunks, |sel| {
-            let normed = lead.rms(sel, &lead.norm)?;
-            match self.heads.logits(&normed)? {
-                Some(l) => Ok(l),
-                None => lead.lm_head.forward(&normed),
-            }
+            self.0.logits(&lead.rms(sel, &lead.norm)?, |normed| lead.lm_head.forward(normed))
         })
     }
 }

@@ -29,7 +29,7 @@ use candle_core::{Device, Tensor};
 use super::config::HybridConfig;
 use super::mtp::MtpHead;
 use super::QwenHybrid;
-use crate::arch::vocab_heads::{embed_by_vocab, vocab_ways, VocabHeads};
+use crate::arch::vocab_heads::{vocab_ways, VocabHeads, VocabRanks};
 use crate::arch::{rank_sum, CausalLm, MtpDraft};
 use crate::batch::SeqChunk;
 use crate::error::{ModelError, Result};
@@ -158,20 +158,13 @@ fn unsliced(name: &str) -> ModelError {
 
 /// A hybrid model cut into ranks (module docs).
 pub struct TpHybrid {
-    ranks: Vec<QwenHybrid>,
+    /// The ranks with the vocabulary they share (the LM head and the embedding table cut).
+    r: VocabRanks<QwenHybrid>,
     /// The MTP head, whole (one attention layer and FFN a drafted token), on rank 0's device;
     /// its KV is the cache layer after every rank's.
     mtp: Option<MtpHead>,
     /// Attention KV heads of the whole model (the MTP head's cache layer).
     kv_heads: usize,
-    /// The LM head cut by vocabulary (an untied one's slices, or the ranks' slices of a tied
-    /// table); empty where the vocabulary does not divide among the ranks and rank 0's whole
-    /// tied table serves.
-    heads: VocabHeads,
-    /// The whole model's vocabulary; each rank's embedding table holds `vocab / embed_ways`
-    /// of it (all of it where `embed_ways` is 1, rank 0's then serving alone).
-    vocab: usize,
-    embed_ways: usize,
 }
 
 impl TpHybrid {
@@ -197,8 +190,7 @@ impl TpHybrid {
         } else {
             None
         };
-        let untied = !cfg.tie_word_embeddings && ws.has("output.weight");
-        let mut heads = if untied {
+        let heads = if !cfg.tie_word_embeddings && ws.has("output.weight") {
             VocabHeads::load(ws, world, (cfg.vocab_size, cfg.hidden_size), &wrap)?
         } else {
             VocabHeads::default()
@@ -206,21 +198,14 @@ impl TpHybrid {
         let whole = cfg.clone();
         let split = move |n: &str| split_of(&whole, world, n);
         let ranks = load_ranks(ws, world, split, &wrap, |src| QwenHybrid::load(&rank_cfg, src))?;
-        let embed_ways = vocab_ways(cfg.vocab_size, world);
-        if !untied && embed_ways > 1 {
-            // A tied table's slices are the head's.
-            heads = VocabHeads::of_slices(ranks.iter().map(|r| r.lm_head.clone()).collect());
-        }
-        Ok(Self { ranks, mtp, kv_heads: cfg.num_kv_heads, heads, vocab: cfg.vocab_size, embed_ways })
+        let r = VocabRanks::new(ranks, heads, cfg.vocab_size, |m| m.lm_head.clone());
+        Ok(Self { r, mtp, kv_heads: cfg.num_kv_heads })
     }
 
     /// `(x, h)`: the tokens' embeddings (from the ranks' slices of the table where it is cut)
     /// and their norm before layer 0.
     fn embed_normed(&self, ids: Vec<u32>) -> Result<(Tensor, Tensor)> {
         let lead = self.lead();
-        if self.embed_ways == 1 {
-            return lead.embed_normed(ids);
-        }
         let x = self.embed(&ids)?;
         let h = lead.rms(&x, lead.norm_before(0))?;
         Ok((x, h))
@@ -228,40 +213,33 @@ impl TpHybrid {
 
     /// Embedding rows of `ids`, `[ids.len(), hidden]`.
     fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        let lead = self.lead();
-        if self.embed_ways == 1 {
-            return lead.embed_tokens(&Tensor::from_vec(ids.to_vec(), ids.len(), &lead.device)?);
-        }
-        embed_by_vocab(&self.ranks, ids, lead.cfg.vocab_size, &lead.device, |m, local| m.embed_tokens(local))
+        self.r.embed(ids, &self.lead().device, |m, ids| m.embed_tokens(ids))
     }
 
     pub fn world(&self) -> usize {
-        self.ranks.len()
+        self.r.world()
     }
 
     fn lead(&self) -> &QwenHybrid {
-        &self.ranks[0]
+        self.r.lead()
     }
 
     /// Logits `[rows, vocab]` of final-normed hidden rows.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        match self.heads.logits(hidden)? {
-            Some(l) => Ok(l),
-            None => self.lead().lm_head.forward(hidden),
-        }
+        self.r.logits(hidden, |h| self.lead().lm_head.forward(h))
     }
 
     /// [`QwenHybrid::forward_hidden`] over the ranks.
     pub fn forward_hidden(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Tensor> {
         let lead = self.lead();
         let layers = lead.cfg.num_layers();
-        let (ids, positions) = lead.batch_inputs(chunks, layers * self.world(), self.vocab)?;
+        let (ids, positions) = lead.batch_inputs(chunks, layers * self.world(), self.r.vocab())?;
         let tables = lead.rope.tables(&positions, &lead.device)?;
         let (mut x, mut h) = self.embed_normed(ids)?;
         for li in 0..layers {
-            let mixed = rank_sum(&self.ranks, |r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
+            let mixed = rank_sum(&self.r.ranks, |r, m| m.mixer_out(li, r * layers + li, &h, &tables, chunks))?;
             let (x1, h1) = lead.add_rms(&x, &mixed, &lead.layers[li].post_norm)?;
-            let ffn = rank_sum(&self.ranks, |_, m| m.ffn_out(li, &h1))?;
+            let ffn = rank_sum(&self.r.ranks, |_, m| m.ffn_out(li, &h1))?;
             (x, h) = lead.add_rms(&x1, &ffn, lead.norm_before(li + 1))?;
         }
         for c in chunks.iter_mut() {
@@ -273,14 +251,14 @@ impl TpHybrid {
 
 impl CausalLm for TpHybrid {
     fn cache_spec(&self) -> Vec<LayerCacheSpec> {
-        let mut spec: Vec<LayerCacheSpec> = self.ranks.iter().flat_map(|m| m.cache_spec()).collect();
+        let mut spec = self.r.cache_spec();
         if self.mtp.is_some() {
             spec.push(LayerCacheSpec::Attention { kv_heads: self.kv_heads, head_dim: self.lead().cfg.head_dim });
         }
         spec
     }
     fn vocab_size(&self) -> usize {
-        self.vocab
+        self.r.vocab()
     }
     fn context_length(&self) -> usize {
         self.lead().context_length()
