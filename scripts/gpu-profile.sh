@@ -9,6 +9,10 @@
 # MODE=verify one verify step of VERIFY (default 4) positions (TANDEM_PROFILE_VERIFY).
 # MODE=batch one batched decode step of BATCH (default 64) sequences (TANDEM_PROFILE_BATCH),
 # each at DEPTH tokens of context.
+# KERNEL=REGEX (e.g. KERNEL=tmmk_bf16) profiles only the first COUNT (default 2) launches of
+# the kernels it matches, with Nsight Compute's sections SECTIONS (default "SpeedOfLight
+# WarpStateStats MemoryWorkloadAnalysis Occupancy"), the report in $OUT/ncu-<case>-<kernel>.txt:
+# where a kernel's warps stall (shared memory, barriers, the tensor pipe).
 # A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset; a case
 # llama<preset>:<dtype> (llama8b:bf16) a random Llama-family preset.
 set -uo pipefail
@@ -33,6 +37,16 @@ for c in ${CASES:-9b:q8_0}; do
     what=(env TANDEM_PROFILE_DECODE="${PROFILE_STEPS:-1}"); run=(-p 1 -g 6)
   fi
   tag=$p-$t${DEPTH:+-d$DEPTH}
+  if [ -n "${KERNEL:-}" ]; then
+    secs=(); for x in ${SECTIONS:-SpeedOfLight WarpStateStats MemoryWorkloadAnalysis Occupancy}; do secs+=(--section "$x"); done
+    rep="$res/ncu-$tag-${KERNEL//[^A-Za-z0-9_]/_}.txt"
+    "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
+      -k "regex:$KERNEL" -c "${COUNT:-2}" "${secs[@]}" /tmp/tandem-gpu/tandem bench --device cuda "${model[@]}" \
+      "${run[@]}" -r 1 ${DEPTH:+-d $DEPTH} > "$rep" 2>&1
+    echo "ncu $tag $KERNEL rc=$? ($(wc -l < "$rep") lines in $rep)"
+    grep -E "Duration|Throughput|Stall|Issued|Occupancy|Bank" "$rep" | head -40
+    continue
+  fi
   csv=/tmp/tg/ncu-$tag.csv
   "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
     --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda "${model[@]}" \
