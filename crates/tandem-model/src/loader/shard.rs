@@ -279,12 +279,12 @@ pub fn slice_bytes(
         }
         Ok((out, (ranges.iter().map(|r| r.end - r.start).sum::<usize>(), cols)))
     } else {
-        let width: usize = ranges.iter().map(|r| r.end - r.start).sum();
         for r in ranges {
-            if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) || r.end > cols {
+            if !r.start.is_multiple_of(bs) || !r.end.is_multiple_of(bs) || r.start > r.end || r.end > cols {
                 return Err(ModelError::Config(format!("columns {r:?} cut a {dtype:?} block or pass {cols}")));
             }
         }
+        let width: usize = ranges.iter().map(|r| r.end - r.start).sum();
         let mut out = Vec::with_capacity(rows * width / bs * ts);
         for row in data.chunks_exact(row_bytes) {
             for r in ranges {
@@ -303,6 +303,23 @@ mod tests {
     fn matrix(rows: usize, cols: usize) -> Tensor {
         let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
         Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn cuts_that_do_not_fit_the_matrix_are_errors() {
+        use candle_core::quantized::GgmlDType;
+        // A Q8_0 matrix of 2 rows of 64 values: 2 blocks of 34 bytes a row.
+        let data = vec![0u8; 2 * 2 * 34];
+        assert!(slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 0, &[1..2]).is_ok());
+        assert!(slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 0, &[1..3]).is_err(), "rows past the end");
+        assert!(slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 1, &[16..48]).is_err(), "columns inside a block");
+        assert!(slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 1, &[32..96]).is_err(), "columns past the end");
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = [64..32];
+        assert!(slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 1, &backwards).is_err(), "a backwards range");
+        assert!(slice_bytes(&data[..100], (2, 64), GgmlDType::Q8_0, 0, &[0..1]).is_err(), "too few bytes");
+        let (bytes, shape) = slice_bytes(&data, (2, 64), GgmlDType::Q8_0, 1, &[32..64]).unwrap();
+        assert_eq!((bytes.len(), shape), (2 * 34, (2, 32)));
     }
 
     #[test]
