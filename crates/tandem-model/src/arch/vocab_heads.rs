@@ -194,10 +194,13 @@ impl<M: crate::arch::CausalLm> VocabRanks<M> {
         }
     }
 
-    /// Embedding rows of `ids` (checked against the whole vocabulary by the caller): rank 0's
-    /// whole table, or the ranks' slices added ([`embed_by_vocab`]); `embed(rank, ids)` looks
-    /// rows up in a rank's table.
+    /// Embedding rows of `ids`: rank 0's whole table, or the ranks' slices added
+    /// ([`embed_by_vocab`]); `embed(rank, ids)` looks rows up in a rank's table. An id outside
+    /// the vocabulary is an input error.
     pub fn embed(&self, ids: &[u32], device: &Device, embed: impl Fn(&M, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary")));
+        }
         if self.embed_ways == 1 {
             return embed(self.lead(), &Tensor::from_vec(ids.to_vec(), ids.len(), device)?);
         }

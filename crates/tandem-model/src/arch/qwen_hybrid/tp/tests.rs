@@ -302,4 +302,5 @@ fn the_embedding_table_is_cut_by_vocabulary() {
     assert!(tp.r.ranks.iter().all(|r| r.embed.dims().unwrap().0 == 510));
     let want = run(&random_model(&odd, GgmlDType::F32, &Device::Cpu).unwrap(), &PROMPT[..7], 2);
     assert!(rel_diff(&run(&tp, &PROMPT[..7], 2), &want) <= 2e-5);
+    assert!(tp.embed(&[510]).is_err(), "an id past the whole table");
 }
