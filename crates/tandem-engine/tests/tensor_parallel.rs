@@ -82,8 +82,8 @@ fn tensor_parallelism_is_refused_where_it_does_not_apply() {
 
 /// The Llama-family fixtures and Gemma 3's (4 query heads, 2 KV heads; Gemma's sandwich
 /// norms after the ranks' sum, its sliding-window layers) on 2 and 4 ranks (4: each KV head
-/// held by two ranks) decode what the whole model does, and with n-gram speculation and prefix
-/// hits what they do plainly.
+/// held by two ranks) decode what the whole model does, and with n-gram speculation, prefix
+/// hits and in a batch of three what they do plainly.
 #[test]
 fn llama_family_ranks_decode_what_the_whole_model_does() {
     let n = 16;
@@ -102,6 +102,15 @@ fn llama_family_ranks_decode_what_the_whole_model_does() {
                 .expect("engine");
             for pass in ["prefix-cache miss", "prefix-cache hit"] {
                 assert_same(&run(&e, greedy(p.clone(), n)), &plain, &format!("{what}, speculating, {pass}"));
+            }
+            // Three sequences at once, the first the prompt above: each decodes what it does
+            // alone (the ranks' sums in one order whatever the batch).
+            let others: Vec<Vec<u32>> = (1..3).map(|i| p.iter().skip(i).copied().collect()).collect();
+            let alone: Vec<_> = others.iter().map(|q| run(&e, greedy(q.clone(), n))).collect();
+            let rxs: Vec<_> =
+                std::iter::once(&p).chain(&others).map(|q| e.submit(greedy(q.clone(), n)).expect("submit")).collect();
+            for (i, (rx, want)) in rxs.into_iter().zip(std::iter::once(&plain).chain(&alone)).enumerate() {
+                assert_same(&collect(rx), want, &format!("{what}, batch member {i}"));
             }
             assert_no_leaks(&e);
         }
