@@ -425,6 +425,7 @@ pub(super) mod vnni_wide {
 /// AVX-512 F / VL / BW / VNNI; AVX-VNNI is not needed.
 pub(super) fn wide_detected() -> bool {
     detected(false)
+        && super::avx512_allowed()
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bw")

@@ -93,6 +93,7 @@ impl DenseKernel {
             #[cfg(target_arch = "x86_64")]
             DenseKernel::Avx512 => {
                 DenseKernel::Avx2.available()
+                    && crate::ops::quant::avx512_allowed()
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vl")
             }

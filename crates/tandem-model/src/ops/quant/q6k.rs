@@ -238,7 +238,8 @@ mod wide {
 fn wide_available() -> bool {
     static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WIDE.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
+        crate::ops::quant::avx512_allowed()
+            && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512bw")
     })

@@ -139,7 +139,10 @@ fn amx_possible() -> bool {
     {
         static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AMX.get_or_init(|| {
-            if !(std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vnni")) {
+            if !(crate::ops::quant::avx512_allowed()
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vnni"))
+            {
                 return false;
             }
             // CPUID leaf 7 exists on every CPU with AVX-512.

@@ -15,7 +15,8 @@ use super::x86::{ahead, ahead50, prefetch_next, prefetch_part, spread, RowPtr, Q
 
 /// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    crate::ops::quant::avx512_allowed()
+        && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vnni")
 }

@@ -12,7 +12,8 @@ use super::{Q6, Q8, QK_K, ROW_BLOCK_BYTES, SHUFFLE};
 
 /// Whether this CPU can run [`matmul_cols`].
 pub(super) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    crate::ops::quant::avx512_allowed()
+        && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("fma")

@@ -11,7 +11,9 @@ use super::{Q8, QK_K};
 
 /// Whether this CPU runs [`quantize_row`].
 pub(super) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+    crate::ops::quant::avx512_allowed()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// `x` (`out.len() · 256` values) into `out`, as candle's `from_float`.
