@@ -300,7 +300,9 @@ impl Kernel {
 /// Whether the CPU kernels may use AVX-512 where the CPU has it: `TANDEM_AVX512=0` keeps every
 /// kernel on its AVX2 path (the block and K-quant tiles, Q6K, the Q8K quantiser, dense f32/16-bit
 /// rows, candle's AMX path), so an AVX-512 machine runs, and measures, what an AVX2-only CPU
-/// runs. The same bits either way (each AVX2 kernel is bit-identical to its AVX-512 sibling).
+/// runs. Read once: a process takes one path for every call, so batch invariance and lossless
+/// speculation hold either way (the K-quant, Q6K and dense kernels give the AVX-512 bits; the
+/// 32-value block types' AVX2 kernels follow ggml's order, not the AVX-512 tiles').
 pub fn avx512_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("TANDEM_AVX512").map_or(true, |v| v != "0"))
