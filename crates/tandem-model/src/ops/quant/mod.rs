@@ -90,6 +90,7 @@ pub(crate) fn cpu_family() -> u32 {
 }
 
 /// The family in cpuid leaf 1's eax.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn family_of(eax: u32) -> u32 {
     let base = (eax >> 8) & 0xf;
     if base == 0xf {

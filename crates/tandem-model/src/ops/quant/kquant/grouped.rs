@@ -23,9 +23,8 @@ pub fn matmul_grouped(jobs: &[Job<'_>], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     assert_eq!(x.len(), m * k, "grouped Q4K matmul: x has {} values, want {m} × {k}", x.len());
     let mut outs: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0f32; j.w.n]).collect();
     // Q5_0 tiles read activations of their own (per-block scales): product by product.
-    let q8k = jobs.iter().all(|j| !j.w.per_block_acts());
     #[cfg(target_arch = "x86_64")]
-    if super::available() && q8k {
+    if super::available() && jobs.iter().all(|j| !j.w.per_block_acts()) {
         let nb = k / QK_K;
         let (q8, bsum) = quantize(x, m, nb);
         // SAFETY: the CPU check is `available`; every job's tiles hold `nb` superblocks per
