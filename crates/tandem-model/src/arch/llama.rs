@@ -117,6 +117,57 @@ impl Llama {
     }
 }
 
+impl crate::arch::RankLayers for Llama {
+    type Tables = (Tensor, Tensor);
+
+    fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `li`'s attention on the normed `h`, through o_proj (under tensor parallelism, this
+    /// rank's partial sum); attention itself left to `attend(q, k, v, scale)`.
+    fn attn_out(
+        &self,
+        li: usize,
+        h: &Tensor,
+        tables: &Self::Tables,
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let (nh, hd) = (self.cfg.num_heads, self.cfg.head_dim);
+        // Norms and RoPE are per token: once over the batch; attention per sequence.
+        let (q, k, v) = self.heads(layer, layer.qkv.forward_array(h)?, tables)?;
+        let att = attend(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
+        let att = att.transpose(0, 1)?.reshape((h.dim(0)?, nh * hd))?;
+        layer.o.forward(&att)
+    }
+
+    /// `(x1, h1)`: the residual add after layer `li`'s attention and the FFN norm.
+    fn post_attn(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)> {
+        crate::ops::norm::add_rms_norm(x, att, &self.layers[li].ffn_norm, self.cfg.rms_norm_eps as f32)
+    }
+
+    /// Layer `li`'s SwiGLU MLP on the normed `h1`, through down_proj (a partial sum under
+    /// tensor parallelism).
+    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
+        let layer = &self.layers[li];
+        let [g, u] = layer.gate_up.forward_array(h1)?;
+        layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
+    }
+
+    /// `(x, h)` after layer `li`: the residual add and the next layer's norm (the last layer:
+    /// the add alone, `h` = `x`; the final norm runs on the rows whose logits are asked for).
+    fn layer_end(&self, li: usize, x1: &Tensor, down: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self.layers.get(li + 1) {
+            Some(next) => crate::ops::norm::add_rms_norm(x1, down, &next.attn_norm, self.cfg.rms_norm_eps as f32),
+            None => {
+                let x = (x1 + down)?;
+                Ok((x.clone(), x))
+            }
+        }
+    }
+}
+
 impl CausalLm for Llama {
     fn cache_spec(&self) -> Vec<LayerCacheSpec> {
         (0..self.cfg.num_layers)
@@ -191,15 +242,9 @@ impl Llama {
         &self,
         ids: &Tensor,
         tables: &(Tensor, Tensor),
-        mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+        attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let (mut x, mut h) = self.embed_normed(ids)?;
-        for li in 0..self.layers.len() {
-            let att = self.attn_out(li, &h, tables, |q, k, v, scale| attend(li, q, k, v, scale))?;
-            let (x1, h1) = self.post_attn(li, &x, &att)?;
-            (x, h) = self.layer_end(li, &x1, &self.ffn_out(li, &h1)?)?;
-        }
-        Ok(x)
+        crate::arch::rank_layers(std::slice::from_ref(self), self.embed_normed(ids)?, tables, attend)
     }
 
     /// `(x, h)`: the embeddings of `ids` and their norm before layer 0.
@@ -216,49 +261,6 @@ impl Llama {
             None => x.clone(),
         };
         Ok((x, h))
-    }
-
-    /// Layer `li`'s attention on the normed `h`, through o_proj (under tensor parallelism, this
-    /// rank's partial sum); attention itself left to `attend(q, k, v, scale)`.
-    fn attn_out(
-        &self,
-        li: usize,
-        h: &Tensor,
-        tables: &(Tensor, Tensor),
-        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
-    ) -> Result<Tensor> {
-        let layer = &self.layers[li];
-        let (nh, hd) = (self.cfg.num_heads, self.cfg.head_dim);
-        // Norms and RoPE are per token: once over the batch; attention per sequence.
-        let (q, k, v) = self.heads(layer, layer.qkv.forward_array(h)?, tables)?;
-        let att = attend(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
-        let att = att.transpose(0, 1)?.reshape((h.dim(0)?, nh * hd))?;
-        layer.o.forward(&att)
-    }
-
-    /// `(x1, h1)`: the residual add after layer `li`'s attention and the FFN norm.
-    fn post_attn(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)> {
-        crate::ops::norm::add_rms_norm(x, att, &self.layers[li].ffn_norm, self.cfg.rms_norm_eps as f32)
-    }
-
-    /// Layer `li`'s SwiGLU MLP on the normed `h1`, through down_proj (a partial sum under
-    /// tensor parallelism).
-    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
-        let layer = &self.layers[li];
-        let [g, u] = layer.gate_up.forward_array(h1)?;
-        layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
-    }
-
-    /// `(x, h)` after layer `li`: the residual add and the next layer's norm (the last layer:
-    /// the add alone, `h` = `x`; the final norm runs on the rows whose logits are asked for).
-    fn layer_end(&self, li: usize, x1: &Tensor, down: &Tensor) -> Result<(Tensor, Tensor)> {
-        match self.layers.get(li + 1) {
-            Some(next) => crate::ops::norm::add_rms_norm(x1, down, &next.attn_norm, self.cfg.rms_norm_eps as f32),
-            None => {
-                let x = (x1 + down)?;
-                Ok((x.clone(), x))
-            }
-        }
     }
 
     /// Layer `layer`'s projections `[q, k, v]` (`[total, heads hd]` rows) as head-major `[heads,

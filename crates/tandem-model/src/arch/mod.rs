@@ -30,6 +30,55 @@ pub(crate) fn rank_sum<M>(ranks: &[M], mut part: impl FnMut(usize, &M) -> Result
     sum.ok_or_else(|| crate::error::ModelError::Config("tensor parallelism without ranks".into()))
 }
 
+/// A decoder's layer in the pieces that tensor parallelism runs per rank or once (the Llama
+/// family and Gemma 3): the attention through its output projection and the MLP through its
+/// down projection are partial sums under tensor parallelism; what comes after each runs on
+/// their sum.
+pub(crate) trait RankLayers {
+    /// The RoPE tables of a batch's positions.
+    type Tables;
+    fn layer_count(&self) -> usize;
+    /// Layer `li`'s attention on the normed `h` through its output projection; attention
+    /// itself left to `attend(q, k, v, scale)`.
+    fn attn_out(
+        &self,
+        li: usize,
+        h: &Tensor,
+        tables: &Self::Tables,
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+    ) -> Result<Tensor>;
+    /// `(x1, h1)`: after layer `li`'s (summed) attention output, the residual add and the
+    /// MLP's norm.
+    fn post_attn(&self, li: usize, x: &Tensor, att: &Tensor) -> Result<(Tensor, Tensor)>;
+    /// Layer `li`'s MLP on the normed `h1` through its down projection.
+    fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor>;
+    /// `(x, h)` after layer `li`'s (summed) MLP output: the residual add and the next layer's
+    /// norm (the last layer: the add alone, `h` = `x`).
+    fn layer_end(&self, li: usize, x1: &Tensor, down: &Tensor) -> Result<(Tensor, Tensor)>;
+}
+
+/// The decoder layers of `ranks` (one rank: the whole model) from the embeddings `x` and their
+/// norm `h`: per layer every rank's attention and MLP partial sums added in rank order, the
+/// rest on rank 0. `attend(cache_layer, q, k, v, scale)` runs attention with rank r's layer l
+/// at cache layer `r * layers + l`. Returns the last layer's output.
+pub(crate) fn rank_layers<M: RankLayers>(
+    ranks: &[M],
+    (mut x, mut h): (Tensor, Tensor),
+    tables: &M::Tables,
+    mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let lead =
+        ranks.first().ok_or_else(|| crate::error::ModelError::Config("tensor parallelism without ranks".into()))?;
+    let layers = lead.layer_count();
+    for li in 0..layers {
+        let att = rank_sum(ranks, |r, m| m.attn_out(li, &h, tables, |q, k, v, s| attend(r * layers + li, q, k, v, s)))?;
+        let (x1, h1) = lead.post_attn(li, &x, &att)?;
+        let down = rank_sum(ranks, |_, m| m.ffn_out(li, &h1))?;
+        (x, h) = lead.layer_end(li, &x1, &down)?;
+    }
+    Ok(x)
+}
+
 /// The token ids of a batch's chunks one after another and each token's position, after
 /// checking that no chunk is empty and every id is inside the vocabulary.
 pub(crate) fn batch_tokens(chunks: &[SeqChunk<'_>], vocab_size: usize) -> Result<(Vec<u32>, Vec<usize>)> {

@@ -143,6 +143,14 @@ impl<'a> ShardSource<'a> {
         }
         Ok(Self { inner, rank, world, split: Box::new(split) })
     }
+
+    /// This rank's [`share`] of tensor `name`'s `segments`, a bad cut's error naming it.
+    fn share_of(&self, name: &str, segments: &[Range<usize>], ways: usize, unit: usize) -> Result<Vec<Range<usize>>> {
+        share(segments, self.rank, self.world, ways, unit).map_err(|e| match e {
+            ModelError::Config(m) => ModelError::Config(format!("{name}: {m}")),
+            e => e,
+        })
+    }
 }
 
 impl WeightSource for ShardSource<'_> {
@@ -159,12 +167,7 @@ impl WeightSource for ShardSource<'_> {
             Split::Along { dim, segments, ways } => (dim, segments, ways),
             Split::Absent => return Err(ModelError::MissingTensor(name.to_string())),
         };
-        let cut = |unit: usize| {
-            share(&segments, self.rank, self.world, ways, unit).map_err(|e| match e {
-                ModelError::Config(m) => ModelError::Config(format!("{name}: {m}")),
-                e => e,
-            })
-        };
+        let cut = |unit: usize| self.share_of(name, &segments, ways, unit);
         // A source that repacks matrices for the CPU (GGUF) hands out the stored blocks: cut
         // them, then pack the slice the same way.
         if let Some(q) = self.inner.stored_slice(name, dim, &|dt| cut(if dim == 1 { dt.block_size() } else { 1 }))? {
@@ -211,10 +214,7 @@ impl WeightSource for ShardSource<'_> {
                 )))
             }
         };
-        let rows = share(&segments, self.rank, self.world, ways, 1).map_err(|e| match e {
-            ModelError::Config(m) => ModelError::Config(format!("{name}: {m}")),
-            e => e,
-        })?;
+        let rows = self.share_of(name, &segments, ways, 1)?;
         // A source that repacks tables for the CPU (GGUF): cut the stored blocks, then make the
         // table of the slice the same way (a tied one packed to serve as the head too).
         if let Some(q) = self.inner.stored_slice(name, 0, &|_| Ok(rows.clone()))? {

@@ -182,13 +182,10 @@ impl CausalLm for Gemma3 {
         let (ids, positions) = crate::arch::batch_tokens(chunks, self.cfg.base.vocab_size)?;
         let tables = self.tables(&positions)?;
         let total = ids.len();
-        let (mut x, mut h) = self.input_normed(self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?)?;
-        for li in 0..self.layers.len() {
-            let att = self
-                .attn_out(li, &h, &tables, |q, k, v, scale| crate::arch::attend_chunks(chunks, li, q, k, v, scale))?;
-            let (x1, h1) = self.post_attn(li, &x, &att)?;
-            (x, h) = self.layer_end(li, &x1, &self.ffn_out(li, &h1)?)?;
-        }
+        let xh = self.input_normed(self.embed.forward(&Tensor::from_vec(ids, total, &self.device)?)?)?;
+        let x = crate::arch::rank_layers(std::slice::from_ref(self), xh, &tables, |li, q, k, v, scale| {
+            crate::arch::attend_chunks(chunks, li, q, k, v, scale)
+        })?;
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }
@@ -213,6 +210,14 @@ impl Gemma3 {
         };
         Ok((x, h))
     }
+}
+
+impl crate::arch::RankLayers for Gemma3 {
+    type Tables = Tables;
+
+    fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
 
     /// Layer `li`'s attention on the normed `h` through o_proj, before the post-attention norm
     /// (under tensor parallelism this rank's partial sum, which the ranks add first);
@@ -221,7 +226,7 @@ impl Gemma3 {
         &self,
         li: usize,
         h: &Tensor,
-        (global, local): &Tables,
+        (global, local): &Self::Tables,
         attend: impl FnOnce(&Tensor, &Tensor, &Tensor, f64) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let c = &self.cfg.base;

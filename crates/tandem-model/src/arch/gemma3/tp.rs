@@ -13,7 +13,7 @@ use candle_core::{Device, Tensor};
 
 use super::{Gemma3, Gemma3Config, Naming};
 use crate::arch::vocab_heads::{VocabHeads, VocabRanks};
-use crate::arch::{rank_sum, CausalLm};
+use crate::arch::{rank_layers, CausalLm};
 use crate::batch::SeqChunk;
 use crate::error::Result;
 use crate::kv::LayerCacheSpec;
@@ -79,21 +79,13 @@ impl CausalLm for TpGemma3 {
         self.0.limit_logits(n)
     }
     fn forward(&self, chunks: &mut [SeqChunk<'_>]) -> Result<Vec<Option<Tensor>>> {
-        let (ranks, lead) = (&self.0.ranks, self.0.lead());
-        let layers = lead.layers.len();
+        let lead = self.0.lead();
         let (ids, positions) = crate::arch::batch_tokens(chunks, self.0.vocab())?;
         let tables = lead.tables(&positions)?;
-        let (mut x, mut h) = lead.input_normed(self.0.embed(&ids, &lead.device, |m, ids| m.embed.forward(ids))?)?;
-        for li in 0..layers {
-            let att = rank_sum(ranks, |r, m| {
-                m.attn_out(li, &h, &tables, |q, k, v, scale| {
-                    crate::arch::attend_chunks(chunks, r * layers + li, q, k, v, scale)
-                })
-            })?;
-            let (x1, h1) = lead.post_attn(li, &x, &att)?;
-            let down = rank_sum(ranks, |_, m| m.ffn_out(li, &h1))?;
-            (x, h) = lead.layer_end(li, &x1, &down)?;
-        }
+        let xh = lead.input_normed(self.0.embed(&ids, &lead.device, |m, ids| m.embed.forward(ids))?)?;
+        let x = rank_layers(&self.0.ranks, xh, &tables, |layer, q, k, v, scale| {
+            crate::arch::attend_chunks(chunks, layer, q, k, v, scale)
+        })?;
         for c in chunks.iter_mut() {
             c.cache.advance(c.tokens.len());
         }

@@ -107,19 +107,6 @@ impl MtpHead {
         self.forward_embedded(model, &e, hidden, kv, start)
     }
 
-    /// [`Self::forward_embedded`] with the head's KV in layer `layer` of a sequence's cache.
-    pub fn forward_embedded_in(
-        &self,
-        model: &QwenHybrid,
-        e: &Tensor,
-        hidden: &Tensor,
-        cache: &mut crate::kv::SequenceCache,
-        layer: usize,
-        past: usize,
-    ) -> Result<Tensor> {
-        self.forward_embedded(model, e, hidden, cache.layer_kv_at(layer, past)?, past)
-    }
-
     /// [`Self::forward_kv`] with the next tokens already embedded (`e: [n, H]`; a model whose
     /// table is cut among tensor-parallel ranks embeds them itself); `model` gives the rotary
     /// tables.

@@ -292,7 +292,7 @@ impl MtpDraft for TpHybrid {
         // The head's KV is the layer after every rank's (see `cache_spec`).
         let e = self.embed(next_tokens)?;
         let layer = self.world() * self.lead().cfg.num_layers();
-        head.forward_embedded_in(self.lead(), &e, hidden, cache, layer, past)
+        head.forward_embedded(self.lead(), &e, hidden, cache.layer_kv_at(layer, past)?, past)
     }
     fn mtp_logits(&self, y: &Tensor) -> Result<Tensor> {
         self.logits(y)
