@@ -13,6 +13,9 @@
 # the kernels it matches, with Nsight Compute's sections SECTIONS (default "SpeedOfLight
 # WarpStateStats MemoryWorkloadAnalysis Occupancy"), the report in $OUT/ncu-<case>-<kernel>.txt:
 # where a kernel's warps stall (shared memory, barriers, the tensor pipe).
+# NCU_CACHE=none keeps the caches between kernels (Nsight Compute flushes them by default, which
+# makes small kernels read high): the sum of a step's kernels then compares with its wall time,
+# the difference being the gaps between launches.
 # A case NAME=FILE.gguf profiles that file (`-m`) rather than a random preset; a case
 # llama<preset>:<dtype> (llama8b:bf16) a random Llama-family preset.
 set -uo pipefail
@@ -36,7 +39,7 @@ for c in ${CASES:-9b:q8_0}; do
   else
     what=(env TANDEM_PROFILE_DECODE="${PROFILE_STEPS:-1}"); run=(-p 1 -g 6)
   fi
-  tag=$p-$t${DEPTH:+-d$DEPTH}
+  tag=$p-$t${DEPTH:+-d$DEPTH}${NCU_CACHE:+-c$NCU_CACHE}
   if [ -n "${KERNEL:-}" ]; then
     secs=(); for x in ${SECTIONS:-SpeedOfLight WarpStateStats MemoryWorkloadAnalysis Occupancy}; do secs+=(--section "$x"); done
     rep="$res/ncu-$tag-${KERNEL//[^A-Za-z0-9_]/_}.txt"
@@ -48,7 +51,7 @@ for c in ${CASES:-9b:q8_0}; do
     continue
   fi
   csv=/tmp/tg/ncu-$tag.csv
-  "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
+  "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
     --metrics gpu__time_duration.sum --csv /tmp/tandem-gpu/tandem bench --device cuda "${model[@]}" \
     "${run[@]}" -r 1 ${DEPTH:+-d $DEPTH} > "$csv" 2> /tmp/tg/ncu.err
   echo "ncu $tag rc=$? ($(wc -l < "$csv") lines)"
