@@ -3,6 +3,11 @@
 //! column the bits the projection's own matmul gives it, for decode (one row), small calls
 //! and prefill, in the weight formats models use. Where nothing fuses (the CPU), one row says
 //! so and the rest compare the unfused set with the separate layers.
+//!
+//! The gated down projection ([`Linear::forward_silu_mul`]: on CUDA with bf16 weights and up to
+//! 16 rows one kernel forms `silu(g) ⊙ u` as it reads it) must give the bits of `silu_mul`
+//! followed by the matmul, for the halves of a fused `[gate | up]` output (row views) and for
+//! separate tensors, on both sides of the GEMV's row limit.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -30,7 +35,55 @@ pub fn run(dev: &Device) -> Vec<Check> {
             Err(e) => out.push(Check::error("fused projections", shape, fmt, e)),
         }
     }
+    for (fmt, q, dense) in [("bf16", None, DType::BF16), ("q8_0", Some(GgmlDType::Q8_0), DType::F32)] {
+        match gated(dev, q, dense, fmt) {
+            Ok(c) => out.extend(c),
+            Err(e) => out.push(Check::error("gated down projection", format!("k{K}"), fmt, e)),
+        }
+    }
     out
+}
+
+/// Whether the one-launch gated path is on (`TANDEM_GATED_GEMV`; CUDA builds only).
+fn gated_on() -> bool {
+    #[cfg(feature = "cuda")]
+    return crate::ops::quant::cuda_tmma::gated_enabled();
+    #[cfg(not(feature = "cuda"))]
+    false
+}
+
+/// `forward_silu_mul(g, u)` against `forward(silu_mul(g, u))`, bit for bit.
+fn gated(dev: &Device, q: Option<GgmlDType>, dense: DType, fmt: &str) -> Result<Vec<Check>> {
+    let mut rng = Rng(q.map_or(5, |q| q as u64 + 29));
+    let down = part(&mut rng, dev, q, dense, 256)?;
+    // Gate values over a wide range (silu's tails), up values as usual.
+    let gu: Vec<f32> = (0..40 * 2 * K)
+        .map(|i| if (i / K).is_multiple_of(2) { rng.next_f32() * 6.0 } else { rng.next_f32() })
+        .collect();
+    let gu = Tensor::from_vec(gu, (40, 2 * K), &Device::Cpu)?.to_device(dev)?;
+    let mut checks = Vec::new();
+    for m in [1, 3, 8, 9, 16, 17, 40] {
+        let rows = gu.narrow(0, 0, m)?;
+        let (g, u) = (rows.narrow(1, 0, K)?, rows.narrow(1, K, K)?);
+        let want = down.forward(&crate::ops::norm::silu_mul(&g, &u)?)?;
+        let views = bits_err(&down.forward_silu_mul(&g, &u)?, &want)?;
+        let (gc, uc) = (g.contiguous()?, u.contiguous()?);
+        let apart = bits_err(&down.forward_silu_mul(&gc, &uc)?, &want)?;
+        let one = match &down.weight {
+            LinearWeight::Candle(w) => crate::ops::quant::row_stable::forward_gated(w, &g, &u)?.is_some(),
+            _ => false,
+        };
+        let note = if one { "one launch" } else { "silu_mul, then the matmul" };
+        checks.push(
+            Check::new("gated down projection", format!("k{K} n256 m{m}"), fmt, views.max(apart), Judge::Exact, 0.0)
+                .with_note(note),
+        );
+        // On CUDA, bf16 calls of up to 16 rows must take the one-launch path.
+        if dev.is_cuda() && q.is_none() && m <= 16 && !one && gated_on() {
+            checks.push(Check::new("gated down projection: one launch", format!("m{m}"), fmt, 1.0, Judge::Exact, 0.0));
+        }
+    }
+    Ok(checks)
 }
 
 fn part(rng: &mut Rng, dev: &Device, q: Option<GgmlDType>, dense: DType, n: usize) -> Result<Linear> {

@@ -99,6 +99,30 @@ pub fn forward(q: &QTensor, x: &Tensor) -> Result<Tensor> {
     matmul_raw(fmt, ptr, n, k, x)
 }
 
+/// `(silu(g) ⊙ u) · Wᵀ` in one launch where the format's kernel can form the activations
+/// itself ([`super::cuda_tmma::matmul_bf16_gated`]); `None` otherwise.
+pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
+    let Some(fmt) = WeightFormat::of_ggml(q.dtype()) else { return Ok(None) };
+    let (n, k) = q.shape().dims2()?;
+    matmul_raw_gated(fmt, q.device_ptr()? as u64, n, k, g, u)
+}
+
+/// [`matmul_raw`] of `silu(g) ⊙ u` where one kernel does both (bf16 weights on the tensor-core
+/// GEMV); `None` where the caller must run `silu_mul` and [`matmul_raw`].
+pub(crate) fn matmul_raw_gated(
+    fmt: WeightFormat,
+    w: u64,
+    n: usize,
+    k: usize,
+    g: &Tensor,
+    u: &Tensor,
+) -> Result<Option<Tensor>> {
+    if fmt.suffix == "bf16" && super::cuda_tmma::enabled() && g.rank() == 2 {
+        return super::cuda_tmma::matmul_bf16_gated(w, n, k, g, u);
+    }
+    Ok(None)
+}
+
 /// Rows from which a call takes `qmatmul_tiled_*` (`qmatmul.cu`).
 const TILED_MIN_ROWS: usize = 16;
 /// Rows and columns per block of the tiled kernel (`TT_R`, `TT_W * TT_C`).
