@@ -4,9 +4,9 @@
 //! and prefill, in the weight formats models use. Where nothing fuses (the CPU), one row says
 //! so and the rest compare the unfused set with the separate layers.
 //!
-//! The gated down projection ([`Linear::forward_silu_mul`]: on CUDA with bf16 weights and up to
-//! 16 rows one kernel forms `silu(g) ⊙ u` as it reads it) must give the bits of `silu_mul`
-//! followed by the matmul, for the halves of a fused `[gate | up]` output (row views) and for
+//! The gated down projection ([`Linear::forward_silu_mul`]: on CUDA the activation quantiser
+//! of Q8_0 and K-quant weights, and for bf16 weights the GEMV of up to 16 rows, form
+//! `silu(g) ⊙ u` as they read it) must give the bits of `silu_mul` followed by the matmul, for the halves of a fused `[gate | up]` output (row views) and for
 //! separate tensors, on both sides of the GEMV's row limit.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
@@ -35,7 +35,12 @@ pub fn run(dev: &Device) -> Vec<Check> {
             Err(e) => out.push(Check::error("fused projections", shape, fmt, e)),
         }
     }
-    for (fmt, q, dense) in [("bf16", None, DType::BF16), ("q8_0", Some(GgmlDType::Q8_0), DType::F32)] {
+    for (fmt, q, dense) in [
+        ("bf16", None, DType::BF16),
+        ("q8_0", Some(GgmlDType::Q8_0), DType::F32),
+        ("q4_k", Some(GgmlDType::Q4K), DType::F32),
+        ("q6_k", Some(GgmlDType::Q6K), DType::F32),
+    ] {
         match gated(dev, q, dense, fmt) {
             Ok(c) => out.extend(c),
             Err(e) => out.push(Check::error("gated down projection", format!("k{K}"), fmt, e)),
@@ -47,7 +52,7 @@ pub fn run(dev: &Device) -> Vec<Check> {
 /// Whether the one-launch gated path is on (`TANDEM_GATED_GEMV`; CUDA builds only).
 fn gated_on() -> bool {
     #[cfg(feature = "cuda")]
-    return crate::ops::quant::cuda_tmma::gated_enabled();
+    return crate::ops::quant::cuda_quant::gated_enabled();
     #[cfg(not(feature = "cuda"))]
     false
 }
@@ -78,8 +83,9 @@ fn gated(dev: &Device, q: Option<GgmlDType>, dense: DType, fmt: &str) -> Result<
             Check::new("gated down projection", format!("k{K} n256 m{m}"), fmt, views.max(apart), Judge::Exact, 0.0)
                 .with_note(note),
         );
-        // On CUDA, bf16 calls of up to 16 rows must take the one-launch path.
-        if dev.is_cuda() && q.is_none() && m <= 16 && !one && gated_on() {
+        // On CUDA, quantised calls of any size and bf16 calls of up to 16 rows must take the
+        // one-launch path.
+        if dev.is_cuda() && (q.is_some() || m <= 16) && !one && gated_on() {
             checks.push(Check::new("gated down projection: one launch", format!("m{m}"), fmt, 1.0, Judge::Exact, 0.0));
         }
     }

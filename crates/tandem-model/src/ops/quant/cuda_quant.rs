@@ -107,8 +107,18 @@ pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tenso
     matmul_raw_gated(fmt, q.device_ptr()? as u64, n, k, g, u)
 }
 
-/// [`matmul_raw`] of `silu(g) ⊙ u` where one kernel does both (bf16 weights on the tensor-core
-/// GEMV); `None` where the caller must run `silu_mul` and [`matmul_raw`].
+/// Whether a gated MLP's down projection may form its activations in the matmul's own
+/// kernels ([`matmul_raw_gated`]; `TANDEM_GATED_GEMV=0`: a separate `silu_mul_rows` pass, for
+/// comparisons; the same bits).
+pub fn gated_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").map_or(true, |v| v != "0"))
+}
+
+/// [`matmul_raw`] of `silu(g) ⊙ u` where the format's kernels form the activations as they
+/// read them: Q8_0 and the K-quants quantise `silu(g) ⊙ u` directly (every row count), bf16
+/// weights take `tmvg_bf16` for up to 16 rows; `None` where the caller must run `silu_mul` and
+/// [`matmul_raw`] (more bf16 rows, other formats, views that do not suit).
 pub(crate) fn matmul_raw_gated(
     fmt: WeightFormat,
     w: u64,
@@ -117,7 +127,16 @@ pub(crate) fn matmul_raw_gated(
     g: &Tensor,
     u: &Tensor,
 ) -> Result<Option<Tensor>> {
-    if fmt.suffix == "bf16" && super::cuda_tmma::enabled() && g.rank() == 2 {
+    if !gated_enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
+        return Ok(None);
+    }
+    if fmt.suffix == "q8_0" && super::cuda_qmma::enabled() {
+        return super::cuda_qmma::matmul_q8_0_gated(w, n, k, fmt.row_bytes(k), g, u);
+    }
+    if super::cuda_kqmma::takes(fmt, w, k) {
+        return super::cuda_kqmma::matmul_gated(fmt, w, n, k, g, u);
+    }
+    if fmt.suffix == "bf16" && super::cuda_tmma::enabled() {
         return super::cuda_tmma::matmul_bf16_gated(w, n, k, g, u);
     }
     Ok(None)

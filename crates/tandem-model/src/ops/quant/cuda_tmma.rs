@@ -80,13 +80,6 @@ pub fn fits(w: u64, n: usize, k: usize) -> bool {
     n > 0 && k > 0 && k.is_multiple_of(32) && w.is_multiple_of(16)
 }
 
-/// Whether [`matmul_bf16_gated`] may form a down projection's activations in the GEMV
-/// (`TANDEM_GATED_GEMV=0`: a separate `silu_mul_rows` pass, for comparisons; the same bits).
-pub fn gated_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").map_or(true, |v| v != "0"))
-}
-
 /// `(silu(g) ⊙ u) · Wᵀ` for `g`, `u` f32 `[m, k]` (row views, e.g. the halves of a fused
 /// `[gate | up]` projection) and W as in [`matmul_bf16`], in one launch of `tmvg_bf16_*`, which
 /// forms the activations as it reads them with `silu_mul_rows`' expression: the bits of
@@ -94,28 +87,16 @@ pub fn gated_enabled() -> bool {
 /// `None` where the call does not take the GEMV (more rows) or the views do not suit its
 /// 16-byte loads; the caller then runs the two steps.
 pub(crate) fn matmul_bf16_gated(w: u64, n: usize, k: usize, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
-    use crate::ops::cuda_util::{device_address, row_stride};
     let Some(dev) = cuda_device(g) else { return Ok(None) };
     let (m, gk) = g.dims2()?;
-    if !gated_enabled()
-        || m == 0
-        || m >= gemm_min_rows()
-        || gk != k
-        || u.dims() != g.dims()
-        || g.dtype() != DType::F32
-        || u.dtype() != DType::F32
-        || !fits(w, n, k)
-    {
+    if m == 0 || m >= gemm_min_rows() || gk != k || !fits(w, n, k) {
         return Ok(None);
     }
-    let (Some(ldg), Some(ldu)) = (row_stride(g.layout()), row_stride(u.layout())) else { return Ok(None) };
-    let (ga, ua) = (device_address(g)?, device_address(u)?);
-    if !(ga.is_multiple_of(16) && ua.is_multiple_of(16) && ldg.is_multiple_of(4) && ldu.is_multiple_of(4)) {
-        return Ok(None);
-    }
+    // float4 loads: rows on 16-byte boundaries.
+    let Some([(ga, ldg), (ua, ldu)]) = crate::ops::cuda_util::gated_rows(g, u, 16)? else { return Ok(None) };
     let y = alloc_f32(&dev, m * n)?;
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
-    let (ldg4, ldu4) = ((ldg / 4) as i64, (ldu / 4) as i64);
+    let (ldg4, ldu4) = (ldg / 4, ldu / 4);
     let nt = if m <= 8 { 8 } else { 16 };
     let stages = gemv_stages();
     let name = format!("tmvg_bf16_{nt}_{stages}");
