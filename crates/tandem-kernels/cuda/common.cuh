@@ -23,7 +23,7 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 // activations as they read them.
 __device__ __forceinline__ float gated_act(const float* __restrict__ g, long long ldg, const float* __restrict__ u,
                                            long long ldu, long long r, long long c) {
-    return silu_f(__ldg(g + r * ldg + c)) * __ldg(u + r * ldu + c);
+    return __fmul_rn(silu_f(__ldg(g + r * ldg + c)), __ldg(u + r * ldu + c));
 }
 
 // Asynchronous 16-byte global -> shared copies (sm_80+), committed in groups; a warp waits for

@@ -127,7 +127,8 @@ pub(crate) fn matmul_raw_gated(
     g: &Tensor,
     u: &Tensor,
 ) -> Result<Option<Tensor>> {
-    if !gated_enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
+    // The kernels use silu_mul_rows' expression: not where `silu_mul` runs candle's ops.
+    if !gated_enabled() || !crate::ops::norm::enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
         return Ok(None);
     }
     if fmt.suffix == "q8_0" && super::cuda_qmma::enabled() {
