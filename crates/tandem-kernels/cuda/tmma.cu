@@ -113,32 +113,15 @@ __device__ __forceinline__ void tm_step(float (&d)[4], const uint4& wa, const ui
 #define TV_COL 576                   // bytes per staged column run: 8 steps x 64 + 64 of padding
 #define TV_STAGE (16 * TV_COL)       // 9,216 bytes: one segment of 16 columns
 
-// Four activations at xp: the f32 values (GATED false) or silu(g) * u of the gate values at xp
-// and the up values at up (GATED true: silu_mul_rows' expression, so its bits).
-template <bool GATED>
-__device__ __forceinline__ float4 tv_act(const float4* __restrict__ xp, const float4* __restrict__ up) {
-    const float4 a = __ldg(xp);
-    if constexpr (!GATED) {
-        return a;
-    } else {
-        const float4 b = __ldg(up);
-        // _rn: no contraction of the product with split8's subtraction (silu_mul_rows stores it).
-        return make_float4(__fmul_rn(silu_f(a.x), b.x), __fmul_rn(silu_f(a.y), b.y), __fmul_rn(silu_f(a.z), b.z),
-                           __fmul_rn(silu_f(a.w), b.w));
-    }
-}
-
 // Partition p of the chain for 16 columns from col0 and up to NJ * 8 rows from row0, by one
 // warp with S stages of TV_STAGE bytes at `stages`: acc from zero over the segments p, p + 8, ...
-// Row r's activations start at x + r * ldx (float4s); GATED: x holds the gate rows and u (row
-// stride ldu) the up rows, and the activations are silu(gate) * up.
-template <int NJ, int S, bool GATED, bool LO>
+template <int NJ, int S, bool LO>
 __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* __restrict__ x,
-                                             const float4* __restrict__ u, long long ldx, long long ldu,
                                              const uint8_t* __restrict__ w, uint8_t* stages, int p, int m, int n,
                                              int k, int col0, int row0, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const int steps = k >> 5;
+    const int k4 = k >> 2;  // float4 per activation row
     const long long row_bytes = (long long)k * 2;
     const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
     const int nseg = (steps + L - 1) / L;
@@ -176,11 +159,9 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
             for (int i = 0; i < TM_MAXL; i++) {
                 xa[i][0] = xa[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (i < ns && rr < m) {
-                    const size_t o = (size_t)(s0 + i) * 8 + t * 2;
-                    const float4* xp = x + (size_t)rr * ldx + o;
-                    const float4* up = GATED ? u + (size_t)rr * ldu + o : xp;
-                    xa[i][0] = tv_act<GATED>(xp, up);
-                    xa[i][1] = tv_act<GATED>(xp + 1, up + 1);
+                    const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                    xa[i][0] = __ldg(xp);
+                    xa[i][1] = __ldg(xp + 1);
                 }
             }
         }
@@ -200,11 +181,9 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
                         if constexpr (NJ == 1) {
                             a = xa[i][0], b = xa[i][1];
                         } else if (rr < m) {
-                            const size_t o = (size_t)(s0 + i) * 8 + t * 2;
-                            const float4* xp = x + (size_t)rr * ldx + o;
-                            const float4* up = GATED ? u + (size_t)rr * ldu + o : xp;
-                            a = tv_act<GATED>(xp, up);
-                            b = tv_act<GATED>(xp + 1, up + 1);
+                            const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                            a = __ldg(xp);
+                            b = __ldg(xp + 1);
                         }
                         if constexpr (LO) {
                             uint4 bh, bl;
@@ -225,9 +204,9 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
     cp_async_wait<0>();
 }
 
-template <int NJ, int S, bool GATED, bool LO>
-__device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, const float4* __restrict__ u,
-                         long long ldx, long long ldu, const uint8_t* __restrict__ w, int m, int n, int k) {
+template <int NJ, int S, bool LO>
+__device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, const uint8_t* __restrict__ w, int m,
+                         int n, int k) {
     constexpr int NT = NJ * 8;
     extern __shared__ __align__(16) uint8_t tv_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -236,7 +215,7 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
     const int row0 = blockIdx.y * NT;
     pdl_trigger();
     float acc[NJ][4];
-    tv_partition<NJ, S, GATED, LO>(acc, x, u, ldx, ldu, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
+    tv_partition<NJ, S, LO>(acc, x, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
     // The warps' partials, added in warp order (the stages are free once every warp is here).
     __syncthreads();
     float* red = reinterpret_cast<float*>(tv_smem);  // [warp][16 columns][NT + 1]
@@ -264,12 +243,7 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
 #define TMV(NT, S, SUF, LO)                                                                                   \
     extern "C" __global__ void __launch_bounds__(TM_WARPS * 32)                                              \
         tmv_bf16_##NT##_##S##SUF(float* y, const float4* x, const uint8_t* w, int m, int n, int k) {         \
-        tmv_bf16<NT / 8, S, false, LO>(y, x, x, k >> 2, 0, w, m, n, k);                                      \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(TM_WARPS * 32)                                              \
-        tmvg_bf16_##NT##_##S##SUF(float* y, const float4* g, const float4* u, long long ldg, long long ldu,   \
-                                  const uint8_t* w, int m, int n, int k) {                                    \
-        tmv_bf16<NT / 8, S, true, LO>(y, g, u, ldg, ldu, w, m, n, k);                                         \
+        tmv_bf16<NT / 8, S, LO>(y, x, w, m, n, k);                                                           \
     }
 
 TMV(8, 1, , true)

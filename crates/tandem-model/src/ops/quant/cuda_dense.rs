@@ -26,19 +26,6 @@ pub fn supports(w: &Tensor, x: &Tensor) -> bool {
         && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// `(silu(g) ⊙ u) · Wᵀ` in one launch where [`super::cuda_quant::matmul_raw_gated`] can;
-/// `None` otherwise.
-pub fn forward_gated(w: &Tensor, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
-    let (n, k) = w.dims2()?;
-    if !w.is_contiguous() {
-        return Ok(None);
-    }
-    match WeightFormat::of_dtype(w.dtype()).filter(|f| f.fits(k)) {
-        Some(fmt) => super::cuda_quant::matmul_raw_gated(fmt, device_address(w)?, n, k, g, u),
-        None => Ok(None),
-    }
-}
-
 /// `x · Wᵀ` for `x` `[..., k]`, f32 out; rows beyond [`MAX_ROWS`] go in pieces, which changes
 /// nothing (each row is computed alone).
 pub fn forward(w: &Tensor, x: &Tensor) -> Result<Tensor> {

@@ -100,7 +100,7 @@ pub fn forward(q: &QTensor, x: &Tensor) -> Result<Tensor> {
 }
 
 /// `(silu(g) ⊙ u) · Wᵀ` in one launch where the format's kernel can form the activations
-/// itself ([`super::cuda_tmma::matmul_bf16_gated`]); `None` otherwise.
+/// itself ([`matmul_raw_gated`]); `None` otherwise.
 pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
     let Some(fmt) = WeightFormat::of_ggml(q.dtype()) else { return Ok(None) };
     let (n, k) = q.shape().dims2()?;
@@ -116,9 +116,11 @@ pub fn gated_enabled() -> bool {
 }
 
 /// [`matmul_raw`] of `silu(g) ⊙ u` where the format's kernels form the activations as they
-/// read them: Q8_0 and the K-quants quantise `silu(g) ⊙ u` directly (every row count), bf16
-/// weights take `tmvg_bf16` for up to 16 rows; `None` where the caller must run `silu_mul` and
-/// [`matmul_raw`] (more bf16 rows, other formats, views that do not suit).
+/// read them: Q8_0 and the K-quants quantise `silu(g) ⊙ u` directly (every row count); `None`
+/// where the caller must run `silu_mul` and [`matmul_raw`] (other formats, views that do not
+/// suit). bf16 weights are not fused: their GEMV splits the activations in every column block,
+/// so each of its 256 blocks would compute silu over the whole row again (measured 13% slower
+/// on the 9B decode, H100, docs/PERFORMANCE.md).
 pub(crate) fn matmul_raw_gated(
     fmt: WeightFormat,
     w: u64,
@@ -136,9 +138,6 @@ pub(crate) fn matmul_raw_gated(
     }
     if super::cuda_kqmma::takes(fmt, w, k) {
         return super::cuda_kqmma::matmul_gated(fmt, w, n, k, g, u);
-    }
-    if fmt.suffix == "bf16" && super::cuda_tmma::enabled() {
-        return super::cuda_tmma::matmul_bf16_gated(w, n, k, g, u);
     }
     Ok(None)
 }

@@ -99,43 +99,6 @@ pub fn fits(w: u64, n: usize, k: usize) -> bool {
     n > 0 && k > 0 && k.is_multiple_of(32) && w.is_multiple_of(16)
 }
 
-/// `(silu(g) ⊙ u) · Wᵀ` for `g`, `u` f32 `[m, k]` (row views, e.g. the halves of a fused
-/// `[gate | up]` projection) and W as in [`matmul_bf16`], in one launch of `tmvg_bf16_*`, which
-/// forms the activations as it reads them with `silu_mul_rows`' expression: the bits of
-/// `matmul_bf16(w, n, k, &silu_mul(g, u))`, one launch and one activation round trip fewer.
-/// `None` where the call does not take the GEMV (more rows) or the views do not suit its
-/// 16-byte loads; the caller then runs the two steps.
-pub(crate) fn matmul_bf16_gated(w: u64, n: usize, k: usize, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
-    let Some(dev) = cuda_device(g) else { return Ok(None) };
-    let (m, gk) = g.dims2()?;
-    if m == 0 || m >= gemm_min_rows() || gk != k || !fits(w, n, k) {
-        return Ok(None);
-    }
-    // float4 loads: rows on 16-byte boundaries.
-    let Some([(ga, ldg), (ua, ldu)]) = crate::ops::cuda_util::gated_rows(g, u, 16)? else { return Ok(None) };
-    let y = alloc_f32(&dev, m * n)?;
-    let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
-    let (ldg4, ldu4) = (ldg / 4, ldu / 4);
-    let nt = if m <= 8 { 8 } else { 16 };
-    let stages = gemv_stages();
-    let name = format!("tmvg_bf16_{nt}_{stages}{}", suffix());
-    let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
-    let smem = (TV_WARPS * stages * TV_STAGE_BYTES) as u32;
-    allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
-    let grid_x = u32::try_from(n.div_ceil(16)).map_err(|_| ModelError::Input("bf16 mma matmul: W too large".into()))?;
-    let grid_y = u32::try_from(m.div_ceil(nt)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
-    let mut b = f.builder();
-    b.arg(&y).arg(&ga).arg(&ua).arg(&ldg4).arg(&ldu4).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
-    // SAFETY: arguments in tmvg_bf16_*'s order; y holds m*n; g and u are live f32 tensors of m
-    // rows ldg / ldu values apart (row_stride) holding k values each, from 16-byte boundaries
-    // with strides of whole float4s (checked), read on this stream after whatever wrote them;
-    // W as in matmul_bf16; eight warps a block, `smem` bytes of dynamic shared memory (allowed).
-    unsafe { run(&mut b, cfg, &name)? };
-    drop(b);
-    Ok(Some(tensor(y, &dev, (m, n))))
-}
-
 /// `x · Wᵀ` for `x` `[m, k]` and W `n` bf16 rows of `k` values at device address `w` (kept
 /// alive by the caller, [`fits`]); `[m, n]` f32.
 pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {

@@ -52,11 +52,6 @@ use candle_core::{DType, Device, Module, Result, Storage, Tensor};
 pub fn forward_gated(w: &QMatMul, g: &Tensor, u: &Tensor) -> crate::error::Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
-        if let QMatMul::Tensor(t) = w {
-            if super::cuda_dense::supports(t, g) && dense_enabled() {
-                return super::cuda_dense::forward_gated(t, g, u);
-            }
-        }
         if let QMatMul::QTensor(q) = w {
             if super::cuda_quant::supports(q, g) {
                 return super::cuda_quant::forward_gated(q, g, u);
