@@ -94,8 +94,8 @@ fn gated(dev: &Device, q: Option<GgmlDType>, dense: DType, fmt: &str) -> Result<
             Check::new("gated down projection", format!("k{GK} n64 m{m}"), fmt, worst, Judge::Exact, 0.0)
                 .with_note(note),
         );
-        // On CUDA (default settings), quantised calls of any size must take the one-launch
-        // path in every layout.
+        // On CUDA with the fused path on (TANDEM_GATED_GEMV=1), quantised calls of any size
+        // must take the one launch in every layout.
         if dev.is_cuda() && q.is_some() && fused < 3 && gated_on() {
             checks.push(Check::new("gated down projection: one launch", format!("m{m}"), fmt, 1.0, Judge::Exact, 0.0));
         }

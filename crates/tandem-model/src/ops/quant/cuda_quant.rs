@@ -108,11 +108,12 @@ pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tenso
 }
 
 /// Whether a gated MLP's down projection may form its activations in the matmul's own
-/// kernels ([`matmul_raw_gated`]; `TANDEM_GATED_GEMV=0`: a separate `silu_mul_rows` pass, for
-/// comparisons; the same bits).
+/// kernels ([`matmul_raw_gated`]): `TANDEM_GATED_GEMV=1`. Off by default until its speed is
+/// measured (checked bit for bit by check-device's `gated down projection` rows); off, a
+/// separate `silu_mul_rows` pass runs first, the same bits.
 pub fn gated_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").is_ok_and(|v| v == "1"))
 }
 
 /// [`matmul_raw`] of `silu(g) ⊙ u` where the format's kernels form the activations as they
