@@ -2,7 +2,8 @@
 # On the GPU machine, in the repository root (fixtures/ beside it): unpacks what
 # scripts/gpu-pack.sh built and runs the GPU suite: `tandem check-device` (every op and the
 # fixture models against the CPU references), then the engine invariant suites on CUDA.
-# Writes check-device.md and device_suite.log into ${OUT:-target/gpu-results}.
+# Writes check-device.md (check-device-bf16.md: the opt-in paths on) and device_suite.log
+# into ${OUT:-target/gpu-results}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=${PACK:-target/gpu-pack}
@@ -15,6 +16,11 @@ status=0
 # NO_CHECK=1: the suite only (check-device already ran in this call, e.g. from gpu-ab.sh).
 if [ "${NO_CHECK:-0}" != 1 ]; then
   /tmp/tandem-gpu/tandem check-device --fixtures fixtures --output "$res/check-device.md" || status=1
+  # The same with the opt-in paths on: the bf16-activation mode (the `_h` kernels: bits
+  # across call sizes, the dense rows against bf16-rounded activations) and the gated down
+  # projection (TANDEM_GATED_GEMV=1: every quantised layout in one launch, the same bits).
+  TANDEM_GATED_GEMV=1 /tmp/tandem-gpu/tandem --bf16-activations bf16 check-device --fixtures fixtures \
+    --output "$res/check-device-bf16.md" > /dev/null || status=1
 fi
 # The suite finds fixtures relative to its build directory; point it at this checkout. Each
 # test runs in its own process under a time limit, so one that hangs cannot hide the rest.

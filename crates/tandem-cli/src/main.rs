@@ -37,6 +37,12 @@ struct Cli {
     /// or metal[:N].
     #[arg(long, global = true, env = "TANDEM_DEVICE", default_value = "auto")]
     device: tandem_model::device::DeviceChoice,
+    /// How CUDA's bf16 tensor-core matmuls carry f32 activations: `split` (two bf16 halves,
+    /// about 16 significant bits, two products each; the default) or `bf16` (rounded to bf16
+    /// as other engines' bf16 GEMMs do: one product each, for faster prefill and batches).
+    /// Either way a row gets the same bits at every batch size.
+    #[arg(long, global = true, env = "TANDEM_BF16_ACTIVATIONS", default_value = "split", value_name = "MODE")]
+    bf16_activations: tandem_model::ops::quant::bf16_act::Bf16Activations,
     #[command(subcommand)]
     cmd: Command,
 }
@@ -87,6 +93,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     tandem_model::device::set_device_choice(cli.device);
+    tandem_model::ops::quant::bf16_act::set_activations(cli.bf16_activations);
     let result = match cli.cmd {
         Command::Run(a) => cmd_run::run(a),
         Command::Chat(a) => cmd_chat::run(a),

@@ -18,6 +18,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
+// Activation (r, c) of a gated MLP's down projection, silu(g) * u from row views g and u (row
+// strides ldg, ldu): silu_mul_rows' expression, so its bits, for kernels that form the
+// activations as they read them.
+__device__ __forceinline__ float gated_act(const float* __restrict__ g, long long ldg, const float* __restrict__ u,
+                                           long long ldu, long long r, long long c) {
+    return __fmul_rn(silu_f(__ldg(g + r * ldg + c)), __ldg(u + r * ldu + c));
+}
+
 // Asynchronous 16-byte global -> shared copies (sm_80+), committed in groups; a warp waits for
 // all but the newest N groups, then __syncwarp()s before reading what its lanes copied.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {

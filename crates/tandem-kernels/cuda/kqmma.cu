@@ -6,6 +6,7 @@
 //   kernels') Q8K: the value of largest magnitude v (the first of equals) sets iscale =
 //   -127 / v, a code is round(iscale x) (halves away from zero) clamped to -128..127, the
 //   scale dx = 1 / iscale; and each 32-value sub-block's code sum xs (an int16).
+//   q8k_quantize_rows_gated does the same for silu(g) * u (a gated MLP's down projection).
 // The chain of an output (r, c) is fixed by k alone:
 //   - superblock s (256 values): exact integer dot products of the weight codes with the
 //     activation codes per sub-block (32 values; q6_k per 16-value half), weighted by the
@@ -41,16 +42,25 @@
 
 // One warp per superblock of 256 values (lane l: values 8 l .. 8 l + 7, in sub-block l / 4):
 // codes, the scale and the sub-blocks' code sums (integers: no order).
-extern "C" __global__ void q8k_quantize_rows(int8_t* __restrict__ xq, float* __restrict__ dx,
-                                             int16_t* __restrict__ xs, const float* __restrict__ x, int m, int k) {
+template <bool GATED>
+__device__ __forceinline__ void q8k_quantize(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                             int16_t* __restrict__ xs, const float* __restrict__ x,
+                                             long long ldx, const float* __restrict__ u, long long ldu, int m,
+                                             int k) {
     const int S = k >> 8;
     const long long sbi = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (sbi >= (long long)m * S) return;  // the whole warp
-    const float* p = x + sbi * 256 + lane * 8;  // scalar loads: x may start anywhere
     float v[8];
+    if constexpr (GATED) {
+        const long long r = sbi / S, c = (sbi - r * S) * 256 + lane * 8;
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = __ldg(p + i);
+        for (int i = 0; i < 8; i++) v[i] = gated_act(x, ldx, u, ldu, r, c + i);
+    } else {
+        const float* p = x + sbi * 256 + lane * 8;  // scalar loads: x may start anywhere
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = __ldg(p + i);
+    }
     // The first value of largest magnitude: the warp's largest |v| (a max has no order), then
     // the lowest lane holding it, and that lane's first such value.
     float amax = 0.f;
@@ -87,6 +97,20 @@ extern "C" __global__ void q8k_quantize_rows(int8_t* __restrict__ xq, float* __r
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if ((lane & 3) == 0) xs[sbi * 8 + (lane >> 2)] = (int16_t)sum;
     if (lane == 0) dx[sbi] = d;
+}
+
+extern "C" __global__ void q8k_quantize_rows(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                             int16_t* __restrict__ xs, const float* __restrict__ x, int m, int k) {
+    q8k_quantize<false>(xq, dx, xs, x, k, x, 0, m, k);
+}
+
+// q8k_quantize_rows of silu(g) * u (gated_act), the same codes, scales and sums as
+// silu_mul_rows followed by q8k_quantize_rows.
+extern "C" __global__ void q8k_quantize_rows_gated(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                                   int16_t* __restrict__ xs, const float* __restrict__ g,
+                                                   long long ldg, const float* __restrict__ u, long long ldu, int m,
+                                                   int k) {
+    q8k_quantize<true>(xq, dx, xs, g, ldg, u, ldu, m, k);
 }
 
 // ---------------------------------------------------------------------------------------

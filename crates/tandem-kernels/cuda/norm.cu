@@ -96,6 +96,6 @@ extern "C" __global__ void silu_mul_rows(const float* __restrict__ g, long long 
          i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / n, c = i - r * n;
         const float gv = g[r * g_stride + c];
-        out[i] = silu_f(gv) * u[r * u_stride + c];
+        out[i] = __fmul_rn(silu_f(gv), u[r * u_stride + c]);  // as gated_act (common.cuh)
     }
 }

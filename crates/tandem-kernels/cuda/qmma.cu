@@ -4,7 +4,8 @@
 //
 // q8_quantize_rows: x [m, k] f32 -> xq [m, k] int8 and dx [m, k / 32] f32, per 32-value block
 //   d = max|x| / 127 and q = round-to-nearest-even(x * 127 / max|x|) (0 for an all-zero block).
-//   A row's blocks depend only on that row.
+//   A row's blocks depend only on that row. q8_quantize_rows_gated quantises silu(g) * u
+//   (a gated MLP's down projection) the same way.
 // qmv_q8_0_<R>: the same chain for calls of up to R rows (decode, verify, small batches) on the
 //   CUDA cores, a warp per output column with the weights staged by cp.async (below). Same
 //   bits as qmma for every row; far more warps over a matrix than qmma has for a few rows.
@@ -37,6 +38,21 @@ extern "C" __global__ void q8_quantize_rows(int8_t* __restrict__ xq, float* __re
     if (blk >= (long long)m * nb) return;
     float d;
     xq[blk * 32 + lane] = quant_block(x[blk * 32 + lane], &d);
+    if (lane == 0) dx[blk] = d;
+}
+
+// q8_quantize_rows of silu(g) * u (gated_act: a gated MLP's down projection), the same codes
+// and scales as silu_mul_rows followed by q8_quantize_rows.
+extern "C" __global__ void q8_quantize_rows_gated(int8_t* __restrict__ xq, float* __restrict__ dx,
+                                                  const float* __restrict__ g, long long ldg,
+                                                  const float* __restrict__ u, long long ldu, int m, int k) {
+    const int nb = k >> 5;
+    const long long blk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (blk >= (long long)m * nb) return;
+    const long long r = blk / nb, c = (blk - r * nb) * 32 + lane;
+    float d;
+    xq[blk * 32 + lane] = quant_block(gated_act(g, ldg, u, ldu, r, c), &d);
     if (lane == 0) dx[blk] = d;
 }
 

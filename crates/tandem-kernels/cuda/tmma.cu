@@ -23,6 +23,10 @@
 //   each element's products alone), so nothing in the chain depends on m, NT or which rows
 //   share a launch: a row inside a verify chunk, a batch or a prefill chunk has the bits of the
 //   same row computed alone (check-device's `dense_matmul rows` rows assert it).
+//   The `_h` kernels (`--bf16-activations bf16`) run the same chain on the hi halves alone: a
+//   step is two mmas, (first half, hi), (second half, hi), the activations rounded to bf16 as
+//   other bf16 engines carry them; half the products and half the activation traffic, and
+//   again the same bits for every call size (every `_h` kernel walks this chain).
 #include "common.cuh"
 
 #define TM_WARPS 8
@@ -60,6 +64,25 @@ __device__ __forceinline__ void split8(const float4& a, const float4& b, uint4& 
     lo = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+// Eight activations rounded to bf16 (split8's hi: round to nearest even, infinities and NaN
+// kept), packed as pairs.
+__device__ __forceinline__ uint4 split8h(const float4& a, const float4& b) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        h[i] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i])) |
+               ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1])) << 16);
+    return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// bf16_hi_rows: x f32 -> bf16(x), bf16_split_rows' hi alone (the `_h` GEMMs' operand).
+extern "C" __global__ void bf16_hi_rows(uint16_t* __restrict__ xh, const float* __restrict__ x, long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    xh[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -69,13 +92,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
 }
 
 // One step of the chain: wa / wb this lane's eight weights of columns g and g + 8, bh / bl its
-// eight activations (hi, lo) of row g of the B tile.
+// eight activations (hi, lo) of row g of the B tile. LO false: the hi halves alone (bl unused).
+template <bool LO = true>
 __device__ __forceinline__ void tm_step(float (&d)[4], const uint4& wa, const uint4& wb, const uint4& bh,
                                         const uint4& bl) {
     mma_bf16(d, wa.x, wb.x, wa.y, wb.y, bh.x, bh.y);
-    mma_bf16(d, wa.x, wb.x, wa.y, wb.y, bl.x, bl.y);
+    if constexpr (LO) mma_bf16(d, wa.x, wb.x, wa.y, wb.y, bl.x, bl.y);
     mma_bf16(d, wa.z, wb.z, wa.w, wb.w, bh.z, bh.w);
-    mma_bf16(d, wa.z, wb.z, wa.w, wb.w, bl.z, bl.w);
+    if constexpr (LO) mma_bf16(d, wa.z, wb.z, wa.w, wb.w, bl.z, bl.w);
 }
 
 // tmv_bf16_<NT>_<S> (calls of up to NT = 8 or 16 rows: decode, verify, small batches): one
@@ -91,7 +115,7 @@ __device__ __forceinline__ void tm_step(float (&d)[4], const uint4& wa, const ui
 
 // Partition p of the chain for 16 columns from col0 and up to NJ * 8 rows from row0, by one
 // warp with S stages of TV_STAGE bytes at `stages`: acc from zero over the segments p, p + 8, ...
-template <int NJ, int S>
+template <int NJ, int S, bool LO>
 __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* __restrict__ x,
                                              const uint8_t* __restrict__ w, uint8_t* stages, int p, int m, int n,
                                              int k, int col0, int row0, int lane) {
@@ -161,9 +185,14 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
                             a = __ldg(xp);
                             b = __ldg(xp + 1);
                         }
-                        uint4 bh, bl;
-                        split8(a, b, bh, bl);
-                        tm_step(acc[j], wa, wb, bh, bl);
+                        if constexpr (LO) {
+                            uint4 bh, bl;
+                            split8(a, b, bh, bl);
+                            tm_step<true>(acc[j], wa, wb, bh, bl);
+                        } else {
+                            const uint4 bh = split8h(a, b);
+                            tm_step<false>(acc[j], wa, wb, bh, bh);
+                        }
                     }
                 }
             }
@@ -175,7 +204,7 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
     cp_async_wait<0>();
 }
 
-template <int NJ, int S>
+template <int NJ, int S, bool LO>
 __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, const uint8_t* __restrict__ w, int m,
                          int n, int k) {
     constexpr int NT = NJ * 8;
@@ -186,7 +215,7 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
     const int row0 = blockIdx.y * NT;
     pdl_trigger();
     float acc[NJ][4];
-    tv_partition<NJ, S>(acc, x, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
+    tv_partition<NJ, S, LO>(acc, x, w, tv_smem + (size_t)warp * S * TV_STAGE, warp, m, n, k, col0, row0, lane);
     // The warps' partials, added in warp order (the stages are free once every warp is here).
     __syncthreads();
     float* red = reinterpret_cast<float*>(tv_smem);  // [warp][16 columns][NT + 1]
@@ -210,16 +239,21 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
 }
 
 // Dynamic shared memory: TM_WARPS * S * TV_STAGE bytes (73,728 for S = 1, 147,456 for S = 2).
-#define TMV(NT, S)                                                                                            \
+// SUF empty: the hi + lo chain (LO true); `_h`: the hi halves alone.
+#define TMV(NT, S, SUF, LO)                                                                                   \
     extern "C" __global__ void __launch_bounds__(TM_WARPS * 32)                                              \
-        tmv_bf16_##NT##_##S(float* y, const float4* x, const uint8_t* w, int m, int n, int k) {              \
-        tmv_bf16<NT / 8, S>(y, x, w, m, n, k);                                                               \
+        tmv_bf16_##NT##_##S##SUF(float* y, const float4* x, const uint8_t* w, int m, int n, int k) {         \
+        tmv_bf16<NT / 8, S, LO>(y, x, w, m, n, k);                                                           \
     }
 
-TMV(8, 1)
-TMV(16, 1)
-TMV(8, 2)
-TMV(16, 2)
+TMV(8, 1, , true)
+TMV(16, 1, , true)
+TMV(8, 2, , true)
+TMV(16, 2, , true)
+TMV(8, 1, _h, false)
+TMV(16, 1, _h, false)
+TMV(8, 2, _h, false)
+TMV(16, 2, _h, false)
 
 // tmmg_bf16 (calls of many rows: prefill, batches past 128 rows or on wide matrices; tmmk_bf16
 // below takes the others): the same chain on a block tile of
@@ -265,7 +299,9 @@ struct TgSteps {
     }
 };
 
-// One step of a tmmg warp (32 rows x 32 columns) from staged weights ws, hi hs and lo ls.
+// One step of a tmmg warp (32 rows x 32 columns) from staged weights ws, hi hs and lo ls
+// (LO false: hs alone).
+template <bool LO>
 __device__ __forceinline__ void tg_step(float (&acc)[2][4][4], const uint4* ws, const uint4* hs, const uint4* ls,
                                         int wn, int wm, int g, int t) {
     uint4 wa[2], wb[2];
@@ -278,9 +314,9 @@ __device__ __forceinline__ void tg_step(float (&acc)[2][4][4], const uint4* ws, 
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int r = wm * 32 + j * 8 + g;
-        const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
+        const uint4 bh = hs[r * TG_PIECES + t], bl = LO ? ls[r * TG_PIECES + t] : bh;
 #pragma unroll
-        for (int a = 0; a < 2; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+        for (int a = 0; a < 2; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
     }
 }
 
@@ -317,12 +353,12 @@ __device__ __forceinline__ void tg_store(float* __restrict__ y, const float (&to
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-    tmmg_bf16(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
-                     const uint4* __restrict__ w, int m, int n, int k) {
+template <bool LO>
+__device__ __forceinline__ void tmmg(float* __restrict__ y, const uint4* __restrict__ xh,
+                                     const uint4* __restrict__ xl, const uint4* __restrict__ w, int m, int n, int k) {
     __shared__ __align__(16) uint4 ws[2][TG_BN * TG_PIECES];
     __shared__ __align__(16) uint4 hs[2][TG_BM * TG_PIECES];
-    __shared__ __align__(16) uint4 ls[2][TG_BM * TG_PIECES];
+    __shared__ __align__(16) uint4 ls[2][LO ? TG_BM * TG_PIECES : 1];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int wn = warp & 1, wm = warp >> 1;
@@ -347,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
             const bool ok = row < m;
             const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
             cp_async16_zfill(&hs[st][idx], xh + off, ok);
-            cp_async16_zfill(&ls[st][idx], xl + off, ok);
+            if constexpr (LO) cp_async16_zfill(&ls[st][idx], xl + off, ok);
         }
     };
 
@@ -380,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
                 __syncthreads();
                 // A warp whose 32 rows all lie past m (a batch of fewer than 128 rows)
                 // skips its products: only rows >= m, never stored, would change.
-                if (live) tg_step(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
+                if (live) tg_step<LO>(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
                 __syncthreads();
                 st ^= 1;
             }
@@ -388,6 +424,19 @@ extern "C" __global__ void __launch_bounds__(256, 1)
         tg_fold(acc, tot, p);
     }
     tg_store(y, tot, row0, col0, wn, wm, g, t, m, n);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    tmmg_bf16(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
+              const uint4* __restrict__ w, int m, int n, int k) {
+    tmmg<true>(y, xh, xl, w, m, n, k);
+}
+
+// The hi halves alone (bf16_hi_rows' operand).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    tmmg_bf16_h(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ w, int m, int n,
+                int k) {
+    tmmg<false>(y, xh, xh, w, m, n, k);
 }
 
 // tmm_tile<ST, WA, WJ, WM, WN, SPLIT>: tmmg_bf16's chain on other tiles: a block of WM x WN
@@ -400,11 +449,11 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // the bits are the same. A batch of 17-128 rows fills the GPU this way: at 64 rows
 // tmmg_bf16's 128-row tile idles half its warps and a 4,096-column matrix makes 64 blocks.
 // Dynamic shared memory: ST (WN WA 16 + 2 WM WJ 8) 64 bytes.
-template <int ST, int WA, int WJ, int WM, int WN, bool SPLIT>
+template <int ST, int WA, int WJ, int WM, int WN, bool SPLIT, bool LO = true>
 __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
                          const uint4* __restrict__ w, int m, int n, int k) {
     constexpr int BR = WM * WJ * 8, BC = WN * WA * 16;
-    constexpr int SW = BC * TG_PIECES, SX = BR * TG_PIECES, STAGE = SW + 2 * SX;  // uint4 a stage
+    constexpr int SW = BC * TG_PIECES, SX = BR * TG_PIECES, STAGE = SW + (LO ? 2 : 1) * SX;  // uint4 a stage
     extern __shared__ __align__(16) uint4 tt_smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -431,7 +480,7 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
             const bool ok = row < m;
             const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
             cp_async16_zfill(&hs[idx], xh + off, ok);
-            cp_async16_zfill(&ls[idx], xl + off, ok);
+            if constexpr (LO) cp_async16_zfill(&ls[idx], xl + off, ok);
         }
     };
 
@@ -479,9 +528,9 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
 #pragma unroll
                     for (int j = 0; j < WJ; j++) {
                         const int r = wm * WJ * 8 + j * 8 + g;
-                        const uint4 bh = hs[r * TG_PIECES + t], bl = ls[r * TG_PIECES + t];
+                        const uint4 bh = hs[r * TG_PIECES + t], bl = LO ? ls[r * TG_PIECES + t] : bh;
 #pragma unroll
-                        for (int a = 0; a < WA; a++) tm_step(acc[a][j], wa[a], wb[a], bh, bl);
+                        for (int a = 0; a < WA; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
                     }
                 }
                 st = (st + 1) % ST;
@@ -508,6 +557,13 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     tmmk_bf16(float* __restrict__ part, const uint4* __restrict__ xh, const uint4* __restrict__ xl,
               const uint4* __restrict__ w, int m, int n, int k) {
     tmm_tile<3, 2, 2, 4, 2, true>(part, xh, xl, w, m, n, k);
+}
+
+// The hi halves alone: 24,576 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    tmmk_bf16_h(float* __restrict__ part, const uint4* __restrict__ xh, const uint4* __restrict__ w, int m, int n,
+                int k) {
+    tmm_tile<3, 2, 2, 4, 2, true, false>(part, xh, xh, w, m, n, k);
 }
 
 // y = the eight partitions' accumulators added in order (partition 0 first; tmmg_bf16's fold).

@@ -152,7 +152,7 @@ impl crate::arch::RankLayers for Llama {
     fn ffn_out(&self, li: usize, h1: &Tensor) -> Result<Tensor> {
         let layer = &self.layers[li];
         let [g, u] = layer.gate_up.forward_array(h1)?;
-        layer.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
+        layer.down.forward_silu_mul(&g, &u)
     }
 
     /// `(x, h)` after layer `li`: the residual add and the next layer's norm (the last layer:

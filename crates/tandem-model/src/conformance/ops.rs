@@ -416,8 +416,11 @@ fn dense_case(dev: &Device, dt: DType, m: usize, n: usize, k: usize, shape: &str
     let mut rng = Rng((m * 7 + n + k) as u64);
     let w_cpu = tensor(&mut rng, &[n, k], &Device::Cpu)?.to_dtype(dt)?;
     let x_cpu = tensor(&mut rng, &[m, k], &Device::Cpu)?;
-    // Reference: f64 products of the weights as stored.
-    let want = x_cpu.to_dtype(DType::F64)?.matmul(&w_cpu.to_dtype(DType::F64)?.t()?)?;
+    // Reference: f64 products of the weights as stored (and of the activations rounded to bf16
+    // where the tensor-core kernels carry them so: `--bf16-activations bf16`).
+    let x_ref =
+        if bf16_mma(dev, dt, k) && bf16_rounded_activations() { x_cpu.to_dtype(DType::BF16)? } else { x_cpu.clone() };
+    let want = x_ref.to_dtype(DType::F64)?.matmul(&w_cpu.to_dtype(DType::F64)?.t()?)?;
     let w = QMatMul::Tensor(w_cpu.to_device(dev)?);
     let x = x_cpu.to_device(dev)?;
     let (got, ms) = timed(dev, || Ok(row_stable::forward(&w, &x)?))?;
@@ -450,6 +453,12 @@ fn dense_case(dev: &Device, dt: DType, m: usize, n: usize, k: usize, shape: &str
         ));
     }
     Ok(checks)
+}
+
+/// Whether the bf16 tensor-core kernels round activations to bf16 (`--bf16-activations bf16`).
+fn bf16_rounded_activations() -> bool {
+    use crate::ops::quant::bf16_act::{activations, Bf16Activations};
+    activations() == Bf16Activations::Bf16
 }
 
 /// Whether a `dt` matrix of rows of `k` runs on the bf16 tensor-core kernels on `dev`.

@@ -126,6 +126,18 @@ impl Linear {
             None => y,
         })
     }
+
+    /// `silu(g) ⊙ u` through the layer (a gated MLP's down projection), `g` and `u` `[rows, k]`
+    /// f32: on CUDA, where the weights' kernel forms the activations as it reads them, one
+    /// launch (`row_stable::forward_gated`), else `silu_mul` and [`Self::forward`]; the same bits.
+    pub fn forward_silu_mul(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+        if let (LinearWeight::Candle(w), None) = (&self.weight, &self.bias) {
+            if let Some(y) = crate::ops::quant::row_stable::forward_gated(w, g, u)? {
+                return Ok(y);
+            }
+        }
+        self.forward(&crate::ops::norm::silu_mul(g, u)?)
+    }
 }
 
 impl Linear {

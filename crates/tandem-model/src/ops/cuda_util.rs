@@ -156,6 +156,28 @@ pub(crate) unsafe fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig, name: &str) 
     Ok(())
 }
 
+/// The device addresses and row strides (in values) of a gated MLP's `g` and `u` (f32 `[m, k]`
+/// row views of the same shape, e.g. the halves of a fused `[gate | up]` output), for kernels
+/// that form `silu(g) * u` as they read them; `None` where the views do not suit (then the
+/// caller runs `silu_mul` first). `align` is the byte alignment the kernel's loads need of
+/// every row start.
+pub(crate) fn gated_rows(g: &Tensor, u: &Tensor, align: u64) -> Result<Option<[(u64, i64); 2]>> {
+    use candle_core::DType;
+    if g.rank() != 2 || g.dims() != u.dims() || g.dtype() != DType::F32 || u.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    if cuda_device(g).is_none() || cuda_device(u).is_none() {
+        return Ok(None);
+    }
+    let (Some(ldg), Some(ldu)) = (row_stride(g.layout()), row_stride(u.layout())) else { return Ok(None) };
+    let (ga, ua) = (device_address(g)?, device_address(u)?);
+    let fits = |a: u64, ld: usize| a.is_multiple_of(align) && (ld as u64 * 4).is_multiple_of(align);
+    if !(fits(ga, ldg) && fits(ua, ldu)) {
+        return Ok(None);
+    }
+    Ok(Some([(ga, ldg as i64), (ua, ldu as i64)]))
+}
+
 /// A size as a kernel `int` argument.
 pub(crate) fn i32_of(x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| ModelError::Input(format!("{x} does not fit a CUDA kernel's int argument")))

@@ -56,7 +56,7 @@ impl Mlp {
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [g, u] = self.gate_up.forward_array(x)?;
-        self.down.forward(&crate::ops::norm::silu_mul(&g, &u)?)
+        self.down.forward_silu_mul(&g, &u)
     }
 }
 

@@ -174,6 +174,36 @@ fn skinny_min_rows() -> usize {
 /// `x · Wᵀ` for `x` `[m, k]` and W `n` rows of `k` values in `fmt` at device address `w`
 /// (checked by [`takes`], kept alive by the caller); `[m, n]` f32.
 pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tensor> {
+    matmul_of(fmt, w, n, k, x, None)
+}
+
+/// [`matmul`] of `silu(g) ⊙ u` (a gated MLP's down projection), the activations formed as
+/// they are quantised (`q8k_quantize_rows_gated`: the codes, scales and sums `silu_mul` then
+/// `q8k_quantize_rows` give, one launch fewer); `None` where the views do not suit.
+pub(crate) fn matmul_gated(
+    fmt: WeightFormat,
+    w: u64,
+    n: usize,
+    k: usize,
+    g: &Tensor,
+    u: &Tensor,
+) -> Result<Option<Tensor>> {
+    match crate::ops::cuda_util::gated_rows(g, u, 4)? {
+        Some(rows) => matmul_of(fmt, w, n, k, g, Some(rows)).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u, `x` being g)
+/// of `silu(g) ⊙ u`.
+fn matmul_of(
+    fmt: WeightFormat,
+    w: u64,
+    n: usize,
+    k: usize,
+    x: &Tensor,
+    gated: Option<[(u64, i64); 2]>,
+) -> Result<Tensor> {
     let dev = cuda_device(x).ok_or_else(|| ModelError::Input("k-quant matmul: not a CUDA tensor".into()))?;
     let (m, xk) = x.dims2()?;
     if xk != k || !takes(fmt, w, k) {
@@ -183,7 +213,7 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     if m == 0 || n == 0 {
         return Ok(tensor(y, &dev, (m, n)));
     }
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let x = if gated.is_some() { x.clone() } else { x.to_dtype(DType::F32)?.contiguous()? };
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let (nb, sbs) = (k / 32, k / 256);
     // SAFETY: q8k_quantize_rows writes every code (m*k), scale (m*sbs: a superblock's dx) and
@@ -191,17 +221,29 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     let xq = unsafe { dev.alloc::<i8>(m * k) }?;
     let dx = alloc_f32(&dev, m * sbs)?;
     let xs = unsafe { dev.alloc::<i16>(m * nb) }?;
-    let inputs = Inputs::new(&[&x])?;
-    let xv = inputs.view::<f32>(0)?;
-    let f = dev.get_or_load_custom_func("q8k_quantize_rows", MODULE, ptx())?;
-    let mut b = f.builder();
-    b.arg(&xq).arg(&dx).arg(&xs).arg(&xv).arg(&mi).arg(&ki);
+    // Gated calls read g and u in place by address (the tensors live through the call).
+    let inputs = if gated.is_some() { Inputs::new(&[])? } else { Inputs::new(&[&x])? };
+    let xv = if gated.is_some() { None } else { Some(inputs.view::<f32>(0)?) };
     let blocks =
         u32::try_from((m * sbs).div_ceil(8)).map_err(|_| ModelError::Input("k-quant matmul: x too large".into()))?;
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in q8k_quantize_rows' order; one warp per 256-value superblock of x [m, k].
-    unsafe { run(&mut b, cfg, "q8k_quantize_rows")? };
-    drop(b);
+    if let Some([(ga, ldg), (ua, ldu)]) = &gated {
+        let name = "q8k_quantize_rows_gated";
+        let f = dev.get_or_load_custom_func(name, MODULE, ptx())?;
+        let mut b = f.builder();
+        b.arg(&xq).arg(&dx).arg(&xs).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
+        // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of k
+        // values, ldg / ldu values apart (gated_rows); one warp per 256-value superblock.
+        unsafe { run(&mut b, cfg, name)? };
+    } else if let Some(xv) = &xv {
+        let f = dev.get_or_load_custom_func("q8k_quantize_rows", MODULE, ptx())?;
+        let mut b = f.builder();
+        b.arg(&xq).arg(&dx).arg(&xs).arg(xv).arg(&mi).arg(&ki);
+        // SAFETY: arguments in q8k_quantize_rows' order; one warp per 256-value superblock of x [m, k].
+        unsafe { run(&mut b, cfg, "q8k_quantize_rows")? };
+    } else {
+        return Err(ModelError::Input("k-quant matmul: no activations".into()));
+    }
 
     // Blocks over the output columns: grid.x takes up to 2^31 - 1, grid.y 65,535.
     let cols = |per: usize, limit: u32| {

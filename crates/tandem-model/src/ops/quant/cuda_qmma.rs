@@ -113,6 +113,29 @@ fn gemv_fits(w: u64, k: usize, rb: usize) -> bool {
 /// `x · Wᵀ` for `x` `[m, k]` (f32, contiguous) and W `n` Q8_0 rows of `k` values at device
 /// address `w` (rows `rb` bytes apart, kept alive by the caller); `[m, n]` f32.
 pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> Result<Tensor> {
+    matmul_q8_0_of(w, n, k, rb, x, None)
+}
+
+/// [`matmul_q8_0`] of `silu(g) ⊙ u` (a gated MLP's down projection), the activations formed
+/// as they are quantised (`q8_quantize_rows_gated`: the codes `silu_mul` then
+/// `q8_quantize_rows` give, one launch fewer); `None` where the views do not suit.
+pub(crate) fn matmul_q8_0_gated(
+    w: u64,
+    n: usize,
+    k: usize,
+    rb: usize,
+    g: &Tensor,
+    u: &Tensor,
+) -> Result<Option<Tensor>> {
+    match crate::ops::cuda_util::gated_rows(g, u, 4)? {
+        Some(rows) => matmul_q8_0_of(w, n, k, rb, g, Some(rows)).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u, `x` being g)
+/// of `silu(g) ⊙ u`.
+fn matmul_q8_0_of(w: u64, n: usize, k: usize, rb: usize, x: &Tensor, gated: Option<[(u64, i64); 2]>) -> Result<Tensor> {
     let dev = cuda_device(x).ok_or_else(|| ModelError::Input("q8_0 mma matmul: not a CUDA tensor".into()))?;
     let (m, xk) = x.dims2()?;
     if xk != k || k == 0 || !k.is_multiple_of(32) {
@@ -122,7 +145,7 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     if m == 0 || n == 0 {
         return Ok(tensor(y, &dev, (m, n)));
     }
-    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let x = if gated.is_some() { x.clone() } else { x.to_dtype(DType::F32)?.contiguous()? };
     let grid_y = u32::try_from(n.div_ceil(16)).ok().filter(|&g| g <= 65_535);
     let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("q8_0 mma matmul: {n} output columns")))?;
     let (mi, ni, ki, rbl) = (i32_of(m)?, i32_of(n)?, i32_of(k)?, rb as i64);
@@ -130,21 +153,40 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     // SAFETY: q8_quantize_rows writes every byte of xq (m*k) and every scale (m*nb).
     let xq = unsafe { dev.alloc::<i8>(m * k) }?;
     let dx = alloc_f32(&dev, m * nb)?;
-    let inputs = Inputs::new(&[&x])?;
-    let xv = inputs.view::<f32>(0)?;
-    let f =
-        dev.get_or_load_custom_func("q8_quantize_rows", MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
-    let mut b = f.builder();
-    b.arg(&xq).arg(&dx).arg(&xv).arg(&mi).arg(&ki);
+    // Gated calls read g and u in place by address (the tensors live through the call).
+    let inputs = if gated.is_some() { Inputs::new(&[])? } else { Inputs::new(&[&x])? };
+    let xv = if gated.is_some() { None } else { Some(inputs.view::<f32>(0)?) };
     let blocks = (m * nb).div_ceil(8);
     let cfg = LaunchConfig {
         grid_dim: (u32::try_from(blocks).map_err(|_| ModelError::Input("q8_0 mma matmul: x too large".into()))?, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
-    unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
-    drop(b);
+    if let Some([(ga, ldg), (ua, ldu)]) = &gated {
+        {
+            let name = "q8_quantize_rows_gated";
+            let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
+            let mut b = f.builder();
+            b.arg(&xq).arg(&dx).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
+            // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of
+            // k values, ldg / ldu values apart (gated_rows); one warp per 32-value block.
+            unsafe { run(&mut b, cfg, name)? };
+        }
+    } else if let Some(xv) = &xv {
+        {
+            let f = dev.get_or_load_custom_func(
+                "q8_quantize_rows",
+                MODULE,
+                tandem_kernels::ptx("qmma", tandem_kernels::QMMA),
+            )?;
+            let mut b = f.builder();
+            b.arg(&xq).arg(&dx).arg(xv).arg(&mi).arg(&ki);
+            // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
+            unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
+        }
+    } else {
+        return Err(ModelError::Input("q8_0 mma matmul: no activations".into()));
+    }
 
     // qmvm_q8_0 takes rows of 2,048+ values; shorter ones (small models) keep their two-row
     // calls on qmv_q8_0_2, the split from before qmvm (on the 9B, K = 2 read 1.24 decode steps

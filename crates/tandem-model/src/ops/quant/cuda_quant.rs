@@ -99,6 +99,50 @@ pub fn forward(q: &QTensor, x: &Tensor) -> Result<Tensor> {
     matmul_raw(fmt, ptr, n, k, x)
 }
 
+/// `(silu(g) ⊙ u) · Wᵀ` in one launch where the format's kernel can form the activations
+/// itself ([`matmul_raw_gated`]); `None` otherwise.
+pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tensor>> {
+    let Some(fmt) = WeightFormat::of_ggml(q.dtype()) else { return Ok(None) };
+    let (n, k) = q.shape().dims2()?;
+    matmul_raw_gated(fmt, q.device_ptr()? as u64, n, k, g, u)
+}
+
+/// Whether a gated MLP's down projection may form its activations in the matmul's own
+/// kernels ([`matmul_raw_gated`]): `TANDEM_GATED_GEMV=1`. Off by default until its speed is
+/// measured (checked bit for bit by check-device's `gated down projection` rows); off, a
+/// separate `silu_mul_rows` pass runs first, the same bits.
+pub fn gated_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").is_ok_and(|v| v == "1"))
+}
+
+/// [`matmul_raw`] of `silu(g) ⊙ u` where the format's kernels form the activations as they
+/// read them: Q8_0 and the K-quants quantise `silu(g) ⊙ u` directly (every row count); `None`
+/// where the caller must run `silu_mul` and [`matmul_raw`] (other formats, views that do not
+/// suit). bf16 weights are not fused: their GEMV splits the activations in every column block,
+/// so each of its 256 blocks would compute silu over the whole row again (measured 13% slower
+/// on the 9B decode, H100, docs/PERFORMANCE.md).
+pub(crate) fn matmul_raw_gated(
+    fmt: WeightFormat,
+    w: u64,
+    n: usize,
+    k: usize,
+    g: &Tensor,
+    u: &Tensor,
+) -> Result<Option<Tensor>> {
+    // The kernels use silu_mul_rows' expression: not where `silu_mul` runs candle's ops.
+    if !gated_enabled() || !crate::ops::norm::enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
+        return Ok(None);
+    }
+    if fmt.suffix == "q8_0" && super::cuda_qmma::enabled() {
+        return super::cuda_qmma::matmul_q8_0_gated(w, n, k, fmt.row_bytes(k), g, u);
+    }
+    if super::cuda_kqmma::takes(fmt, w, k) {
+        return super::cuda_kqmma::matmul_gated(fmt, w, n, k, g, u);
+    }
+    Ok(None)
+}
+
 /// Rows from which a call takes `qmatmul_tiled_*` (`qmatmul.cu`).
 const TILED_MIN_ROWS: usize = 16;
 /// Rows and columns per block of the tiled kernel (`TT_R`, `TT_W * TT_C`).

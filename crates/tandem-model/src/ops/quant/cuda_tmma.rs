@@ -12,6 +12,12 @@
 //! steps, was 2.35), batch-1 decode 172 -> 156 tok/s (the one loss: `qmatmul1`'s f32 chain
 //! reads a row a little faster than the tensor-core GEMV; speculation more than makes it up).
 //! `TANDEM_BF16_MMA=0` sends bf16 weights back to the CUDA-core kernels, for comparisons.
+//!
+//! [`Bf16Activations::Bf16`] (`--bf16-activations bf16`) runs the same chain on the hi halves
+//! alone (the `_h` kernels): activations rounded to bf16, as other engines' bf16 GEMMs carry
+//! them, for half the tensor-core products and half the activation traffic of the tiled
+//! prefill and batch GEMMs. Every call size still gives a row the same bits; the results move
+//! from the split's ~2^-16 of the f32 products to bf16's ~2^-9 per activation.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{DType, Tensor};
@@ -20,6 +26,16 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_tmma";
+
+use super::bf16_act::{activations, Bf16Activations};
+
+/// The kernels' name suffix for the process's choice (`_h`: the hi halves alone).
+fn suffix() -> &'static str {
+    match activations() {
+        Bf16Activations::Split => "",
+        Bf16Activations::Bf16 => "_h",
+    }
+}
 
 /// Whether bf16 weights take the tensor-core kernels (the default).
 pub fn enabled() -> bool {
@@ -56,8 +72,11 @@ fn split_cols(m: usize) -> usize {
     let set = *N.get_or_init(|| std::env::var("TANDEM_BF16_SPLIT_COLS").ok().and_then(|v| v.parse().ok()));
     set.unwrap_or(if m <= 64 { 32_768 } else { 8_192 })
 }
-/// `tmmk_bf16`'s dynamic shared memory: three stages of 64 weight rows and 64 rows' two halves.
-const TK_SMEM: u32 = 3 * (64 + 2 * 64) * 64;
+/// `tmmk_bf16`'s dynamic shared memory: three stages of 64 weight rows and 64 rows' two halves
+/// (one half for `tmmk_bf16_h`).
+fn tk_smem(halves: u32) -> u32 {
+    3 * (64 + halves * 64) * 64
+}
 
 /// Warps of a `tmv_bf16_*` block and the shared memory one segment takes (`tmma.cu`: `TM_WARPS`,
 /// `TV_STAGE`).
@@ -104,7 +123,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
         // Few rows: the GEMV splits the activations itself (16-row tiles beyond 8 rows).
         let nt = if m <= 8 { 8 } else { 16 };
         let stages = gemv_stages();
-        let name = format!("tmv_bf16_{nt}_{stages}");
+        let name = format!("tmv_bf16_{nt}_{stages}{}", suffix());
         let f = dev.get_or_load_custom_func(&name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
         let smem = (TV_WARPS * stages * TV_STAGE_BYTES) as u32;
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
@@ -126,35 +145,48 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     }
     // More rows: the split once (every column block reads it), then the tiled kernel.
     let total = m * k;
-    // SAFETY: bf16_split_rows writes every element of xh and xl (m*k each).
+    let lo = activations() == Bf16Activations::Split;
+    // SAFETY: bf16_split_rows writes every element of xh and xl (m*k each), bf16_hi_rows every
+    // element of xh.
     let xh = unsafe { dev.alloc::<u16>(total) }?;
-    let xl = unsafe { dev.alloc::<u16>(total) }?;
-    let f =
-        dev.get_or_load_custom_func("bf16_split_rows", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let xl = if lo { Some(unsafe { dev.alloc::<u16>(total) }?) } else { None };
+    let split = if lo { "bf16_split_rows" } else { "bf16_hi_rows" };
+    let f = dev.get_or_load_custom_func(split, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let mut b = f.builder();
     let tl = total as i64;
-    b.arg(&xh).arg(&xl).arg(&xv).arg(&tl);
+    b.arg(&xh);
+    if let Some(xl) = &xl {
+        b.arg(xl);
+    }
+    b.arg(&xv).arg(&tl);
     let blocks =
         u32::try_from(total.div_ceil(256)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in bf16_split_rows' order; one thread per element of x [m, k].
-    unsafe { run(&mut b, cfg, "bf16_split_rows")? };
+    // SAFETY: arguments in bf16_split_rows' order (xh, xl, x, total) or bf16_hi_rows' (xh, x,
+    // total); one thread per element of x [m, k].
+    unsafe { run(&mut b, cfg, split)? };
     drop(b);
     drop(xv);
     drop(inputs);
     if m <= split_rows() && n <= split_cols(m) {
-        return split_gemm(&dev, y, &xh, &xl, w, (m, n, k));
+        return split_gemm(&dev, y, &xh, xl.as_ref(), w, (m, n, k));
     }
-    let f = dev.get_or_load_custom_func("tmmg_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let name = if lo { "tmmg_bf16" } else { "tmmg_bf16_h" };
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = column_blocks(n)?;
     let mut b = f.builder();
-    b.arg(&y).arg(&xh).arg(&xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
+    b.arg(&y).arg(&xh);
+    if let Some(xl) = &xl {
+        b.arg(xl);
+    }
+    b.arg(&w).arg(&mi).arg(&ni).arg(&ki);
     let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: arguments in tmmg_bf16's order; y holds m*n, xh and xl m*k bf16, W n bf16 rows of
-    // k values (`fits`); eight warps a block, static shared memory (40 KB).
-    unsafe { run(&mut b, cfg, "tmmg_bf16")? };
+    // SAFETY: arguments in tmmg_bf16's order (y, xh, xl, w, m, n, k) or tmmg_bf16_h's (no xl);
+    // y holds m*n, xh and xl m*k bf16, W n bf16 rows of k values (`fits`); eight warps a block,
+    // static shared memory (40 KB, 24 KB for _h).
+    unsafe { run(&mut b, cfg, name)? };
     drop(b);
     Ok(tensor(y, &dev, (m, n)))
 }
@@ -170,22 +202,29 @@ fn split_gemm(
     dev: &candle_core::CudaDevice,
     y: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
     xh: &candle_core::cuda_backend::cudarc::driver::CudaSlice<u16>,
-    xl: &candle_core::cuda_backend::cudarc::driver::CudaSlice<u16>,
+    xl: Option<&candle_core::cuda_backend::cudarc::driver::CudaSlice<u16>>,
     w: u64,
     (m, n, k): (usize, usize, usize),
 ) -> Result<Tensor> {
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let part = alloc_f32(dev, 8 * m * n)?;
-    let f = dev.get_or_load_custom_func("tmmk_bf16", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let name = if xl.is_some() { "tmmk_bf16" } else { "tmmk_bf16_h" };
+    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let grid_x = u32::try_from(m.div_ceil(64)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = column_blocks(n)?;
     let mut b = f.builder();
-    b.arg(&part).arg(xh).arg(xl).arg(&w).arg(&mi).arg(&ni).arg(&ki);
-    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 8), block_dim: (256, 1, 1), shared_mem_bytes: TK_SMEM };
-    // SAFETY: arguments in tmmk_bf16's order; part holds 8*m*n, xh and xl m*k bf16, W n bf16
-    // rows of k values (`fits`); eight warps a block, TK_SMEM bytes of dynamic shared memory
-    // (under the 48 KB default), one block per partition in z.
-    unsafe { run(&mut b, cfg, "tmmk_bf16")? };
+    b.arg(&part).arg(xh);
+    if let Some(xl) = xl {
+        b.arg(xl);
+    }
+    b.arg(&w).arg(&mi).arg(&ni).arg(&ki);
+    let smem = tk_smem(if xl.is_some() { 2 } else { 1 });
+    let cfg = LaunchConfig { grid_dim: (grid_x, grid_y, 8), block_dim: (256, 1, 1), shared_mem_bytes: smem };
+    // SAFETY: arguments in tmmk_bf16's order (part, xh, xl, w, m, n, k) or tmmk_bf16_h's (no
+    // xl); part holds 8*m*n, xh and xl m*k bf16, W n bf16 rows of k values (`fits`); eight warps
+    // a block, `smem` bytes of dynamic shared memory (under the 48 KB default), one block per
+    // partition in z.
+    unsafe { run(&mut b, cfg, name)? };
     drop(b);
     let f = dev.get_or_load_custom_func("tmmk_sum", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
     let mn = (m * n) as i64;

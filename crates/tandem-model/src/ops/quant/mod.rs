@@ -31,6 +31,7 @@ pub mod affine;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod bf16_act;
 pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda_dense;

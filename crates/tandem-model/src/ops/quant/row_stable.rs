@@ -47,6 +47,21 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Storage, Tensor};
 
+/// `(silu(g) ⊙ u) · Wᵀ` in one kernel where the weights' CUDA kernel can form the activations
+/// itself (the bits of [`forward`] of `silu_mul(g, u)`); `None` otherwise (the caller runs both).
+pub fn forward_gated(w: &QMatMul, g: &Tensor, u: &Tensor) -> crate::error::Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    {
+        if let QMatMul::QTensor(q) = w {
+            if super::cuda_quant::supports(q, g) {
+                return super::cuda_quant::forward_gated(q, g, u);
+            }
+        }
+    }
+    let _ = (w, g, u);
+    Ok(None)
+}
+
 /// `x · Wᵀ` for `x` `[..., k]`, row-invariant (see the module docs).
 pub fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
