@@ -248,7 +248,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         device.synchronize()?;
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "all".into());
-    println!("model: {label} | load {load_s:.2} s | threads {threads}");
+    // On a GPU the bf16 matmuls' activation mode changes the numbers: say which ran.
+    let act = if device.is_cuda() {
+        format!(" | bf16 activations {:?}", tandem_model::ops::quant::bf16_act::activations()).to_lowercase()
+    } else {
+        String::new()
+    };
+    println!("model: {label} | load {load_s:.2} s | threads {threads}{act}");
     if let (Some(bw), Some(sb)) = (bandwidth, step_bytes) {
         println!(
             "decode step reads {} of weights, {} of recurrent state (read and written) and {} of KV a position; \
