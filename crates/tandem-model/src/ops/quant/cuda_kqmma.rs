@@ -177,26 +177,11 @@ pub(crate) fn matmul(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tensor) 
     matmul_of(fmt, w, n, k, x, None)
 }
 
-/// [`matmul`] of `silu(g) ⊙ u` (a gated MLP's down projection), the activations formed as
-/// they are quantised (`q8k_quantize_rows_gated`: the codes, scales and sums `silu_mul` then
-/// `q8k_quantize_rows` give, one launch fewer); `None` where the views do not suit.
-pub(crate) fn matmul_gated(
-    fmt: WeightFormat,
-    w: u64,
-    n: usize,
-    k: usize,
-    g: &Tensor,
-    u: &Tensor,
-) -> Result<Option<Tensor>> {
-    match crate::ops::cuda_util::gated_rows(g, u, 4)? {
-        Some(rows) => matmul_of(fmt, w, n, k, g, Some(rows)).map(Some),
-        None => Ok(None),
-    }
-}
-
-/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u, `x` being g)
-/// of `silu(g) ⊙ u`.
-fn matmul_of(
+/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u from
+/// `cuda_util::gated_rows`, `x` being g) of `silu(g) ⊙ u`, a gated MLP's down projection: the
+/// activations formed as they are quantised (`q8k_quantize_rows_gated`: the codes, scales and
+/// sums `silu_mul` then `q8k_quantize_rows` give, one launch fewer).
+pub(crate) fn matmul_of(
     fmt: WeightFormat,
     w: u64,
     n: usize,

@@ -116,26 +116,18 @@ pub(crate) fn matmul_q8_0(w: u64, n: usize, k: usize, rb: usize, x: &Tensor) -> 
     matmul_q8_0_of(w, n, k, rb, x, None)
 }
 
-/// [`matmul_q8_0`] of `silu(g) ⊙ u` (a gated MLP's down projection), the activations formed
-/// as they are quantised (`q8_quantize_rows_gated`: the codes `silu_mul` then
-/// `q8_quantize_rows` give, one launch fewer); `None` where the views do not suit.
-pub(crate) fn matmul_q8_0_gated(
+/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u from
+/// `cuda_util::gated_rows`, `x` being g) of `silu(g) ⊙ u`, a gated MLP's down projection: the
+/// activations formed as they are quantised (`q8_quantize_rows_gated`: the codes `silu_mul`
+/// then `q8_quantize_rows` give, one launch fewer).
+pub(crate) fn matmul_q8_0_of(
     w: u64,
     n: usize,
     k: usize,
     rb: usize,
-    g: &Tensor,
-    u: &Tensor,
-) -> Result<Option<Tensor>> {
-    match crate::ops::cuda_util::gated_rows(g, u, 4)? {
-        Some(rows) => matmul_q8_0_of(w, n, k, rb, g, Some(rows)).map(Some),
-        None => Ok(None),
-    }
-}
-
-/// The matmul of `x`, or with `gated` (the addresses and row strides of g and u, `x` being g)
-/// of `silu(g) ⊙ u`.
-fn matmul_q8_0_of(w: u64, n: usize, k: usize, rb: usize, x: &Tensor, gated: Option<[(u64, i64); 2]>) -> Result<Tensor> {
+    x: &Tensor,
+    gated: Option<[(u64, i64); 2]>,
+) -> Result<Tensor> {
     let dev = cuda_device(x).ok_or_else(|| ModelError::Input("q8_0 mma matmul: not a CUDA tensor".into()))?;
     let (m, xk) = x.dims2()?;
     if xk != k || k == 0 || !k.is_multiple_of(32) {
@@ -162,28 +154,21 @@ fn matmul_q8_0_of(w: u64, n: usize, k: usize, rb: usize, x: &Tensor, gated: Opti
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
+    let ptx = tandem_kernels::ptx("qmma", tandem_kernels::QMMA);
     if let Some([(ga, ldg), (ua, ldu)]) = &gated {
-        {
-            let name = "q8_quantize_rows_gated";
-            let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
-            let mut b = f.builder();
-            b.arg(&xq).arg(&dx).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
-            // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of
-            // k values, ldg / ldu values apart (gated_rows); one warp per 32-value block.
-            unsafe { run(&mut b, cfg, name)? };
-        }
+        let name = "q8_quantize_rows_gated";
+        let f = dev.get_or_load_custom_func(name, MODULE, ptx)?;
+        let mut b = f.builder();
+        b.arg(&xq).arg(&dx).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
+        // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of k
+        // values, ldg / ldu values apart (gated_rows); one warp per 32-value block.
+        unsafe { run(&mut b, cfg, name)? };
     } else if let Some(xv) = &xv {
-        {
-            let f = dev.get_or_load_custom_func(
-                "q8_quantize_rows",
-                MODULE,
-                tandem_kernels::ptx("qmma", tandem_kernels::QMMA),
-            )?;
-            let mut b = f.builder();
-            b.arg(&xq).arg(&dx).arg(xv).arg(&mi).arg(&ki);
-            // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
-            unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
-        }
+        let f = dev.get_or_load_custom_func("q8_quantize_rows", MODULE, ptx)?;
+        let mut b = f.builder();
+        b.arg(&xq).arg(&dx).arg(xv).arg(&mi).arg(&ki);
+        // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
+        unsafe { run(&mut b, cfg, "q8_quantize_rows")? };
     } else {
         return Err(ModelError::Input("q8_0 mma matmul: no activations".into()));
     }

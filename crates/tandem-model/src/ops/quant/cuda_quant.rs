@@ -134,13 +134,16 @@ pub(crate) fn matmul_raw_gated(
     if !gated_enabled() || !crate::ops::norm::enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
         return Ok(None);
     }
-    if fmt.suffix == "q8_0" && super::cuda_qmma::enabled() {
-        return super::cuda_qmma::matmul_q8_0_gated(w, n, k, fmt.row_bytes(k), g, u);
+    let q8 = fmt.suffix == "q8_0" && super::cuda_qmma::enabled();
+    if !q8 && !super::cuda_kqmma::takes(fmt, w, k) {
+        return Ok(None);
     }
-    if super::cuda_kqmma::takes(fmt, w, k) {
-        return super::cuda_kqmma::matmul_gated(fmt, w, n, k, g, u);
+    // The quantisers' scalar loads: rows on 4-byte boundaries.
+    let Some(rows) = crate::ops::cuda_util::gated_rows(g, u, 4)? else { return Ok(None) };
+    if q8 {
+        return super::cuda_qmma::matmul_q8_0_of(w, n, k, fmt.row_bytes(k), g, Some(rows)).map(Some);
     }
-    Ok(None)
+    super::cuda_kqmma::matmul_of(fmt, w, n, k, g, Some(rows)).map(Some)
 }
 
 /// Rows from which a call takes `qmatmul_tiled_*` (`qmatmul.cu`).
