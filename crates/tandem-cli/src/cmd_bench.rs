@@ -93,6 +93,9 @@ pub enum BenchWhat {
     /// Decode speed with speculative decoding off and on (`--speculative`), e.g. the MTP
     /// mechanism on `--random-hybrid 0.8b-mtp`.
     Spec(crate::cmd_bench_spec::SpecBenchArgs),
+    /// A long prompt arriving while other requests decode: their inter-token gaps while it is
+    /// prefilled in chunks, against before, per chunk size.
+    Mixed(crate::cmd_bench_mixed::MixedBenchArgs),
     /// Decode speed free and under a JSON schema (constrained decoding), alone and batched.
     Grammar(crate::cmd_bench_grammar::GrammarBenchArgs),
     /// TTFT of a long shared prefix after a restart, served from the prefix cache's disk tier.
@@ -114,6 +117,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(BenchWhat::Report(r)) => return crate::cmd_bench_report::run(r),
         Some(BenchWhat::Spec(s)) => return crate::cmd_bench_spec::run(s),
         Some(BenchWhat::Grammar(g)) => return crate::cmd_bench_grammar::run(g),
+        Some(BenchWhat::Mixed(m)) => return crate::cmd_bench_mixed::run(m),
         Some(BenchWhat::Restart(r)) => return crate::cmd_bench_restart::run(r),
         None => {}
     }

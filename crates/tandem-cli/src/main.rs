@@ -6,6 +6,7 @@ mod cmd_bench;
 mod cmd_bench_agent;
 mod cmd_bench_bound;
 mod cmd_bench_grammar;
+mod cmd_bench_mixed;
 mod cmd_bench_kernels;
 mod cmd_bench_memory;
 mod cmd_bench_report;

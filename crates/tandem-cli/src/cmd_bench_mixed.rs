@@ -1,0 +1,245 @@
+//! `tandem bench mixed`: a long prompt arriving while other requests decode (issue 16, target
+//! 4's second half: chunked prefill beside decodes without stalling them). `-b` requests decode
+//! until their inter-token gaps settle; then a `-p`-token prompt arrives and is prefilled in
+//! chunks of `--chunk` tokens, each step carrying every decode as well (the scheduler plans
+//! decodes first). Per chunk size: the decodes' inter-token gap before the prompt (median) and
+//! while it is prefilled (median, 99th percentile, largest), the tokens they got in that time,
+//! and the prompt's time to first token, on one engine per chunk size (one model build each).
+
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use tandem_engine::{EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, StopParams};
+use tandem_model::arch::qwen_hybrid::random;
+use tandem_model::loader::{LoadedModel, ModelSummary};
+use tandem_model::tokenizer::Tokenizer;
+
+use crate::args::ModelArgs;
+
+#[derive(Args, Debug, Clone)]
+pub struct MixedBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Use a random-weight hybrid model of this preset instead of `-m` (e.g. `9b`).
+    #[arg(long, conflicts_with = "random_llama")]
+    pub random_hybrid: Option<String>,
+    /// Use a random-weight Llama-family model of this preset instead of `-m` (e.g. `8b`).
+    #[arg(long)]
+    pub random_llama: Option<String>,
+    /// Weight type of the random model's matrices (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k).
+    #[arg(long, default_value = "q8_0")]
+    pub random_dtype: String,
+    /// Requests decoding when the long prompt arrives.
+    #[arg(short = 'b', long, default_value_t = 8)]
+    pub decoders: usize,
+    /// Tokens of each decoding request's own prompt.
+    #[arg(long, default_value_t = 64)]
+    pub decode_prompt: usize,
+    /// Tokens of the long prompt that arrives.
+    #[arg(short = 'p', long, default_value_t = 4096)]
+    pub prompt_tokens: usize,
+    /// Prefill chunk sizes to compare (comma-separated): one engine each.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048")]
+    pub chunk: Vec<usize>,
+    /// Decode steps timed before the prompt arrives (after as many for warm-up).
+    #[arg(long, default_value_t = 32)]
+    pub steady: usize,
+}
+
+/// What a request's watcher thread reports.
+enum Msg {
+    /// Request `i` got a token at this time.
+    Token(usize, Instant),
+    /// A request ended (an error says why it failed).
+    End(Option<String>),
+}
+
+/// The model for one engine: a random preset or `-m`, built anew for every chunk size (an
+/// engine owns its model).
+fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
+    let device = tandem_model::device::default_device()?;
+    let dt = random::parse_weight_type(&a.random_dtype)?;
+    let (model, vocab): (Box<dyn tandem_model::arch::CausalLm>, usize) = match (&a.random_hybrid, &a.random_llama) {
+        (Some(p), _) => {
+            let hc = random::preset(p)?;
+            (Box::new(random::random_model(&hc, dt, &device).context("building the random model")?), hc.vocab_size)
+        }
+        (None, Some(p)) => {
+            let lc = tandem_model::arch::random_llama::preset(p)?;
+            let m = tandem_model::arch::random_llama::random_model(&lc, dt, &device)
+                .context("building the random model")?;
+            (Box::new(m), lc.vocab_size)
+        }
+        (None, None) => return a.model.start_engine(cfg),
+    };
+    let loaded = LoadedModel {
+        model,
+        tokenizer: Tokenizer::placeholder(vocab)?,
+        chat_template: None,
+        summary: ModelSummary::default(),
+    };
+    Ok(EngineHandle::start(loaded, cfg)?)
+}
+
+/// Deterministic pseudo-random prompt ids away from the special tokens at the vocabulary's ends.
+fn prompt(vocab: u32, n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| 100 + (i.wrapping_mul(7919) + 13 + salt.wrapping_mul(104729)) % (vocab - 200)).collect()
+}
+
+/// Forwards request `i`'s events from a thread: each token's arrival time, then its end.
+fn watch(i: usize, mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>, out: std_mpsc::Sender<Msg>) {
+    std::thread::spawn(move || loop {
+        let msg = match rx.blocking_recv() {
+            Some(GenerationEvent::Token { .. }) => Msg::Token(i, Instant::now()),
+            Some(GenerationEvent::Finished { .. }) => Msg::End(None),
+            Some(GenerationEvent::Error(e)) => Msg::End(Some(format!("generation failed: {e}"))),
+            None => Msg::End(Some("the engine stopped".into())),
+        };
+        let end = matches!(msg, Msg::End(..));
+        if out.send(msg).is_err() || end {
+            break;
+        }
+    });
+}
+
+/// The gaps between consecutive arrivals whose later token came in `[from, to)`, in seconds,
+/// sorted.
+fn gaps(all: &[Vec<Instant>], from: Instant, to: Instant) -> Vec<f64> {
+    let mut g: Vec<f64> = all
+        .iter()
+        .flat_map(|a| a.windows(2).filter(|w| w[1] >= from && w[1] < to).map(|w| (w[1] - w[0]).as_secs_f64()))
+        .collect();
+    g.sort_by(f64::total_cmp);
+    g
+}
+
+/// The `q`-quantile of sorted values (0 when there are none).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One chunk size: (steady median gap, gaps while prefilling, prompt TTFT in seconds).
+fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64)> {
+    let b = a.decoders.max(1);
+    let cfg = EngineConfig {
+        max_running: b + 1,
+        prefill_chunk: chunk,
+        // One step holds a whole chunk beside every decode: the budget never pushes a decode out.
+        max_batch_tokens: chunk + b,
+        prefix_cache: false,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let engine = start(a, cfg)?;
+    eprintln!("chunk {chunk}: model ready in {:.1} s", t0.elapsed().as_secs_f64());
+    let vocab = engine.info().vocab_size as u32;
+    if vocab <= 200 {
+        bail!("the model's vocabulary ({vocab}) is too small for this bench's prompts");
+    }
+    // Warm-up, the steady window, one token a step while the prompt is prefilled, and a margin.
+    let steps = a.prompt_tokens.div_ceil(chunk);
+    let decode_tokens = 2 * a.steady + steps + 16;
+    let (tx, rx) = std_mpsc::channel();
+    for i in 0..b {
+        let req = GenerateRequest {
+            prompt_ids: prompt(vocab, a.decode_prompt, i as u32 + 1),
+            stop: StopParams { max_tokens: decode_tokens, ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        };
+        watch(i, engine.submit(req)?, tx.clone());
+    }
+    let mut seen: Vec<Vec<Instant>> = vec![Vec::new(); b];
+    let (mut warm, mut arrived, mut first): (Option<Instant>, Option<Instant>, Option<Instant>) = (None, None, None);
+    let mut ended = 0;
+    while ended < b + usize::from(arrived.is_some()) {
+        let msg = rx.recv_timeout(Duration::from_secs(600)).context("no token for 10 minutes")?;
+        match msg {
+            Msg::Token(i, t) if i < b => seen[i].push(t),
+            Msg::Token(_, t) => first = first.or(Some(t)),
+            Msg::End(Some(e)) => bail!(e),
+            Msg::End(None) => ended += 1,
+        }
+        let least = seen.iter().map(Vec::len).min().unwrap_or(0);
+        if warm.is_none() && least >= a.steady {
+            warm = Some(Instant::now());
+        }
+        if arrived.is_none() && least >= 2 * a.steady {
+            // Every decoder has had its warm-up and steady steps: the long prompt arrives.
+            let long = GenerateRequest {
+                prompt_ids: prompt(vocab, a.prompt_tokens, 0),
+                stop: StopParams { max_tokens: 1, ignore_eos: true, ..Default::default() },
+                ..Default::default()
+            };
+            arrived = Some(Instant::now());
+            watch(b, engine.submit(long)?, tx.clone());
+        }
+    }
+    let (Some(warm), Some(arrived), Some(first)) = (warm, arrived, first) else {
+        bail!("the decoders ended before the long prompt was answered: raise --steady or lower -p")
+    };
+    if seen.iter().any(|s| s.last().is_some_and(|&t| t < first)) {
+        bail!("a decoder ended before the long prompt was answered: raise --steady");
+    }
+    let steady = gaps(&seen, warm, arrived);
+    // The step that ends the prefill also gives every decoder its token: count it in.
+    let slack = Duration::from_secs_f64(quantile(&steady, 0.5) / 2.0);
+    let during = gaps(&seen, arrived, first + slack);
+    Ok((steady, during, (first - arrived).as_secs_f64()))
+}
+
+pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
+    crate::args::set_threads(a.model.threads);
+    if a.chunk.iter().any(|&c| c == 0) {
+        bail!("--chunk: give chunk sizes of at least one token");
+    }
+    println!(
+        "| chunk | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &c in &a.chunk {
+        let (steady, during, ttft) = run_chunk(&a, c)?;
+        println!(
+            "| {c} | {:.1} | {:.1} / {:.1} / {:.1} | {} | {ttft:.2} | {:.0} |",
+            quantile(&steady, 0.5) * 1e3,
+            quantile(&during, 0.5) * 1e3,
+            quantile(&during, 0.99) * 1e3,
+            during.last().copied().unwrap_or(0.0) * 1e3,
+            during.len(),
+            a.prompt_tokens as f64 / ttft.max(1e-9),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_take_the_tokens_that_arrive_in_the_window() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Two decoders: one steady at 10 ms, one with a 40 ms stall at 50 -> 90.
+        let all = vec![vec![at(0), at(10), at(20), at(30), at(40), at(50)], vec![at(5), at(15), at(50), at(90), at(100)]];
+        let g = gaps(&all, at(20), at(60));
+        let ms: Vec<u64> = g.iter().map(|s| (s * 1e3).round() as u64).collect();
+        // Later tokens at 20, 30, 40, 50 (first) and 50 (second: 15 -> 50), sorted.
+        assert_eq!(ms, vec![10, 10, 10, 10, 35]);
+        assert_eq!((quantile(&g, 0.5) * 1e3).round() as u64, 10);
+        assert_eq!((quantile(&g, 1.0) * 1e3).round() as u64, 35);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn prompts_stay_inside_the_vocabulary_and_differ_by_salt() {
+        let a = prompt(1000, 64, 1);
+        let b = prompt(1000, 64, 2);
+        assert!(a.iter().chain(&b).all(|&t| (100..900).contains(&t)));
+        assert_ne!(a, b);
+    }
+}
