@@ -24,7 +24,10 @@
 //   (the host checks).
 //   Dynamic shared memory: QG_BYTES (97,568 bytes; the host asks for the same), two blocks an SM.
 // qgemm128_q8_0: the same on 128 x 128 tiles (sixteen warps of 32 x 32, 195,104 bytes, one
-//   block an SM); on request only (below).
+//   block an SM). Its threads keep the sum of the finished partials in y itself (TOT_Y: each
+//   output written and read back by the one thread that owns it, once a partial), not in
+//   registers: with the 32 more a thread it spilled 196 bytes, 73 local loads and stores a
+//   segment; now 32 bytes, outside the mma loop.
 #include "q8act.cuh"
 #include "kquant.cuh"
 
@@ -130,8 +133,7 @@ __device__ void qgemm_q8_0_body(float* __restrict__ y, const int8_t* __restrict_
     const int lr = warp * 8 + (lane >> 2), lp = lane & 3;
     const bool wcol_ok = col0 + lr < n, xrow_ok = row0 + lr < m;
     const uint8_t* wsrc = w + (size_t)min(col0 + lr, n - 1) * rb + lp * 16;
-    const int8_t* xsrc = xq + (size_t)min(row0 + lr, m - 1) * k + lp * 16;
-    const float* dsrc = dx + (size_t)min(row0 + lr, m - 1) * nb + lp * 4;
+    const int xr = min(row0 + lr, m - 1);  // the activation row's pointers are made per segment
     auto load8 = [&](int s, int buf) {
         if (wcol_ok) {
             const uint8_t* src = wsrc + (size_t)s * 272;
@@ -141,11 +143,11 @@ __device__ void qgemm_q8_0_body(float* __restrict__ y, const int8_t* __restrict_
             if (lp == 0) cp_async16(dst + 256, src + 256);
         }
         if (xrow_ok) {
-            const int8_t* src = xsrc + (size_t)s * 256;
+            const int8_t* src = xq + ((size_t)xr * k + (size_t)s * 256 + lp * 16);
             uint8_t* dst = xcodes(buf) + lr * QG_WS + lp * 16;
 #pragma unroll
             for (int q = 0; q < 4; q++) cp_async16(dst + q * 64, src + q * 64);
-            if (lp < 2) cp_async16(xscale(buf) + lr * QG_FS + lp * 4, dsrc + (size_t)s * 8);
+            if (lp < 2) cp_async16(xscale(buf) + lr * QG_FS + lp * 4, dx + ((size_t)xr * nb + (size_t)s * 8 + lp * 4));
         }
     };
     auto unpack8 = [&](int buf) {
@@ -156,13 +158,16 @@ __device__ void qgemm_q8_0_body(float* __restrict__ y, const int8_t* __restrict_
             unpack_block(c, j, raw(buf) + c * QG_ST + j * QG_BLOCK);
         }
     };
-    float acc[RT][2][4], tot[RT][2][4];
+    // TOT_Y (the 128 tile): the finished partials' sum lives in y, not in 32 more registers a
+    // thread (with them the 128 tile spilled 196 bytes); it changes once a partial (eight times).
+    constexpr bool TOT_Y = BT == 128;
+    float acc[RT][2][4], tot[TOT_Y ? 1 : RT][2][4];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int ct = 0; ct < 2; ct++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[rt][ct][e] = tot[rt][ct][e] = 0.f;
+            for (int e = 0; e < 4; e++) acc[rt][ct][e] = tot[TOT_Y ? 0 : rt][ct][e] = 0.f;
     if constexpr (LC == 8)
         load8(0, 0);
     else
@@ -233,30 +238,60 @@ __device__ void qgemm_q8_0_body(float* __restrict__ y, const int8_t* __restrict_
             }
         }
         if (last_of_partial) {
-            // Partial p is complete: the first one is the sum so far, later ones are added.
+            // Partial p is complete: the first one is the sum so far, later ones are added
+            // (TOT_Y: to the sum this thread keeps in y, written and read back by it alone; the
+            // loads all issued before the first store, so their latencies overlap).
+            if constexpr (TOT_Y) {
+                float old[RT][2][4];
 #pragma unroll
-            for (int rt = 0; rt < RT; rt++)
+                for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int ct = 0; ct < 2; ct++)
+                    for (int ct = 0; ct < 2; ct++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        tot[rt][ct][e] = p == 0 ? acc[rt][ct][e] : __fadd_rn(tot[rt][ct][e], acc[rt][ct][e]);
-                        acc[rt][ct][e] = 0.f;
-                    }
+                        for (int e = 0; e < 4; e++) {
+                            const int row = row0 + wrow + rt * 8 + 2 * tig + (e & 1);
+                            const int col = col0 + wcol + ct * 16 + g + (e >> 1) * 8;
+                            old[rt][ct][e] = p > 0 && row < m && col < n ? y[(size_t)row * n + col] : 0.f;
+                        }
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int ct = 0; ct < 2; ct++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int row = row0 + wrow + rt * 8 + 2 * tig + (e & 1);
+                            const int col = col0 + wcol + ct * 16 + g + (e >> 1) * 8;
+                            if (row < m && col < n)
+                                y[(size_t)row * n + col] = p == 0 ? acc[rt][ct][e] : __fadd_rn(old[rt][ct][e], acc[rt][ct][e]);
+                            acc[rt][ct][e] = 0.f;
+                        }
+            } else {
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int ct = 0; ct < 2; ct++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            tot[rt][ct][e] = p == 0 ? acc[rt][ct][e] : __fadd_rn(tot[rt][ct][e], acc[rt][ct][e]);
+                            acc[rt][ct][e] = 0.f;
+                        }
+            }
         }
         __syncthreads();  // every warp is done with this stage and the unpacked segment
         p = np;
         s = ns;
     }
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) {
-#pragma unroll
-        for (int ct = 0; ct < 2; ct++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = row0 + wrow + rt * 8 + 2 * tig + (e & 1);
-                const int col = col0 + wcol + ct * 16 + g + (e >> 1) * 8;
-                if (row < m && col < n) y[(size_t)row * n + col] = tot[rt][ct][e];
+    if constexpr (!TOT_Y) {  // TOT_Y: the last partial's sums are in y already
+    #pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+    #pragma unroll
+            for (int ct = 0; ct < 2; ct++) {
+    #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = row0 + wrow + rt * 8 + 2 * tig + (e & 1);
+                    const int col = col0 + wcol + ct * 16 + g + (e >> 1) * 8;
+                    if (row < m && col < n) y[(size_t)row * n + col] = tot[rt][ct][e];
+                }
             }
         }
     }
@@ -269,9 +304,9 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     else
         qgemm_q8_0_body<0, 64>(y, xq, dx, w, m, n, k, rb);
 }
-// 128 x 128 tiles, one block of sixteen warps an SM, the same bits: only on request
-// (TANDEM_Q8_GEMM128): the float chain's accumulators and partial sums (64 registers) make it
-// spill at 128 registers, and it measured 2% slower than qgemm64_q8_0 (H100, 2026-12-05).
+// 128 x 128 tiles, one block of sixteen warps an SM, the same bits; the host takes it for
+// calls whose grid it fills (cuda_qmma.rs: 2.7% faster on the 9B Q8_0 prefill, H100,
+// 2026-12-07, once the partial sums left the registers).
 extern "C" __global__ void __launch_bounds__(512, 1)
     qgemm128_q8_0(float* y, const int8_t* xq, const float* dx, const uint8_t* w, int m, int n, int k, long long rb) {
     if (k >= 2048)

@@ -31,15 +31,16 @@ const fn gemm_smem(bt: usize) -> u32 {
 }
 
 /// How much more a `qgemm128_q8_0` block would get through than the four 64 x 64 blocks of its
-/// outputs (its SASS: 1,289 instructions a segment for 64 int8 mma, 73 of them spill traffic,
-/// against `qgemm64_q8_0`'s 710 for 32), for `TANDEM_Q8_GEMM128=auto`.
+/// outputs, for [`super::gemm_tile::tile128_wins`].
 const TILE128_GAIN: f64 = 1.1;
 
-/// The tile of `q8gemm.cu` for an m x n call: 64. `qgemm128_q8_0` (128 x 128, sixteen warps)
-/// gives the same bits but measured 2% slower on the 9B Q8_0 prefill (an H100, 2026-12-05:
-/// with the float chain's 64 accumulators it spills), so it runs only when asked:
-/// `TANDEM_Q8_GEMM128=auto` where [`super::gemm_tile::tile128_wins`], `force` for every call
-/// of 128+ rows (check-device forces both tiles and compares them).
+/// The tile of `q8gemm.cu` for an m x n call: 128 x 128 (`qgemm128_q8_0`, sixteen warps, one
+/// block an SM) where [`super::gemm_tile::tile128_wins`], else 64. Both give the same bits.
+/// Since its finished partials' sum moved from registers into y (2026-12-07: 196 bytes of spill
+/// down to 32) the 128 tile prefills the 9B Q8_0 2.7% faster (pp512 7,506-7,525 -> 7,721-7,726
+/// tok/s on an H100); before, it spilled and ran 2-6% slower. `TANDEM_Q8_GEMM128=0` keeps every
+/// call on 64, `force` takes 128 for every call of 128+ rows (check-device forces both tiles
+/// and compares them).
 fn gemm_tile(m: usize, n: usize, sms: usize, max_smem: usize) -> usize {
     if gemm_smem(128) as usize > max_smem {
         return GEMM_TILE;
@@ -51,8 +52,8 @@ fn gemm_tile(m: usize, n: usize, sms: usize, max_smem: usize) -> usize {
     }
     let wins = match mode.as_str() {
         "force" => m >= 128,
-        "auto" => super::gemm_tile::tile128_wins(m, n, sms, TILE128_GAIN),
-        _ => false,
+        "0" => false,
+        _ => super::gemm_tile::tile128_wins(m, n, sms, TILE128_GAIN),
     };
     if wins {
         128
