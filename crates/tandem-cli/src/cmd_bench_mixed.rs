@@ -4,7 +4,8 @@
 //! chunks of `--chunk` tokens, each step carrying every decode as well (the scheduler plans
 //! decodes first). Per chunk size: the decodes' inter-token gap before the prompt (median) and
 //! while it is prefilled (median, 99th percentile, largest), the tokens they got in that time,
-//! and the prompt's time to first token, on one engine per chunk size (one model build each).
+//! and the prompt's time to first token, on one engine per chunk size (one model build each);
+//! and how many steps failed as a batch and ran one sequence at a time (should be 0).
 
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
@@ -124,7 +125,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// One chunk size: (steady median gap, gaps while prefilling, prompt TTFT in seconds).
-fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64)> {
+fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64, usize)> {
     let b = a.decoders.max(1);
     let cfg = EngineConfig {
         max_running: b + 1,
@@ -189,7 +190,10 @@ fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<
     // The step that ends the prefill also gives every decoder its token: count it in.
     let slack = Duration::from_secs_f64(quantile(&steady, 0.5) / 2.0);
     let during = gaps(&seen, arrived, first + slack);
-    Ok((steady, during, (first - arrived).as_secs_f64()))
+    // A step that failed as a batch and ran its sequences one at a time (right answers, the
+    // batch's speed lost): a backend bug this bench exists to show.
+    let fallbacks = engine.stats().batch_fallbacks.load(std::sync::atomic::Ordering::Relaxed);
+    Ok((steady, during, (first - arrived).as_secs_f64(), fallbacks))
 }
 
 pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
@@ -198,13 +202,13 @@ pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
         bail!("--chunk: give chunk sizes of at least one token");
     }
     println!(
-        "| chunk | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s |"
+        "| chunk | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s | batch fallbacks |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for &c in &a.chunk {
-        let (steady, during, ttft) = run_chunk(&a, c)?;
+        let (steady, during, ttft, fallbacks) = run_chunk(&a, c)?;
         println!(
-            "| {c} | {:.1} | {:.1} / {:.1} / {:.1} | {} | {ttft:.2} | {:.0} |",
+            "| {c} | {:.1} | {:.1} / {:.1} / {:.1} | {} | {ttft:.2} | {:.0} | {fallbacks} |",
             quantile(&steady, 0.5) * 1e3,
             quantile(&during, 0.5) * 1e3,
             quantile(&during, 0.99) * 1e3,

@@ -135,6 +135,10 @@ pub struct EngineStats {
     pub prefix_hit_tokens: AtomicUsize,
     /// Sequences preempted (their KV dropped, to be recomputed) because blocks ran out.
     pub preemptions: AtomicUsize,
+    /// Forward passes that failed for a batch of several sequences and were rerun one
+    /// sequence at a time (the results stay right; the batch's speed is lost). A working
+    /// backend keeps this at 0: the invariant tests assert it.
+    pub batch_fallbacks: AtomicUsize,
     /// Speculative decoding: verification steps that carried drafts, drafted and accepted
     /// tokens, and per draft position how often a draft was proposed and accepted there.
     pub spec_steps: AtomicUsize,

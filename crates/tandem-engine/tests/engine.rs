@@ -107,6 +107,34 @@ fn batch_invariance() {
         assert_eq!(alone, together, "{name}");
         wait_idle(&e);
         assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(e.stats().batch_fallbacks.load(Ordering::Relaxed), 0, "{name}: a batch ran one at a time");
+    }
+}
+
+/// Steps that carry prefill chunks beside decodes (mixed steps: prompts of different lengths
+/// in chunks of 4, so the short ones decode while the long ones still prefill) run as one
+/// batch and give every request the tokens it gets alone. No batch may fall back to one
+/// sequence at a time: on CUDA the hybrid's GDN layers failed every mixed step until
+/// 2026-12-07 (a gather from a column view), and the fallback's right answers hid it.
+#[test]
+fn mixed_steps_run_as_one_batch() {
+    for rel in ["tiny/qwen2", "hybrid/qwen3_5", "hybrid/qwen3_next"] {
+        let path = match std::env::var_os("TANDEM_FIXTURES") {
+            Some(p) => PathBuf::from(p).join(rel),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(rel),
+        };
+        let e = EngineHandle::load(&path, EngineConfig { prefill_chunk: 4, prefix_cache: false, ..Default::default() })
+            .expect("engine");
+        let prompts: Vec<Vec<u32>> =
+            (0..6u32).map(|i| (0..3 + 9 * i).map(|j| 5 + (j * 37 + i * 11) % 300).collect()).collect();
+        let alone: Vec<Vec<u32>> =
+            prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 12)).unwrap()).ids).collect();
+        let rxs: Vec<_> = prompts.iter().map(|p| e.submit(greedy_req(p.clone(), 12)).unwrap()).collect();
+        let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).ids).collect();
+        assert_eq!(alone, together, "{rel}");
+        wait_idle(&e);
+        assert_eq!(e.stats().batch_fallbacks.load(Ordering::Relaxed), 0, "{rel}: a batch ran one at a time");
+        assert_eq!(e.stats().kv_bytes.load(Ordering::Relaxed), 0);
     }
 }
 

@@ -57,7 +57,12 @@ pub fn logits_for_chunks(
     }
     let n_rows = rows.len();
     let idx = candle_core::Tensor::from_vec(rows, n_rows, hidden.device())?;
-    let logits = head(&hidden.index_select(&idx, 0)?)?;
+    // CUDA's gather needs a contiguous source.
+    let logits = if hidden.is_contiguous() {
+        head(&hidden.index_select(&idx, 0)?)?
+    } else {
+        head(&hidden.contiguous()?.index_select(&idx, 0)?)?
+    };
     let mut result = Vec::with_capacity(chunks.len());
     let mut off = 0;
     for c in chunks {

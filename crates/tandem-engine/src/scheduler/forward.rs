@@ -184,6 +184,9 @@ impl Scheduler {
             return elapsed * 1e3;
         };
         tracing::warn!("{msg} for a batch of {}; running its sequences one at a time", plan.len());
+        if plan.len() > 1 {
+            self.stats.batch_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
         for (e, snap) in plan.iter().zip(&snaps) {
             let s = &mut self.running[e.seq];
             if let Err(err) = s.cache.restore(snap) {

@@ -568,11 +568,25 @@ impl GdnLayer {
     }
 }
 
-/// The rows `rows` of `t`, in that order (`t` itself when that is every row in order).
+/// The rows `rows` of `t`, in that order: a view when they are consecutive (every row: `t`
+/// itself), else a gather. `t` may be a column view of the fused projection's output (not
+/// contiguous): CUDA's gather needs a contiguous source, so such a `t` is copied first. (A
+/// mixed step, a prefill chunk beside decodes, gathers the decodes' rows: before 2026-12-07
+/// that failed on CUDA and the engine fell back to one sequence at a time.)
 fn rows_of(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
-    if rows.len() == t.dim(0)? && rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
-        return Ok(t.clone());
+    if let Some(&first) = rows.first() {
+        if rows.iter().enumerate().all(|(i, &r)| r as usize == first as usize + i) {
+            return if first == 0 && rows.len() == t.dim(0)? {
+                Ok(t.clone())
+            } else {
+                Ok(t.narrow(0, first as usize, rows.len())?)
+            };
+        }
     }
     let idx = Tensor::from_slice(rows, rows.len(), t.device())?;
-    Ok(t.index_select(&idx, 0)?)
+    if t.is_contiguous() {
+        Ok(t.index_select(&idx, 0)?)
+    } else {
+        Ok(t.contiguous()?.index_select(&idx, 0)?)
+    }
 }
