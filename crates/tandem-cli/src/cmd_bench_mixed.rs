@@ -229,7 +229,8 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         // Two decoders: one steady at 10 ms, one with a 40 ms stall at 50 -> 90.
-        let all = vec![vec![at(0), at(10), at(20), at(30), at(40), at(50)], vec![at(5), at(15), at(50), at(90), at(100)]];
+        let all =
+            vec![vec![at(0), at(10), at(20), at(30), at(40), at(50)], vec![at(5), at(15), at(50), at(90), at(100)]];
         let g = gaps(&all, at(20), at(60));
         let ms: Vec<u64> = g.iter().map(|s| (s * 1e3).round() as u64).collect();
         // Later tokens at 20, 30, 40, 50 (first) and 50 (second: 15 -> 50), sorted.
