@@ -60,9 +60,24 @@ enum Msg {
 /// The model for one engine: a random preset or `-m`, built anew for every chunk size (an
 /// engine owns its model).
 fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
+    match random_engine(a.random_hybrid.as_deref(), a.random_llama.as_deref(), &a.random_dtype, cfg.clone())? {
+        Some(e) => Ok(e),
+        None => a.model.start_engine(cfg),
+    }
+}
+
+/// An engine on a random-weight preset (a hybrid's, else a Llama-family one's) with a
+/// placeholder tokenizer of its vocabulary; `None` when no preset is named (the benches that
+/// take `--random-hybrid` / `--random-llama` beside `-m`).
+pub(crate) fn random_engine(
+    hybrid: Option<&str>,
+    llama: Option<&str>,
+    dtype: &str,
+    cfg: EngineConfig,
+) -> anyhow::Result<Option<EngineHandle>> {
     let device = tandem_model::device::default_device()?;
-    let dt = random::parse_weight_type(&a.random_dtype)?;
-    let (model, vocab): (Box<dyn tandem_model::arch::CausalLm>, usize) = match (&a.random_hybrid, &a.random_llama) {
+    let dt = random::parse_weight_type(dtype)?;
+    let (model, vocab): (Box<dyn tandem_model::arch::CausalLm>, usize) = match (hybrid, llama) {
         (Some(p), _) => {
             let hc = random::preset(p)?;
             (Box::new(random::random_model(&hc, dt, &device).context("building the random model")?), hc.vocab_size)
@@ -73,7 +88,7 @@ fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> 
                 .context("building the random model")?;
             (Box::new(m), lc.vocab_size)
         }
-        (None, None) => return a.model.start_engine(cfg),
+        (None, None) => return Ok(None),
     };
     let loaded = LoadedModel {
         model,
@@ -81,7 +96,7 @@ fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> 
         chat_template: None,
         summary: ModelSummary::default(),
     };
-    Ok(EngineHandle::start(loaded, cfg)?)
+    Ok(Some(EngineHandle::start(loaded, cfg)?))
 }
 
 /// Deterministic pseudo-random prompt ids away from the special tokens at the vocabulary's ends.

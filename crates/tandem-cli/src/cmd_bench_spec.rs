@@ -5,14 +5,11 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use tandem_engine::{
     EngineConfig, EngineHandle, GenerateRequest, GenerationEvent, SpecMethod, SpecRequest, StopParams,
 };
-use tandem_model::arch::qwen_hybrid::random;
-use tandem_model::loader::{LoadedModel, ModelSummary};
-use tandem_model::tokenizer::Tokenizer;
 
 use crate::args::ModelArgs;
 
@@ -76,24 +73,14 @@ pub fn run(a: SpecBenchArgs) -> anyhow::Result<()> {
     }
     let mut cfg = EngineConfig { speculative: a.model.spec.config(), ..Default::default() };
     let t0 = Instant::now();
-    let engine = match &a.random_hybrid {
-        Some(p) => {
-            let device = tandem_model::device::default_device()?;
-            let hc = random::preset(p)?;
-            let dt = random::parse_weight_type(&a.random_dtype)?;
-            let model = random::random_model(&hc, dt, &device).context("building the random model")?;
-            let tokenizer = Tokenizer::placeholder(hc.vocab_size)?;
-            cfg.model_id = format!("random-{p}");
-            let loaded = LoadedModel {
-                model: Box::new(model),
-                tokenizer,
-                chat_template: None,
-                summary: ModelSummary::default(),
-            };
-            EngineHandle::start(loaded, cfg)?
-        }
-        None => a.model.start_engine(cfg)?,
-    };
+    if let Some(p) = &a.random_hybrid {
+        cfg.model_id = format!("random-{p}");
+    }
+    let engine =
+        match crate::cmd_bench_mixed::random_engine(a.random_hybrid.as_deref(), None, &a.random_dtype, cfg.clone())? {
+            Some(e) => e,
+            None => a.model.start_engine(cfg)?,
+        };
     eprintln!("model ready in {:.1} s", t0.elapsed().as_secs_f64());
     let vocab = engine.info().vocab_size as u32;
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 100 + (i * 7919 + 13) % (vocab - 200)).collect();

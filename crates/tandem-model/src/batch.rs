@@ -57,12 +57,8 @@ pub fn logits_for_chunks(
     }
     let n_rows = rows.len();
     let idx = candle_core::Tensor::from_vec(rows, n_rows, hidden.device())?;
-    // CUDA's gather needs a contiguous source.
-    let logits = if hidden.is_contiguous() {
-        head(&hidden.index_select(&idx, 0)?)?
-    } else {
-        head(&hidden.contiguous()?.index_select(&idx, 0)?)?
-    };
+    // CUDA's gather needs a contiguous source (`contiguous` is the tensor itself when it is).
+    let logits = head(&hidden.contiguous()?.index_select(&idx, 0)?)?;
     let mut result = Vec::with_capacity(chunks.len());
     let mut off = 0;
     for c in chunks {

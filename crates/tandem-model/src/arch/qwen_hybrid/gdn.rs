@@ -584,9 +584,5 @@ fn rows_of(t: &Tensor, rows: &[u32]) -> Result<Tensor> {
         }
     }
     let idx = Tensor::from_slice(rows, rows.len(), t.device())?;
-    if t.is_contiguous() {
-        Ok(t.index_select(&idx, 0)?)
-    } else {
-        Ok(t.contiguous()?.index_select(&idx, 0)?)
-    }
+    Ok(t.contiguous()?.index_select(&idx, 0)?)
 }
