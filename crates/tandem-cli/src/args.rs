@@ -118,16 +118,22 @@ impl ModelArgs {
         }
     }
 
+    /// What these flags set on an engine whatever model it runs (a file or a random preset):
+    /// the CPU threads, the context length, speculation and the KV cache's format.
+    pub fn engine_settings(&self, cfg: &mut EngineConfig) {
+        set_threads(self.threads);
+        cfg.context_length = self.ctx_size;
+        cfg.speculative = self.spec.config();
+        cfg.kv_dtype = self.kv_cache_dtype;
+    }
+
     /// Loads the model and starts an engine on it.
     pub fn start_engine(&self, mut cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
-        set_threads(self.threads);
+        self.engine_settings(&mut cfg);
         let path = self.resolve()?;
-        cfg.context_length = self.ctx_size;
         if cfg.model_id == "default" {
             cfg.model_id = model_id(&self.model);
         }
-        cfg.speculative = self.spec.config();
-        cfg.kv_dtype = self.kv_cache_dtype;
         let device = tandem_model::device::default_device()?;
         let loaded = tandem_model::loader::load_with(&path, &device, &self.load_options())
             .with_context(|| format!("cannot load {}", path.display()))?;

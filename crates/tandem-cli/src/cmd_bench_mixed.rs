@@ -60,21 +60,29 @@ enum Msg {
 /// The model for one engine: a random preset or `-m`, built anew for every chunk size (an
 /// engine owns its model).
 fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
-    match random_engine(a.random_hybrid.as_deref(), a.random_llama.as_deref(), &a.random_dtype, cfg.clone())? {
+    match random_engine(&a.model, a.random_hybrid.as_deref(), a.random_llama.as_deref(), &a.random_dtype, cfg.clone())?
+    {
         Some(e) => Ok(e),
         None => a.model.start_engine(cfg),
     }
 }
 
 /// An engine on a random-weight preset (a hybrid's, else a Llama-family one's) with a
-/// placeholder tokenizer of its vocabulary; `None` when no preset is named (the benches that
-/// take `--random-hybrid` / `--random-llama` beside `-m`).
+/// placeholder tokenizer of its vocabulary, under the same flags a file's engine takes
+/// (`ModelArgs::engine_settings`: `--kv-cache-dtype`, `--ctx-size`, `-t`, speculation); `None`
+/// when no preset is named (the benches that take `--random-hybrid` / `--random-llama` beside
+/// `-m`).
 pub(crate) fn random_engine(
+    flags: &ModelArgs,
     hybrid: Option<&str>,
     llama: Option<&str>,
     dtype: &str,
-    cfg: EngineConfig,
+    mut cfg: EngineConfig,
 ) -> anyhow::Result<Option<EngineHandle>> {
+    if hybrid.is_none() && llama.is_none() {
+        return Ok(None);
+    }
+    flags.engine_settings(&mut cfg);
     let device = tandem_model::device::default_device()?;
     let dt = random::parse_weight_type(dtype)?;
     let (model, vocab): (Box<dyn tandem_model::arch::CausalLm>, usize) = match (hybrid, llama) {
@@ -216,6 +224,12 @@ pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
     if a.chunk.iter().any(|&c| c == 0) {
         bail!("--chunk: give chunk sizes of at least one token");
     }
+    println!(
+        "{} requests decoding, a {}-token prompt arriving; KV cache {}",
+        a.decoders.max(1),
+        a.prompt_tokens,
+        a.model.kv_cache_dtype
+    );
     println!(
         "| chunk | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s | batch fallbacks |"
     );

@@ -71,16 +71,21 @@ pub fn run(a: SpecBenchArgs) -> anyhow::Result<()> {
     if method == SpecMethod::Off {
         bail!("choose a method to compare with plain decoding: --speculative ngram|draft|mtp");
     }
-    let mut cfg = EngineConfig { speculative: a.model.spec.config(), ..Default::default() };
+    let mut cfg = EngineConfig::default();
     let t0 = Instant::now();
     if let Some(p) = &a.random_hybrid {
         cfg.model_id = format!("random-{p}");
     }
-    let engine =
-        match crate::cmd_bench_mixed::random_engine(a.random_hybrid.as_deref(), None, &a.random_dtype, cfg.clone())? {
-            Some(e) => e,
-            None => a.model.start_engine(cfg)?,
-        };
+    let engine = match crate::cmd_bench_mixed::random_engine(
+        &a.model,
+        a.random_hybrid.as_deref(),
+        None,
+        &a.random_dtype,
+        cfg.clone(),
+    )? {
+        Some(e) => e,
+        None => a.model.start_engine(cfg)?,
+    };
     eprintln!("model ready in {:.1} s", t0.elapsed().as_secs_f64());
     let vocab = engine.info().vocab_size as u32;
     let prompt: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 100 + (i * 7919 + 13) % (vocab - 200)).collect();

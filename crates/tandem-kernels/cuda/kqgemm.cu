@@ -147,45 +147,76 @@ __device__ void qkgemm_big(float* __restrict__ y, const int8_t* __restrict__ xq,
             for (int ct = 0; ct < 2; ct++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) isum[rt][ct][e] = 0;
+        if constexpr (KT == KT_Q6_K) {
+            // Q6_K: two k16 products and two scales a column tile, row tile and sub-block.
+            // With both column tiles' fragments and scales live across the row tiles (the
+            // loop below) the 128 tile spilled 212 bytes; column tile by column tile, the row
+            // tiles' B fragments loaded once a sub-block, it keeps 4 (9B Q6_K pp512 6,668 ->
+            // 7,122 tok/s, H200, 2026-12-07). The same integer sums: exact in any order.
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            // A fragments of the two column tiles: values 4 tig .. and 16 + 4 tig .. of
-            // columns g and g + 8 (q6_k: the first pair is the k16 mma of values 0..15). By
-            // words rather than ldmatrix (q8gemm.cu): with ldmatrix this kernel takes 128
-            // registers and spills, and ran 4% slower on the H100 (9B Q4_K pp512 6,631 against
-            // 6,906 tok/s, 2026-12-05).
-            uint32_t a[2][4];
-            int2 fl[2][2];
+            for (int j = 0; j < 8; j++) {
+                uint32_t xf[RT][2];
 #pragma unroll
-            for (int ct = 0; ct < 2; ct++) {
-                const int c = wcol + ct * 16 + g;
-                const uint8_t* lo = wq + c * KB_WS + j * 32 + 4 * tig;
-                const uint8_t* hi = lo + 8 * KB_WS;
-                a[ct][0] = lds32(lo);
-                a[ct][1] = lds32(hi);
-                a[ct][2] = lds32(lo + 16);
-                a[ct][3] = lds32(hi + 16);
-                fl[ct][0] = wf[c * KB_WF + j];
-                fl[ct][1] = wf[(c + 8) * KB_WF + j];
-            }
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
-                // lane's outputs are rows 2 tig and 2 tig + 1.
-                const uint8_t* xr = xb + (wrow + rt * 8 + g) * KB_WS + j * 32 + 4 * tig;
-                const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
+                for (int rt = 0; rt < RT; rt++) {
+                    const uint8_t* xr = xb + (wrow + rt * 8 + g) * KB_WS + j * 32 + 4 * tig;
+                    xf[rt][0] = lds32(xr);
+                    xf[rt][1] = lds32(xr + 16);
+                }
 #pragma unroll
                 for (int ct = 0; ct < 2; ct++) {
-                    int* is = isum[rt][ct];
-                    if constexpr (KT == KT_Q6_K) {
+                    const int c = wcol + ct * 16 + g;
+                    const uint8_t* lo = wq + c * KB_WS + j * 32 + 4 * tig;
+                    const uint8_t* hi = lo + 8 * KB_WS;
+                    const uint32_t a0 = lds32(lo), a1 = lds32(hi), a2 = lds32(lo + 16), a3 = lds32(hi + 16);
+                    const int2 f0 = wf[c * KB_WF + j], f1 = wf[(c + 8) * KB_WF + j];
+#pragma unroll
+                    for (int rt = 0; rt < RT; rt++) {
+                        int* is = isum[rt][ct];
                         int d0[4], d1[4];
-                        mma_k16(d0, a[ct][0], a[ct][1], x0);
-                        mma_k16(d1, a[ct][2], a[ct][3], x1);
-                        is[0] += fl[ct][0].x * d0[0] + fl[ct][0].y * d1[0];
-                        is[1] += fl[ct][0].x * d0[1] + fl[ct][0].y * d1[1];
-                        is[2] += fl[ct][1].x * d0[2] + fl[ct][1].y * d1[2];
-                        is[3] += fl[ct][1].x * d0[3] + fl[ct][1].y * d1[3];
-                    } else {
+                        mma_k16(d0, a0, a1, xf[rt][0]);
+                        is[0] += f0.x * d0[0];
+                        is[1] += f0.x * d0[1];
+                        is[2] += f1.x * d0[2];
+                        is[3] += f1.x * d0[3];
+                        mma_k16(d1, a2, a3, xf[rt][1]);
+                        is[0] += f0.y * d1[0];
+                        is[1] += f0.y * d1[1];
+                        is[2] += f1.y * d1[2];
+                        is[3] += f1.y * d1[3];
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                // A fragments of the two column tiles: values 4 tig .. and 16 + 4 tig .. of
+                // columns g and g + 8 (q4_k / q5_k: one k32 mma a column and row tile). By
+                // words rather than ldmatrix (q8gemm.cu): with ldmatrix this kernel takes 128
+                // registers and spills, and ran 4% slower on the H100 (9B Q4_K pp512 6,631 against
+                // 6,906 tok/s, 2026-12-05).
+                uint32_t a[2][4];
+                int2 fl[2][2];
+#pragma unroll
+                for (int ct = 0; ct < 2; ct++) {
+                    const int c = wcol + ct * 16 + g;
+                    const uint8_t* lo = wq + c * KB_WS + j * 32 + 4 * tig;
+                    const uint8_t* hi = lo + 8 * KB_WS;
+                    a[ct][0] = lds32(lo);
+                    a[ct][1] = lds32(hi);
+                    a[ct][2] = lds32(lo + 16);
+                    a[ct][3] = lds32(hi + 16);
+                    fl[ct][0] = wf[c * KB_WF + j];
+                    fl[ct][1] = wf[(c + 8) * KB_WF + j];
+                }
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    // The B fragment: row g of the tile, values 4 tig .. and 16 + 4 tig ..; this
+                    // lane's outputs are rows 2 tig and 2 tig + 1.
+                    const uint8_t* xr = xb + (wrow + rt * 8 + g) * KB_WS + j * 32 + 4 * tig;
+                    const uint32_t x0 = lds32(xr), x1 = lds32(xr + 16);
+#pragma unroll
+                    for (int ct = 0; ct < 2; ct++) {
+                        int* is = isum[rt][ct];
                         int d[4];
                         mma_k32(d, a[ct], x0, x1);
                         is[0] += fl[ct][0].x * d[0];

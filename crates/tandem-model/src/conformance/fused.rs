@@ -49,16 +49,12 @@ pub fn run(dev: &Device) -> Vec<Check> {
     out
 }
 
-/// Whether the one-launch gated path is on for weight format `fmt` (`TANDEM_GATED_GEMV`; CUDA
-/// builds only).
-fn gated_on(fmt: &str) -> bool {
+/// Whether the one-launch gated path is on (`TANDEM_GATED_GEMV`; CUDA builds only).
+fn gated_on() -> bool {
     #[cfg(feature = "cuda")]
-    return crate::ops::quant::cuda_quant::gated_enabled(fmt);
+    return crate::ops::quant::cuda_quant::gated_enabled();
     #[cfg(not(feature = "cuda"))]
-    {
-        let _ = fmt;
-        false
-    }
+    false
 }
 
 /// Inner size of the gated check: 4,096 values (128 Q8_0 blocks, 16 K-quant superblocks).
@@ -98,10 +94,9 @@ fn gated(dev: &Device, q: Option<GgmlDType>, dense: DType, fmt: &str) -> Result<
             Check::new("gated down projection", format!("k{GK} n64 m{m}"), fmt, worst, Judge::Exact, 0.0)
                 .with_note(note),
         );
-        // On CUDA with the fused path on for the format (Q8_0 by default, every format with
-        // TANDEM_GATED_GEMV=1), quantised calls of any size
-        // must take the one launch in every layout.
-        if dev.is_cuda() && q.is_some() && fused < 3 && gated_on(fmt) {
+        // On CUDA with the fused path on (the default; TANDEM_GATED_GEMV=0 turns it off),
+        // quantised calls of any size must take the one launch in every layout.
+        if dev.is_cuda() && q.is_some() && fused < 3 && gated_on() {
             checks.push(Check::new("gated down projection: one launch", format!("m{m}"), fmt, 1.0, Judge::Exact, 0.0));
         }
     }

@@ -107,21 +107,14 @@ pub fn forward_gated(q: &QTensor, g: &Tensor, u: &Tensor) -> Result<Option<Tenso
     matmul_raw_gated(fmt, q.device_ptr()? as u64, n, k, g, u)
 }
 
-/// Whether a gated MLP's down projection of weight format `suffix` forms its activations in
-/// the matmul's own kernels ([`matmul_raw_gated`]; bits checked by check-device's `gated down
-/// projection` rows). `TANDEM_GATED_GEMV`: unset, Q8_0 only (9B decode 225.2 -> 227.3 tok/s on
-/// an H100, 2026-12-07; the K-quants' speed not yet measured); `1` every format that can; `0`
-/// none (a separate `silu_mul_rows` pass first, the same bits).
-pub fn gated_enabled(suffix: &str) -> bool {
-    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    match MODE.get_or_init(|| match std::env::var("TANDEM_GATED_GEMV").as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    }) {
-        Some(all) => *all,
-        None => suffix == "q8_0",
-    }
+/// Whether a gated MLP's down projection forms its activations in the matmul's own kernels
+/// where its format's kernels can ([`matmul_raw_gated`]; bits checked by check-device's `gated down
+/// projection` rows). `TANDEM_GATED_GEMV`: unset or `1`, every format that can (Q8_0: 9B decode
+/// 225.2 -> 227.3 tok/s on an H100; Q4_K: pp512 +1.9%, decode the same, on an H200, both
+/// 2026-12-07); `0` none (a separate `silu_mul_rows` pass first, the same bits).
+pub fn gated_enabled() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| std::env::var("TANDEM_GATED_GEMV").as_deref() != Ok("0"))
 }
 
 /// [`matmul_raw`] of `silu(g) ⊙ u` where the format's kernels form the activations as they
@@ -139,7 +132,7 @@ pub(crate) fn matmul_raw_gated(
     u: &Tensor,
 ) -> Result<Option<Tensor>> {
     // The kernels use silu_mul_rows' expression: not where `silu_mul` runs candle's ops.
-    if !gated_enabled(fmt.suffix) || !crate::ops::norm::enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
+    if !gated_enabled() || !crate::ops::norm::enabled() || g.rank() != 2 || g.dim(1)? != k || !fmt.fits(k) {
         return Ok(None);
     }
     let q8 = fmt.suffix == "q8_0" && super::cuda_qmma::enabled();
