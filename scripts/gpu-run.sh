@@ -2,7 +2,7 @@
 # On the GPU machine, in the repository root (fixtures/ beside it): unpacks what
 # scripts/gpu-pack.sh built and runs the GPU suite: `tandem check-device` (every op and the
 # fixture models against the CPU references), then the engine invariant suites on CUDA.
-# Writes check-device.md (check-device-bf16.md: the opt-in paths on) and device_suite.log
+# Writes check-device.md (check-device-bf16.md: bf16 activations, the gated down projection in two steps) and device_suite.log
 # into ${OUT:-target/gpu-results}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
