@@ -47,6 +47,11 @@ pub struct MixedBenchArgs {
     /// Decode steps timed before the prompt arrives (after as many for warm-up).
     #[arg(long, default_value_t = 32)]
     pub steady: usize,
+    /// Step row alignments to compare (comma-separated; `EngineConfig::step_align`: a step of
+    /// more rows carries a whole number of them, its last chunk giving the rest to the next
+    /// step; 1 = never). Unset: the engine's default (`TANDEM_STEP_ALIGN`, else 1).
+    #[arg(long, value_delimiter = ',')]
+    pub step_align: Vec<usize>,
 }
 
 /// What a request's watcher thread reports.
@@ -147,10 +152,22 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-/// One chunk size: (steady median gap, gaps while prefilling, prompt TTFT in seconds).
-fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>, f64, usize)> {
+/// One engine's run: the decodes' gaps before the prompt and while it is prefilled (seconds,
+/// sorted), the prompt's TTFT in seconds, batch fallbacks, the step alignment it ran and the
+/// prompt tokens its steps gave to the next one for whole tiles.
+struct ChunkRun {
+    steady: Vec<f64>,
+    during: Vec<f64>,
+    ttft: f64,
+    fallbacks: usize,
+    align: usize,
+    trimmed: usize,
+}
+
+/// One chunk size (and step alignment, `None`: the engine's default).
+fn run_chunk(a: &MixedBenchArgs, chunk: usize, align: Option<usize>) -> anyhow::Result<ChunkRun> {
     let b = a.decoders.max(1);
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         max_running: b + 1,
         prefill_chunk: chunk,
         // One step holds a whole chunk beside every decode: the budget never pushes a decode out.
@@ -158,6 +175,10 @@ fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<
         prefix_cache: false,
         ..Default::default()
     };
+    if let Some(align) = align {
+        cfg.step_align = align.max(1);
+    }
+    let align = cfg.step_align;
     let t0 = Instant::now();
     let engine = start(a, cfg)?;
     eprintln!("chunk {chunk}: model ready in {:.1} s", t0.elapsed().as_secs_f64());
@@ -215,8 +236,10 @@ fn run_chunk(a: &MixedBenchArgs, chunk: usize) -> anyhow::Result<(Vec<f64>, Vec<
     let during = gaps(&seen, arrived, first + slack);
     // A step that failed as a batch and ran its sequences one at a time (right answers, the
     // batch's speed lost): a backend bug this bench exists to show.
-    let fallbacks = engine.stats().batch_fallbacks.load(std::sync::atomic::Ordering::Relaxed);
-    Ok((steady, during, (first - arrived).as_secs_f64(), fallbacks))
+    let st = engine.stats();
+    let fallbacks = st.batch_fallbacks.load(std::sync::atomic::Ordering::Relaxed);
+    let trimmed = st.step_rows_trimmed.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(ChunkRun { steady, during, ttft: (first - arrived).as_secs_f64(), fallbacks, align, trimmed })
 }
 
 pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
@@ -231,20 +254,28 @@ pub fn run(a: MixedBenchArgs) -> anyhow::Result<()> {
         a.model.kv_cache_dtype
     );
     println!(
-        "| chunk | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s | batch fallbacks |"
+        "| chunk | step align (rows moved on) | decode gap before, ms (median) | while prefilling: median / p99 / max ms | decode tokens then | prompt TTFT s | prefill tok/s | batch fallbacks |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
+    let aligns: Vec<Option<usize>> =
+        if a.step_align.is_empty() { vec![None] } else { a.step_align.iter().map(|&x| Some(x)).collect() };
     for &c in &a.chunk {
-        let (steady, during, ttft, fallbacks) = run_chunk(&a, c)?;
-        println!(
-            "| {c} | {:.1} | {:.1} / {:.1} / {:.1} | {} | {ttft:.2} | {:.0} | {fallbacks} |",
-            quantile(&steady, 0.5) * 1e3,
-            quantile(&during, 0.5) * 1e3,
-            quantile(&during, 0.99) * 1e3,
-            during.last().copied().unwrap_or(0.0) * 1e3,
-            during.len(),
-            a.prompt_tokens as f64 / ttft.max(1e-9),
-        );
+        for &al in &aligns {
+            let r = run_chunk(&a, c, al)?;
+            println!(
+                "| {c} | {} ({}) | {:.1} | {:.1} / {:.1} / {:.1} | {} | {:.2} | {:.0} | {} |",
+                r.align,
+                r.trimmed,
+                quantile(&r.steady, 0.5) * 1e3,
+                quantile(&r.during, 0.5) * 1e3,
+                quantile(&r.during, 0.99) * 1e3,
+                r.during.last().copied().unwrap_or(0.0) * 1e3,
+                r.during.len(),
+                r.ttft,
+                a.prompt_tokens as f64 / r.ttft.max(1e-9),
+                r.fallbacks,
+            );
+        }
     }
     Ok(())
 }

@@ -170,6 +170,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
         device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
+        // TANDEM_STEP_ALIGN=128: steps of prefill chunks beside decodes fill whole GEMM row
+        // tiles (off until measured on a GPU).
+        step_align: EngineConfig::default_step_align(),
     };
     let engine = a.model.start_engine(cfg)?;
     {

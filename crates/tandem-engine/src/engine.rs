@@ -67,6 +67,18 @@ pub struct EngineConfig {
     /// The prefix cache's disk tier (`--cache-dir`, `--disk-cache-size`); `None` keeps prefix
     /// state in memory only.
     pub disk_cache: Option<DiskCacheConfig>,
+    /// A step of more rows than this carries a whole number of them: its last prefill chunk
+    /// gives the excess back to the next step (a GPU's prefill GEMMs run 128-row tiles; a
+    /// 512-token chunk beside 8 decodes is 520 rows). 1 = never trims. Default:
+    /// `TANDEM_STEP_ALIGN`, else 1 (off until measured on a GPU). Outputs never depend on it.
+    pub step_align: usize,
+}
+
+impl EngineConfig {
+    /// [`EngineConfig::step_align`]'s default: `TANDEM_STEP_ALIGN` (read once), else 1.
+    pub fn default_step_align() -> usize {
+        crate::scheduler::default_step_align()
+    }
 }
 
 impl Default for EngineConfig {
@@ -87,6 +99,7 @@ impl Default for EngineConfig {
             speculative: SpecConfig::default(),
             device_sampling: true,
             disk_cache: None,
+            step_align: Self::default_step_align(),
         }
     }
 }
@@ -139,6 +152,9 @@ pub struct EngineStats {
     /// sequence at a time (the results stay right; the batch's speed is lost). A working
     /// backend keeps this at 0: the invariant tests assert it.
     pub batch_fallbacks: AtomicUsize,
+    /// Prompt tokens a step gave back to the next so that its rows filled whole GEMM tiles
+    /// (`EngineConfig::step_align`).
+    pub step_rows_trimmed: AtomicUsize,
     /// Speculative decoding: verification steps that carried drafts, drafted and accepted
     /// tokens, and per draft position how often a draft was proposed and accepted there.
     pub spec_steps: AtomicUsize,

@@ -7,6 +7,7 @@
 //! to the prefix cache, samples, applies stop rules and streams events.
 //! A failing step fails only the sequences in it.
 
+mod align;
 mod argmax;
 mod forward;
 mod speculate;
@@ -57,6 +58,11 @@ pub(crate) struct Scheduler {
     /// What drafts cost, per proposer (a draft model's drafts cost far more than prompt
     /// lookup's, and requests may choose their method).
     spec_costs: speculate::CostModels,
+}
+
+/// `EngineConfig::step_align`'s default ([`align::step_align`]).
+pub(crate) fn default_step_align() -> usize {
+    align::step_align()
 }
 
 /// One sequence's part of a step: its index in `running`, tokens fed, logits wanted, and
@@ -268,6 +274,7 @@ impl Scheduler {
                 budget -= 1 + k;
             }
         }
+        let mut last_chunk = None;
         for (i, s) in self.running.iter().enumerate() {
             let pending = s.pending();
             if pending > 1 && budget > 0 {
@@ -278,8 +285,11 @@ impl Scheduler {
                 }
                 want[i] = n;
                 budget -= n;
+                last_chunk = Some(i);
             }
         }
+        let trimmed = align::trim_to_tiles(&mut want, last_chunk, self.cfg.step_align);
+        self.stats.step_rows_trimmed.fetch_add(trimmed, Ordering::Relaxed);
         want
     }
 

@@ -40,7 +40,7 @@ pub fn render(stats: Option<&EngineStats>) -> String {
     metric(&mut out, "tandem_up", Gauge, "1 while the server runs.", 1.0);
     let Some(s) = stats else { return out };
     let v = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
-    let rows: [(&str, Kind, &str, f64); 20] = [
+    let rows: [(&str, Kind, &str, f64); 21] = [
         ("tandem_requests_running", Gauge, "Requests admitted and generating.", v(&s.running)),
         ("tandem_requests_waiting", Gauge, "Requests queued or preempted, waiting for admission.", v(&s.waiting)),
         ("tandem_requests_finished_total", Counter, "Requests that finished or failed.", v(&s.finished)),
@@ -95,6 +95,12 @@ pub fn render(stats: Option<&EngineStats>) -> String {
             Counter,
             "Forward passes that failed for a batch and were rerun one sequence at a time.",
             v(&s.batch_fallbacks),
+        ),
+        (
+            "tandem_step_rows_trimmed_total",
+            Counter,
+            "Prompt tokens moved to the next step so a step filled whole GEMM row tiles.",
+            v(&s.step_rows_trimmed),
         ),
     ];
     for (name, kind, help, value) in rows {
@@ -185,6 +191,7 @@ mod tests {
         s.prefix_hit_tokens.store(50, Ordering::Relaxed);
         s.preemptions.store(2, Ordering::Relaxed);
         s.batch_fallbacks.store(1, Ordering::Relaxed);
+        s.step_rows_trimmed.store(7, Ordering::Relaxed);
         s.spec_steps.store(4, Ordering::Relaxed);
         s.spec_drafted.store(10, Ordering::Relaxed);
         s.spec_accepted.store(6, Ordering::Relaxed);
@@ -208,6 +215,7 @@ mod tests {
             "tandem_preemptions_total 2",
             "# TYPE tandem_preemptions_total counter",
             "tandem_batch_fallbacks_total 1",
+            "tandem_step_rows_trimmed_total 7",
             "tandem_disk_cache_hit_tokens_total 12",
             "tandem_disk_cache_enabled 1",
             "tandem_kv_ring_bytes 4096",
@@ -216,8 +224,8 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
         }
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        // 28 engine and speculation samples, 10 of the disk tier.
-        assert_eq!(samples.len(), 38);
+        // 29 engine and speculation samples, 10 of the disk tier.
+        assert_eq!(samples.len(), 39);
         for l in &samples {
             let (name, value) = l.split_once(' ').unwrap();
             // One labelled family: acceptance per draft position.

@@ -1,0 +1,70 @@
+//! Whole GEMM row tiles for a step: a step of prefill chunks beside decodes has rows = chunk +
+//! decodes (520 for a 512-token chunk and 8 decodes), one row tile more than the chunk alone
+//! on a GPU's prefill GEMMs (128 rows a tile), which for a 9B matrix of 4,096 columns is a
+//! second wave of blocks. [`trim_to_tiles`] gives the step's excess over a whole number of
+//! tiles back from its last prefill chunk (those tokens go in the next step), so the step runs
+//! full tiles. Outputs do not depend on how a prompt is chunked (the chunk-equivalence
+//! invariant), so this moves only speed.
+
+/// Trims `want[last]` (the step's last prefill chunk) so the step's total rows are a multiple
+/// of `align` when they exceed one `align` and the chunk can give the excess back and keep a
+/// token. Returns the rows trimmed. `align` <= 1 trims nothing.
+pub(crate) fn trim_to_tiles(want: &mut [usize], last: Option<usize>, align: usize) -> usize {
+    let total: usize = want.iter().sum();
+    let Some(last) = last else { return 0 };
+    if align <= 1 || total <= align {
+        return 0;
+    }
+    let excess = total % align;
+    if excess == 0 || want[last] <= excess {
+        return 0;
+    }
+    want[last] -= excess;
+    excess
+}
+
+/// The row alignment steps are trimmed to: `TANDEM_STEP_ALIGN` (e.g. 128, the GPU GEMMs' row
+/// tile), read once; 1 (no trimming) when unset. Off by default until measured on a GPU.
+pub(crate) fn step_align() -> usize {
+    static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *A.get_or_init(|| std::env::var("TANDEM_STEP_ALIGN").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_beside_decodes_gives_back_the_rows_past_a_whole_tile() {
+        // Eight decodes and a 512-token chunk: 520 rows -> 512.
+        let mut want = vec![1, 1, 1, 1, 1, 1, 1, 1, 512];
+        assert_eq!(trim_to_tiles(&mut want, Some(8), 128), 8);
+        assert_eq!(want[8], 504);
+        assert_eq!(want.iter().sum::<usize>(), 512);
+        // Two chunks: only the last gives rows back.
+        let mut want = vec![3, 512, 512];
+        assert_eq!(trim_to_tiles(&mut want, Some(2), 128), 3);
+        assert_eq!(want, vec![3, 512, 509]);
+    }
+
+    #[test]
+    fn small_steps_whole_steps_and_short_chunks_stay() {
+        // At most one tile: nothing to gain.
+        let mut want = vec![1, 1, 100];
+        assert_eq!(trim_to_tiles(&mut want, Some(2), 128), 0);
+        assert_eq!(want, vec![1, 1, 100]);
+        // Already whole tiles.
+        let mut want = vec![256];
+        assert_eq!(trim_to_tiles(&mut want, Some(0), 128), 0);
+        // The chunk is the excess or less (the prompt's tail): it keeps its tokens.
+        let mut want = vec![100, 30, 10];
+        assert_eq!(trim_to_tiles(&mut want, Some(2), 128), 0);
+        assert_eq!(want, vec![100, 30, 10]);
+        // No prefill chunk (decodes and drafts only), or no alignment.
+        let mut want = vec![5; 40];
+        assert_eq!(trim_to_tiles(&mut want, None, 128), 0);
+        let mut want = vec![1, 512];
+        assert_eq!(trim_to_tiles(&mut want, Some(1), 1), 0);
+        assert_eq!(want, vec![1, 512]);
+    }
+}
