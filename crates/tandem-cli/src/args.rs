@@ -51,6 +51,22 @@ pub struct ModelArgs {
     pub spec: SpecArgs,
 }
 
+/// The random-weight presets `tandem bench` and `tandem bench mixed` take instead of `-m`.
+#[derive(Args, Debug, Clone)]
+pub struct RandomModelArgs {
+    /// Benchmark a random-weight hybrid model of this shape instead of loading one
+    /// (`0.8b`: Qwen3.5-0.8B-like, 24 layers, hidden 1024, vocab 248320; `9b`, `27b`, `moe`, `tiny`).
+    #[arg(long, conflicts_with = "random_llama")]
+    pub random_hybrid: Option<String>,
+    /// Benchmark a random-weight Llama-family model of this shape instead of loading one
+    /// (`8b`: Llama-3-8B's shape, 32 layers, hidden 4096, 32 / 8 heads, vocab 128256; `tiny`).
+    #[arg(long)]
+    pub random_llama: Option<String>,
+    /// Weight type of the random model's matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k.
+    #[arg(long, default_value = "q8_0")]
+    pub random_dtype: String,
+}
+
 fn parse_quant(s: &str) -> Result<tandem_model::loader::quantize::WeightQuant, String> {
     s.parse().map_err(|e: tandem_model::ModelError| e.to_string())
 }

@@ -23,17 +23,8 @@ pub struct BenchArgs {
     pub what: Option<BenchWhat>,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Benchmark a random-weight hybrid model of this shape instead of loading one
-    /// (`0.8b`: Qwen3.5-0.8B-like, 24 layers, hidden 1024, vocab 248320; `tiny`).
-    #[arg(long, conflicts_with = "random_llama")]
-    pub random_hybrid: Option<String>,
-    /// Benchmark a random-weight Llama-family model of this shape instead of loading one
-    /// (`8b`: Llama-3-8B's shape, 32 layers, hidden 4096, 32 / 8 heads, vocab 128256; `tiny`).
-    #[arg(long)]
-    pub random_llama: Option<String>,
-    /// Weight type of the random model's matrices: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k.
-    #[arg(long, default_value = "q8_0")]
-    pub random_dtype: String,
+    #[command(flatten)]
+    pub random: crate::args::RandomModelArgs,
     /// With `--random-hybrid`: write the random model as a llama.cpp-style GGUF to this file
     /// (the same weights the in-memory model has) and exit, so that `tandem bench -m FILE` and
     /// llama.cpp's `llama-bench -m FILE` measure the same model.
@@ -131,8 +122,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             a.bandwidth.as_deref().unwrap_or_default()
         ),
     };
-    if let (Some(out), Some(p)) = (&a.save_gguf, &a.random_hybrid) {
-        return save_gguf(p, &a.random_dtype, out);
+    if let (Some(out), Some(p)) = (&a.save_gguf, &a.random.random_hybrid) {
+        return save_gguf(p, &a.random.random_dtype, out);
     }
     let device = tandem_model::device::default_device()?;
     let bandwidth = if auto { Some(measure_bandwidth(&device)?) } else { given };
@@ -141,10 +132,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     // The model, and the weight bytes a decode step reads (None where unknown: a checkpoint
     // other than GGUF).
     type Built = (String, Box<dyn CausalLm>, Option<u64>);
-    let (label, model, weight_bytes): Built = match (&a.random_hybrid, &a.random_llama) {
+    let (label, model, weight_bytes): Built = match (&a.random.random_hybrid, &a.random.random_llama) {
         (None, Some(p)) => {
             let cfg = tandem_model::arch::random_llama::preset(p)?;
-            let dt = random::parse_weight_type(&a.random_dtype)?;
+            let dt = random::parse_weight_type(&a.random.random_dtype)?;
             let n = tandem_model::arch::random_llama::parameter_count(&cfg);
             let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
             let ranks = a.model.tensor_parallel;
@@ -166,7 +157,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         (Some(p), _) => {
             let cfg = random::preset(p)?;
-            let dt = random::parse_weight_type(&a.random_dtype)?;
+            let dt = random::parse_weight_type(&a.random.random_dtype)?;
             let n = random::parameter_count(&cfg);
             let embedding = (cfg.vocab_size * cfg.hidden_size) as u64;
             let ranks = a.model.tensor_parallel;

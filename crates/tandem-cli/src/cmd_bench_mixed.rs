@@ -17,21 +17,14 @@ use tandem_model::arch::qwen_hybrid::random;
 use tandem_model::loader::{LoadedModel, ModelSummary};
 use tandem_model::tokenizer::Tokenizer;
 
-use crate::args::ModelArgs;
+use crate::args::{ModelArgs, RandomModelArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct MixedBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Use a random-weight hybrid model of this preset instead of `-m` (e.g. `9b`).
-    #[arg(long, conflicts_with = "random_llama")]
-    pub random_hybrid: Option<String>,
-    /// Use a random-weight Llama-family model of this preset instead of `-m` (e.g. `8b`).
-    #[arg(long)]
-    pub random_llama: Option<String>,
-    /// Weight type of the random model's matrices (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k).
-    #[arg(long, default_value = "q8_0")]
-    pub random_dtype: String,
+    #[command(flatten)]
+    pub random: RandomModelArgs,
     /// Requests decoding when the long prompt arrives.
     #[arg(short = 'b', long, default_value_t = 8)]
     pub decoders: usize,
@@ -65,7 +58,8 @@ enum Msg {
 /// The model for one engine: a random preset or `-m`, built anew for every chunk size (an
 /// engine owns its model).
 fn start(a: &MixedBenchArgs, cfg: EngineConfig) -> anyhow::Result<EngineHandle> {
-    match random_engine(&a.model, a.random_hybrid.as_deref(), a.random_llama.as_deref(), &a.random_dtype, cfg.clone())?
+    let r = &a.random;
+    match random_engine(&a.model, r.random_hybrid.as_deref(), r.random_llama.as_deref(), &r.random_dtype, cfg.clone())?
     {
         Some(e) => Ok(e),
         None => a.model.start_engine(cfg),

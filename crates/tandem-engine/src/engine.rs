@@ -77,7 +77,7 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// [`EngineConfig::step_align`]'s default: `TANDEM_STEP_ALIGN` (read once), else 1.
     pub fn default_step_align() -> usize {
-        crate::scheduler::default_step_align()
+        crate::scheduler::align::step_align()
     }
 }
 

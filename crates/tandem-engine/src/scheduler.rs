@@ -7,7 +7,7 @@
 //! to the prefix cache, samples, applies stop rules and streams events.
 //! A failing step fails only the sequences in it.
 
-mod align;
+pub(crate) mod align;
 mod argmax;
 mod forward;
 mod speculate;
@@ -58,11 +58,6 @@ pub(crate) struct Scheduler {
     /// What drafts cost, per proposer (a draft model's drafts cost far more than prompt
     /// lookup's, and requests may choose their method).
     spec_costs: speculate::CostModels,
-}
-
-/// `EngineConfig::step_align`'s default ([`align::step_align`]).
-pub(crate) fn default_step_align() -> usize {
-    align::step_align()
 }
 
 /// One sequence's part of a step: its index in `running`, tokens fed, logits wanted, and

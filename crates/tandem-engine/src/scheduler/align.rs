@@ -10,9 +10,9 @@
 /// of `align` when they exceed one `align` and the chunk can give the excess back and keep a
 /// token. Returns the rows trimmed. `align` <= 1 trims nothing.
 pub(crate) fn trim_to_tiles(want: &mut [usize], last: Option<usize>, align: usize) -> usize {
+    let Some(last) = last.filter(|_| align > 1) else { return 0 };
     let total: usize = want.iter().sum();
-    let Some(last) = last else { return 0 };
-    if align <= 1 || total <= align {
+    if total <= align {
         return 0;
     }
     let excess = total % align;
