@@ -42,7 +42,8 @@ pub struct MixedBenchArgs {
     pub steady: usize,
     /// Step row alignments to compare (comma-separated; `EngineConfig::step_align`: a step of
     /// more rows carries a whole number of them, its last chunk giving the rest to the next
-    /// step; 1 = never). Unset: the engine's default (`TANDEM_STEP_ALIGN`, else 1).
+    /// step; 1 = never; 0 = the device's choice, 128 on CUDA and 1 elsewhere). Unset: the
+    /// engine's default (`TANDEM_STEP_ALIGN`, else the device's choice).
     #[arg(long, value_delimiter = ',')]
     pub step_align: Vec<usize>,
 }
@@ -170,11 +171,11 @@ fn run_chunk(a: &MixedBenchArgs, chunk: usize, align: Option<usize>) -> anyhow::
         ..Default::default()
     };
     if let Some(align) = align {
-        cfg.step_align = align.max(1);
+        cfg.step_align = align;
     }
-    let align = cfg.step_align;
     let t0 = Instant::now();
     let engine = start(a, cfg)?;
+    let align = engine.step_align();
     eprintln!("chunk {chunk}: model ready in {:.1} s", t0.elapsed().as_secs_f64());
     let vocab = engine.info().vocab_size as u32;
     if vocab <= 200 {

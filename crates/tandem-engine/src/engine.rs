@@ -69,13 +69,14 @@ pub struct EngineConfig {
     pub disk_cache: Option<DiskCacheConfig>,
     /// A step of more rows than this carries a whole number of them: its last prefill chunk
     /// gives the excess back to the next step (a GPU's prefill GEMMs run 128-row tiles; a
-    /// 512-token chunk beside 8 decodes is 520 rows). 1 = never trims. Default:
-    /// `TANDEM_STEP_ALIGN`, else 1 (off until measured on a GPU). Outputs never depend on it.
+    /// 512-token chunk beside 8 decodes is 520 rows). 1 = never trims; 0 = the device decides
+    /// (128 on CUDA, 1 elsewhere; [`EngineHandle::step_align`] says what the engine uses). Default:
+    /// `TANDEM_STEP_ALIGN`, else 0. Outputs never depend on it.
     pub step_align: usize,
 }
 
 impl EngineConfig {
-    /// [`EngineConfig::step_align`]'s default: `TANDEM_STEP_ALIGN` (read once), else 1.
+    /// [`EngineConfig::step_align`]'s default: `TANDEM_STEP_ALIGN` (read once), else 0 (auto).
     pub fn default_step_align() -> usize {
         crate::scheduler::align::step_align()
     }
@@ -221,6 +222,8 @@ struct Inner {
     eos_ids: Vec<u32>,
     /// Speculation methods requests may ask for.
     spec_methods: Vec<SpecMethod>,
+    /// The row alignment steps are trimmed to ([`EngineConfig::step_align`], resolved).
+    step_align: usize,
     /// Grammar compiler for constrained decoding, built on first use (it reads the whole
     /// vocabulary); the error says why this model cannot have one.
     grammars: std::sync::OnceLock<Result<Arc<crate::constraint::Grammars>, String>>,
@@ -344,6 +347,9 @@ impl EngineHandle {
         };
         let (tx, rx) = std_mpsc::sync_channel(cfg.max_queue);
         let device = model.device().clone();
+        let mut cfg = cfg;
+        cfg.step_align = crate::scheduler::align::resolve(cfg.step_align, &device);
+        let step_align = cfg.step_align;
         let scheduler =
             Scheduler::new(model, draft_model, tokenizer.clone(), cfg.clone(), context_length, stats.clone(), disk)?;
         std::thread::Builder::new()
@@ -365,6 +371,7 @@ impl EngineHandle {
                 stats,
                 eos_ids,
                 spec_methods,
+                step_align,
                 grammars: std::sync::OnceLock::new(),
             }),
         })
@@ -444,6 +451,12 @@ impl EngineHandle {
                 crate::constraint::Grammars::new(inner.tokenizer.clone(), inner.info.vocab_size).map(Arc::new)
             })
             .clone()
+    }
+
+    /// The row alignment this engine trims its steps to (its config's, 0 resolved for the
+    /// device: 128 on CUDA, 1 elsewhere).
+    pub fn step_align(&self) -> usize {
+        self.inner.step_align
     }
 
     pub fn info(&self) -> &ModelInfo {

@@ -99,6 +99,11 @@ fn batch_invariance() {
     for name in ["qwen2", "gemma3"] {
         let (prompt, _, _) = reference(name);
         let e = engine(name, EngineConfig::default());
+        if std::env::var_os("TANDEM_STEP_ALIGN").is_none() {
+            // The default alignment is the device's: CUDA's GEMM row tile, none on the CPU.
+            let cuda = tandem_model::device::default_device().unwrap().is_cuda();
+            assert_eq!(e.step_align(), if cuda { 128 } else { 1 }, "{name}");
+        }
         let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt[i..i + 12 + 3 * i].to_vec()).collect();
         let alone: Vec<Vec<u32>> =
             prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 16)).unwrap()).ids).collect();
@@ -131,6 +136,7 @@ fn mixed_steps_run_as_one_batch() {
         for align in [1usize, 4] {
             let cfg = EngineConfig { prefill_chunk: 4, prefix_cache: false, step_align: align, ..Default::default() };
             let e = EngineHandle::load(&path, cfg).expect("engine");
+            assert_eq!(e.step_align(), align, "{rel}: a set alignment is kept");
             let solo: Vec<Vec<u32>> =
                 prompts.iter().map(|p| collect(e.submit(greedy_req(p.clone(), 12)).unwrap()).ids).collect();
             let alone = alone.get_or_insert(solo.clone());

@@ -23,11 +23,28 @@ pub(crate) fn trim_to_tiles(want: &mut [usize], last: Option<usize>, align: usiz
     excess
 }
 
-/// The row alignment steps are trimmed to: `TANDEM_STEP_ALIGN` (e.g. 128, the GPU GEMMs' row
-/// tile), read once; 1 (no trimming) when unset. Off by default until measured on a GPU.
+/// The row tile of the CUDA prefill GEMMs (bf16 `tmmg_bf16`, the quantised `q8gemm` /
+/// `kqgemm` tiles are 128 or 64 rows): the alignment a CUDA engine trims its steps to.
+pub(crate) const CUDA_ROW_TILE: usize = 128;
+
+/// `TANDEM_STEP_ALIGN` read once (1 turns trimming off, 128 is the CUDA GEMMs' row tile); 0
+/// (the device decides, [`resolve`]) when unset or unparsable.
 pub(crate) fn step_align() -> usize {
     static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *A.get_or_init(|| std::env::var("TANDEM_STEP_ALIGN").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1))
+    *A.get_or_init(|| std::env::var("TANDEM_STEP_ALIGN").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+/// The alignment an engine on `device` uses for a configured `align`: a set value as it is, 0
+/// (auto) [`CUDA_ROW_TILE`] on CUDA and 1 (no trimming) elsewhere. Measured on an H100
+/// (2026-12-07, 9B bf16, 8 decodes beside a 4K prompt in 512-token chunks): a mixed step
+/// 101 -> 78 ms, the prompt's prefill 5,079 -> 6,202 tok/s. A CPU's GEMMs have no row tile
+/// worth the trimming.
+pub(crate) fn resolve(align: usize, device: &candle_core::Device) -> usize {
+    match align {
+        0 if device.is_cuda() => CUDA_ROW_TILE,
+        0 => 1,
+        a => a,
+    }
 }
 
 #[cfg(test)]
@@ -45,6 +62,15 @@ mod tests {
         let mut want = vec![3, 512, 512];
         assert_eq!(trim_to_tiles(&mut want, Some(2), 128), 3);
         assert_eq!(want, vec![3, 512, 509]);
+    }
+
+    #[test]
+    fn auto_alignment_is_the_devices_and_a_set_value_stays() {
+        let cpu = candle_core::Device::Cpu;
+        assert_eq!(resolve(0, &cpu), 1);
+        assert_eq!(resolve(1, &cpu), 1);
+        assert_eq!(resolve(128, &cpu), 128);
+        assert_eq!(resolve(4, &cpu), 4);
     }
 
     #[test]
