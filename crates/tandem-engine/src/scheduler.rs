@@ -280,7 +280,9 @@ impl Scheduler {
                 }
                 want[i] = n;
                 budget -= n;
-                last_chunk = Some(i);
+                // A chunk that ends its prompt gives no rows back: that would delay the
+                // request's first token by a step.
+                last_chunk = (n < pending).then_some(i);
             }
         }
         let trimmed = align::trim_to_tiles(&mut want, last_chunk, self.cfg.step_align);

@@ -4,7 +4,8 @@
 //! second wave of blocks. [`trim_to_tiles`] gives the step's excess over a whole number of
 //! tiles back from its last prefill chunk (those tokens go in the next step), so the step runs
 //! full tiles. Outputs do not depend on how a prompt is chunked (the chunk-equivalence
-//! invariant), so this moves only speed.
+//! invariant), so this moves only speed. The scheduler passes no chunk when the last one ends
+//! its prompt: trimming that one would delay the request's first token by a step.
 
 /// Trims `want[last]` (the step's last prefill chunk) so the step's total rows are a multiple
 /// of `align` when they exceed one `align` and the chunk can give the excess back and keep a
