@@ -126,7 +126,7 @@ const SKINNY_MODULE: &str = "tandem_kqskinny";
 /// Output columns of a `qkmvm_*` block (`KS_COLS`).
 const SKINNY_COLS: usize = 16;
 
-/// `ks_smem_bytes<KT, R>(m)` of `kqskinny.cu` (R = [`skinny_group`]): four warps x two stages of the 16 columns'
+/// `ks_smem_bytes<KT, R>(m)` of `kqskinny.cu` (R = [`skinny_group`]): four warps x [`skinny_stages`] of the 16 columns'
 /// superblock windows (Q6_K: 224 bytes each) and the m rows' codes (272 bytes) and code sums
 /// and dx (32), then the superblock terms of two groups of `skinny_group()` rounds (4 KiB a
 /// round).
@@ -136,7 +136,18 @@ fn skinny_smem_bytes(suffix: &str, m: usize) -> u32 {
         "q5_k" => 176,
         _ => 224,
     };
-    (4 * 2 * (SKINNY_COLS * st + m * (272 + 32)) + 4096 * skinny_group()) as u32
+    (4 * skinny_stages() * (SKINNY_COLS * st + m * (272 + 32)) + 4096 * skinny_group()) as u32
+}
+
+/// Rounds a `qkmvm_*` warp keeps in flight (`KS_STAGES` of `kqskinny.cu`, 2 as built), for an
+/// A/B of that module's PTX compiled with `-DKS_STAGES=N` through `TANDEM_PTX_DIR`:
+/// `TANDEM_KQ_SKINNY_STAGES=N` (2..6) sizes each call's shared memory for N. More than the
+/// kernel's own only reserves more shared memory (fewer blocks an SM); fewer is never asked.
+fn skinny_stages() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_KQ_SKINNY_STAGES").ok().and_then(|v| v.parse().ok()).map_or(2, |n: usize| n.clamp(2, 6))
+    })
 }
 
 /// Rounds of superblocks whose terms a `qkmvm_*` block adds per barrier: 4 (`qkmvm_<t>_g4`, the
