@@ -1,5 +1,7 @@
 //! With the `cuda` feature: compiles every `cuda/*.cu` to PTX in OUT_DIR with nvcc, for the
-//! compute capability in `CUDA_COMPUTE_CAP` (default 90). Without it: nothing.
+//! compute capability in `CUDA_COMPUTE_CAP` (default 90), and that PTX to SASS for the same
+//! GPU with ptxas (`<stem>.cubin`: loaded instead of JIT-compiling the PTX where the device
+//! runs it). Without it: nothing.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -8,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=cuda");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=PTXAS");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -20,6 +23,17 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
+    // ptxas beside nvcc (or PTXAS, or PATH's).
+    let ptxas = std::env::var("PTXAS").unwrap_or_else(|_| {
+        let beside = std::path::Path::new(&nvcc).with_file_name("ptxas");
+        if beside.parent().is_some_and(|d| !d.as_os_str().is_empty()) && beside.exists() {
+            beside.display().to_string()
+        } else {
+            "ptxas".into()
+        }
+    });
+    println!("cargo:rustc-env=TANDEM_CUBIN_CAP={cap}");
+    let mut assembling = Vec::new();
     for src in sources {
         println!("cargo:rerun-if-changed={}", src.display());
         let stem = src.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
@@ -33,5 +47,17 @@ fn main() {
             .status()
             .unwrap_or_else(|e| panic!("cannot run {nvcc} (set NVCC or put nvcc on PATH): {e}"));
         assert!(status.success(), "nvcc failed on {}", src.display());
+        // The SASS, assembled while the next module compiles.
+        let child = Command::new(&ptxas)
+            .args(["-O3", &format!("-arch=sm_{cap}"), "-o"])
+            .arg(out.join(format!("{stem}.cubin")))
+            .arg(&ptx)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {ptxas} (set PTXAS or put ptxas on PATH): {e}"));
+        assembling.push((stem, child));
+    }
+    for (stem, mut child) in assembling {
+        let status = child.wait().expect("ptxas");
+        assert!(status.success(), "ptxas failed on {stem}.ptx");
     }
 }

@@ -9,6 +9,8 @@ pub mod cpu_threads;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
 #[cfg(feature = "cuda")]
+pub(crate) mod cuda_module;
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda_util;
 pub mod gdn;
 pub(crate) mod gemm;

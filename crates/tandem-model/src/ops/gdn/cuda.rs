@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::GdnDims;
 use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_gdn";
@@ -48,7 +49,7 @@ pub fn conv_silu(x: &Tensor, state: &Tensor, w: &Tensor, lanes: bool) -> Result<
     let (xv, sv, wv) = (inputs.view::<f32>(0)?, inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, chi, ki) = (i32_of(t)?, i32_of(ch)?, i32_of(kernel)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func("gdn_conv_silu", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel("gdn_conv_silu", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&y);
     b.arg(&next);
@@ -96,7 +97,7 @@ pub fn delta_rule(
     let views = (0..6).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&o);
     b.arg(&next);
@@ -161,7 +162,7 @@ pub fn delta_fused(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o);
     bld.arg(&next);
@@ -232,7 +233,7 @@ fn delta_cols(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o_raw).arg(&next);
     match &lane_buf {
@@ -255,7 +256,7 @@ fn delta_cols(
     drop(bld);
     let rows = t * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
-    let f = dev.get_or_load_custom_func(
+    let f = dev.kernel(
         "gdn_gated_norm",
         "tandem_gdn_chunked",
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),

@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use super::device::StepTensors;
 use super::GdnDims;
 use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, f32_rows, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_gdn";
@@ -192,8 +193,7 @@ fn launch(
     let u = alloc_f32(&dev, total * ch)?;
     let conv_next = if fresh { Some(alloc_f32(&dev, bsz * hist * ch)?) } else { None };
     let conv_lanes = if lanes { Some(alloc_f32(&dev, total * hist * ch)?) } else { None };
-    let f =
-        dev.get_or_load_custom_func("gdn_conv_silu_batch", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel("gdn_conv_silu_batch", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&u);
     match &conv_next {
@@ -217,7 +217,7 @@ fn launch(
     let ssm_next = if fresh { Some(alloc_f32(&dev, bsz * d.state_len())?) } else { None };
     let ssm_lanes = if lanes { Some(alloc_f32(&dev, total * d.state_len())?) } else { None };
     let (nk, nv, dk, dv) = (i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
-    let f = dev.get_or_load_custom_func(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&o_raw);
     match &ssm_next {
@@ -245,7 +245,7 @@ fn launch(
     let rows = total * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
     let o = alloc_f32(&dev, rows * d.dv)?;
-    let f = dev.get_or_load_custom_func(
+    let f = dev.kernel(
         "gdn_gated_norm",
         "tandem_gdn_chunked",
         tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),

@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor};
 use super::PagedKv;
 use crate::error::{ModelError, Result};
 use crate::kv::KvDtype;
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 /// Whether the kernel takes pools in `kv` format with head dim `hd`.
@@ -36,11 +37,7 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     // SAFETY: the kernel writes every byte of every block.
     let out = unsafe { dev.alloc::<u8>((n * row_bytes).max(1))? };
     let nb = i32_of(blocks)?;
-    let f = dev.get_or_load_custom_func(
-        name,
-        "tandem_kv_quant",
-        tandem_kernels::ptx("kv_quant", tandem_kernels::KV_QUANT),
-    )?;
+    let f = dev.kernel(name, "tandem_kv_quant", tandem_kernels::ptx("kv_quant", tandem_kernels::KV_QUANT))?;
     let mut b = f.builder();
     b.arg(&out).arg(&xv).arg(&nb);
     let cfg = LaunchConfig {
@@ -198,7 +195,7 @@ pub fn paged_attention(
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
     let window = i32_of(kv.window)?;
-    let f = dev.get_or_load_custom_func(
+    let f = dev.kernel(
         &name,
         "tandem_paged_attention",
         tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
@@ -239,7 +236,7 @@ pub fn paged_attention(
     }
     if let Some(p) = &part {
         let merge = "paged_attention_merge";
-        let f = dev.get_or_load_custom_func(
+        let f = dev.kernel(
             merge,
             "tandem_paged_attention",
             tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),

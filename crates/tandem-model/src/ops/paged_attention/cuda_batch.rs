@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::kv::KvDtype;
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{
     alloc_f32, allow_dynamic_shared, cuda_device, device_address, i32_of, run, tensor, Inputs,
 };
@@ -143,11 +144,8 @@ pub fn scatter_rows(pool: &Tensor, rows: &Tensor, bt: &BatchTables) -> Result<()
     let inputs = Inputs::new(&[&bt.buf])?;
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let n = i32_of(bt.total)?;
-    let f = dev.get_or_load_custom_func(
-        "kv_scatter_rows",
-        MODULE,
-        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-    )?;
+    let f =
+        dev.kernel("kv_scatter_rows", MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
     let mut b = f.builder();
     b.arg(&dst).arg(&src).arg(&slots).arg(&n).arg(&row_bytes);
     let cfg =
@@ -196,11 +194,7 @@ pub fn store_rows(k_pool: &Tensor, v_pool: &Tensor, k: &Tensor, v: &Tensor, bt: 
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let (kv_, vv) = (inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, nkvi, hdi) = (i32_of(total)?, i32_of(nkv)?, i32_of(hd)?);
-    let f = dev.get_or_load_custom_func(
-        name,
-        MODULE,
-        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-    )?;
+    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
     let mut b = f.builder();
     b.arg(&kd).arg(&vd).arg(&kv_).arg(&vv).arg(&slots).arg(&ti).arg(&nkvi).arg(&hdi);
     let warps = total * nkv;
@@ -256,11 +250,7 @@ pub fn attention(
     let window = i32_of(window)?;
     let grid_z = u32::try_from(pstride * bt.nseq).ok().filter(|&z| z <= 65_535);
     let grid_z = grid_z.ok_or_else(|| ModelError::Input("batched paged attention: too many segments".into()))?;
-    let f = dev.get_or_load_custom_func(
-        &name,
-        MODULE,
-        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-    )?;
+    let f = dev.kernel(&name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
     if smem > 0 {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
     }
@@ -297,11 +287,7 @@ pub fn attention(
     }
     if let Some(p) = &part {
         let merge = "paged_attention_merge_batch";
-        let f = dev.get_or_load_custom_func(
-            merge,
-            MODULE,
-            tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-        )?;
+        let f = dev.kernel(merge, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
         let mut b = f.builder();
         b.arg(&out).arg(p).arg(&meta).arg(&args[0]).arg(&args[2]).arg(&args[4]).arg(&args[5]);
         let cfg = LaunchConfig {

@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor};
 
 use super::cuda_quant::WeightFormat;
 use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 
 /// Most rows the kernel takes in one launch (more are cut into pieces of this many).
@@ -49,8 +50,7 @@ pub fn forward(w: &Tensor, x: &Tensor) -> Result<Tensor> {
         DType::F16 => "rowinv_matmul_f16",
         _ => "rowinv_matmul_bf16",
     };
-    let f =
-        dev.get_or_load_custom_func(name, "tandem_matmul", tandem_kernels::ptx("matmul", tandem_kernels::MATMUL))?;
+    let f = dev.kernel(name, "tandem_matmul", tandem_kernels::ptx("matmul", tandem_kernels::MATMUL))?;
     let mut pieces = Vec::with_capacity(m.div_ceil(MAX_ROWS));
     let mut r0 = 0;
     while r0 < m {

@@ -16,11 +16,12 @@ use candle_core::{DType, Tensor};
 
 use super::cuda_quant::WeightFormat;
 use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
 const MODULE: &str = "tandem_kqmma";
 
-fn ptx() -> &'static str {
+fn ptx() -> tandem_kernels::Module {
     tandem_kernels::ptx("kqmma", tandem_kernels::KQMMA)
 }
 
@@ -225,14 +226,14 @@ pub(crate) fn matmul_of(
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     if let Some([(ga, ldg), (ua, ldu)]) = &gated {
         let name = "q8k_quantize_rows_gated";
-        let f = dev.get_or_load_custom_func(name, MODULE, ptx())?;
+        let f = dev.kernel(name, MODULE, ptx())?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(&xs).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
         // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of k
         // values, ldg / ldu values apart (gated_rows); one warp per 256-value superblock.
         unsafe { run(&mut b, cfg, name)? };
     } else if let Some(xv) = &xv {
-        let f = dev.get_or_load_custom_func("q8k_quantize_rows", MODULE, ptx())?;
+        let f = dev.kernel("q8k_quantize_rows", MODULE, ptx())?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(&xs).arg(xv).arg(&mi).arg(&ki);
         // SAFETY: arguments in q8k_quantize_rows' order; one warp per 256-value superblock of x [m, k].
@@ -290,7 +291,7 @@ pub(crate) fn matmul_of(
         };
         (MODULE, ptx(), format!("qkgemm_{}_{nt}", fmt.suffix), cfg, 0)
     };
-    let f = dev.get_or_load_custom_func(&name, module, code)?;
+    let f = dev.kernel(&name, module, code)?;
     if smem_max > 0 {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem_max)?;
     }

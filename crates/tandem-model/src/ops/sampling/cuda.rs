@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::TopCandidates;
 use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{cuda_device, err, i32_of, run, tensor, Inputs};
 
 pub fn top_candidates(logits: &Tensor, k: usize, inv_t: f32) -> Result<TopCandidates> {
@@ -22,11 +23,8 @@ pub fn top_candidates(logits: &Tensor, k: usize, inv_t: f32) -> Result<TopCandid
     // SAFETY: the kernel writes the first min(k, vocab) ids and values and the mass.
     let out = unsafe { dev.alloc::<u32>(2 * k + 2) }.map_err(err("top candidates"))?;
     let (v, ki) = (i32_of(vocab)?, i32_of(k)?);
-    let f = dev.get_or_load_custom_func(
-        "top_candidates",
-        "tandem_sampling",
-        tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING),
-    )?;
+    let f =
+        dev.kernel("top_candidates", "tandem_sampling", tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING))?;
     {
         let (ids, vals, mass) = (out.slice(0..k), out.slice(k..2 * k), out.slice(2 * k..2 * k + 2));
         let mut b = f.builder();
@@ -69,11 +67,7 @@ pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
     // One 64-bit word per row (two u32 here), zeroed: below every packed value.
     let out = dev.alloc_zeros::<u32>(2 * rows).map_err(err("argmax"))?;
     let ni = i32_of(n)?;
-    let f = dev.get_or_load_custom_func(
-        "argmax_rows",
-        "tandem_sampling",
-        tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING),
-    )?;
+    let f = dev.kernel("argmax_rows", "tandem_sampling", tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING))?;
     {
         let mut b = f.builder();
         b.arg(&view).arg(&ni).arg(&out);

@@ -1,0 +1,87 @@
+//! Loading tandem's kernel modules (`tandem_kernels::Module`) on a CUDA device: the SASS the
+//! build made for its GPU where the device runs it, so the first use of a module costs a load
+//! rather than the driver's JIT compilation of its PTX (all modules together are ~23 s of
+//! ptxas: a fresh machine's first request used to wait for it); the PTX elsewhere, when the
+//! SASS is refused, for `TANDEM_PTX_DIR` variants, or with `TANDEM_CUBIN=0`. Modules are loaded
+//! once per device and kept for the process (as candle keeps its own). CUDA builds only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchArgs};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
+
+/// A kernel of a loaded module, ready to launch on its device's stream.
+pub(crate) struct Kernel {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl Kernel {
+    /// A launch of this kernel on the device's stream.
+    pub fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+impl std::ops::Deref for Kernel {
+    type Target = CudaFunction;
+    fn deref(&self) -> &CudaFunction {
+        &self.func
+    }
+}
+
+/// Kernel lookup by name on a CUDA device.
+pub(crate) trait LoadKernel {
+    /// Kernel `name` of `code`, loaded as `module` on this device at its first use.
+    fn kernel(&self, name: &str, module: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel>;
+}
+
+type Modules = HashMap<(DeviceId, String), Arc<CudaModule>>;
+
+impl LoadKernel for CudaDevice {
+    fn kernel(&self, name: &str, module: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
+        static MODULES: Mutex<Option<Modules>> = Mutex::new(None);
+        let key = (self.id(), module.to_string());
+        let loaded = {
+            let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get_or_insert_with(HashMap::new).get(&key) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = load(self, code)?;
+                    modules.get_or_insert_with(HashMap::new).insert(key, m.clone());
+                    m
+                }
+            }
+        };
+        let func = loaded.load_function(name).w()?;
+        Ok(Kernel { func, stream: self.cuda_stream() })
+    }
+}
+
+/// Whether SASS may be loaded at all (`TANDEM_CUBIN=0`: always the PTX, for comparisons).
+fn cubins_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_CUBIN").map_or(true, |v| v != "0"))
+}
+
+fn load(dev: &CudaDevice, code: tandem_kernels::Module) -> candle_core::Result<Arc<CudaModule>> {
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    let runs = ctx
+        .compute_capability()
+        .map(|(major, minor)| {
+            tandem_kernels::cubin_runs_on(tandem_kernels::CUBIN_CAP, major.max(0) as u32, minor.max(0) as u32)
+        })
+        .unwrap_or(false);
+    if runs && !code.cubin.is_empty() && cubins_enabled() {
+        match ctx.load_module(Ptx::from_binary(code.cubin.to_vec())) {
+            Ok(m) => return Ok(m),
+            // A driver older than the toolkit that assembled it may refuse the SASS: its PTX
+            // may still load (the driver compiles it).
+            Err(e) => tracing::warn!(module = code.stem, "the built SASS did not load ({e}); compiling its PTX"),
+        }
+    }
+    ctx.load_module(Ptx::from_src(code.ptx)).w()
+}
