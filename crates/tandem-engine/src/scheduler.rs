@@ -192,19 +192,20 @@ impl Scheduler {
     }
 
     fn drop_cancelled(&mut self) {
-        let mut i = 0;
+        let (mut i, mut gone) = (0, 0);
         while i < self.running.len() {
             if self.running[i].events.is_closed() {
                 let mut s = self.running.remove(i);
                 // What it computed stays useful (a thinking-budget continuation resumes there).
                 self.cache.keep_decode_checkpoint(&mut s);
                 self.cache.release(&mut s);
-                self.stats.running.fetch_sub(1, Ordering::Relaxed);
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                gone += 1;
             } else {
                 i += 1;
             }
         }
+        self.retired(gone);
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.events.is_closed());
         let gone = before - self.waiting.len();
@@ -215,17 +216,28 @@ impl Scheduler {
     }
 
     fn retire_finished(&mut self) {
-        let mut i = 0;
+        let (mut i, mut done) = (0, 0);
         while i < self.running.len() {
             if self.running[i].finished {
                 let mut s = self.running.remove(i);
                 self.cache.keep_decode_checkpoint(&mut s);
                 self.cache.release(&mut s);
-                self.stats.running.fetch_sub(1, Ordering::Relaxed);
                 self.stats.finished.fetch_add(1, Ordering::Relaxed);
+                done += 1;
             } else {
                 i += 1;
             }
+        }
+        self.retired(done);
+    }
+
+    /// `n` sequences left the running set: the gauges (KV bytes and blocks, slots) are
+    /// published before `running` drops, so whoever sees the engine idle sees what it holds
+    /// idle (the tests' `kv_bytes == 0` once idle raced with the next `publish_stats`).
+    fn retired(&self, n: usize) {
+        if n > 0 {
+            self.publish_stats();
+            self.stats.running.fetch_sub(n, Ordering::Release);
         }
     }
 
@@ -391,8 +403,9 @@ impl Scheduler {
             if preempted[i] {
                 let s = self.running.remove(i);
                 self.waiting.push_front(s);
-                self.stats.running.fetch_sub(1, Ordering::Relaxed);
+                // Waiting first: the engine never looks idle in between.
                 self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+                self.stats.running.fetch_sub(1, Ordering::Release);
             }
         }
     }

@@ -74,7 +74,7 @@ fn collect(mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>) -> Outcome {
 
 fn wait_idle(e: &EngineHandle) {
     let t = Instant::now();
-    while e.stats().running.load(Ordering::Relaxed) > 0 || e.stats().waiting.load(Ordering::Relaxed) > 0 {
+    while e.stats().running.load(Ordering::Acquire) > 0 || e.stats().waiting.load(Ordering::Relaxed) > 0 {
         assert!(t.elapsed() < Duration::from_secs(30), "engine did not become idle");
         std::thread::sleep(Duration::from_millis(5));
     }
