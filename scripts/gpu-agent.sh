@@ -4,6 +4,10 @@
 # on the random Qwen3.5-9B-shape preset, written as GGUF first (DTYPE, default bf16; its
 # byte-level tokenizer counts the workload's tokens). Binaries from $PACK (scripts/gpu-pack.sh);
 # the report lands in $OUT/agent (agent.md, agent.json), the server's log in $OUT/serve.log.
+# PEER=1 then serves the same file with llama.cpp's llama-server (/tmp/ll/bin, built by
+# `SERVER=1 PHASE=prep scripts/gpu-peers.sh`, or LLAMA_SERVER=path) and runs the same workload
+# against it: $OUT/agent-llama, its log $OUT/llama-server.log. One server at a time, so neither
+# sizes its memory around the other.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 res=${OUT:-target/gpu-results}
@@ -34,4 +38,22 @@ kill "$pid" 2> /dev/null
 wait "$pid" 2> /dev/null
 rm -rf "$cache"
 tail -5 "$res/serve.log"
+if [ "${PEER:-0}" = 1 ]; then
+  L=${LLAMA_SERVER:-/tmp/ll/bin/llama-server}
+  # Context for the whole session (8K prefix + 10 turns of ~1K), all layers on the GPU, flash
+  # attention, the batch sizes bench-peers.sh gives it on the CPU.
+  LD_LIBRARY_PATH="$(dirname "$L"):${LD_LIBRARY_PATH:-}" "$L" -m "$M" --port 8091 -ngl 99 -fa on -c 32768 -np 1 \
+    -b 2048 -ub 512 --no-webui > "$res/llama-server.log" 2>&1 &
+  lpid=$!
+  for _ in $(seq 1 180); do curl -sf http://127.0.0.1:8091/health > /dev/null && break; sleep 1; done
+  curl -sf http://127.0.0.1:8091/v1/chat/completions -H 'content-type: application/json' \
+    -d "{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": \"$words\"}]}" > /dev/null \
+    || echo "llama-server warm-up request failed"
+  "$T" bench agent --endpoint http://127.0.0.1:8091 --label "llama.cpp cuda 9b $DTYPE" --tokenizer "$M" \
+    --shared-prefix 8192 --context 512 --turns 10 --tool-tokens 100-600 --max-tokens 64 --sessions "${SESSIONS:-1}" \
+    -o "$res/agent-llama" || rc=1
+  kill "$lpid" 2> /dev/null
+  wait "$lpid" 2> /dev/null
+  tail -5 "$res/llama-server.log"
+fi
 exit $rc

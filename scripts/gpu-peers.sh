@@ -11,7 +11,7 @@
 # llama-quantize make each file (the real Q4_K_M mix, and much faster than tandem's Q4_K
 # writer beside the build). FA=0 builds llama.cpp without its flash-attention kernels (a
 # shorter build; both systems' attention then costs little at 512 tokens of context) and
-# runs llama-bench with -fa 0.
+# runs llama-bench with -fa 0. SERVER=1 builds llama-server too (for PEER=1 scripts/gpu-agent.sh).
 # PHASE=prep does only the build and the files (niced, meant to run detached with setsid
 # beside another device call on a warm machine; /tmp/ll/prep.done marks the end), PHASE=bench
 # waits for that mark and measures; the default does both in one call. A build and a 9B file
@@ -40,9 +40,10 @@ prep() {
   else
     ( set -e; tar xJf .peer/llama-src.tar.xz -C /tmp/ll; cd /tmp/ll/llama.cpp
       cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=$([ "${SERVER:-0}" = 1 ] && echo ON || echo OFF) -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_CUDA_FA=$([ "${FA:-1}" = 0 ] && echo OFF || echo ON)
       targets="llama-bench"; [ -n "${QUANTS:-}" ] && targets="llama-bench llama-quantize"
+      [ "${SERVER:-0}" = 1 ] && targets="$targets llama-server"
       cmake --build build --target $targets -j "${BUILD_JOBS:-12}"
       mkdir -p /tmp/ll/bin && cp build/bin/llama-* /tmp/ll/bin/ && cp build/bin/*.so* /tmp/ll/bin/ 2>/dev/null || true
     ) > "$res/llama-build.log" 2>&1 &
