@@ -52,8 +52,11 @@ pub fn run(a: CheckDeviceArgs) -> anyhow::Result<()> {
     let failed = checks.iter().filter(|c| !c.pass).count();
     let summary = format!("{} passed, {failed} failed", checks.len() - failed);
     println!("{summary}");
+    // Which form of tandem's kernels ran (the build's SASS or the driver's JIT of the PTX).
+    let kernels = tandem_model::device::kernel_forms().map(|k| format!("kernel modules: {k}\n")).unwrap_or_default();
+    eprint!("{kernels}");
     if let Some(p) = &a.output {
-        std::fs::write(p, format!("device: {}\n\n{table}\n{summary}\n", tandem_model::device::name(&dev)))
+        std::fs::write(p, format!("device: {}\n{kernels}\n{table}\n{summary}\n", tandem_model::device::name(&dev)))
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if failed > 0 {

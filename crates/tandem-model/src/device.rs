@@ -75,6 +75,20 @@ fn choice() -> DeviceChoice {
     std::env::var("TANDEM_DEVICE").ok().and_then(|s| s.parse().ok()).unwrap_or_default()
 }
 
+/// How this process loaded tandem's CUDA kernel modules so far ("16 as SASS for sm_90, 0 as
+/// PTX"), or `None` when none was loaded (or the build has no CUDA): reports say which form of
+/// the kernels they checked.
+pub fn kernel_forms() -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        let (sass, ptx) = crate::ops::cuda_module::loaded_forms();
+        if sass + ptx > 0 {
+            return Some(format!("{sass} as SASS for sm_{}, {ptx} as PTX (JIT-compiled)", tandem_kernels::CUBIN_CAP));
+        }
+    }
+    None
+}
+
 /// The process's device: opened on the first call from the choice set with
 /// [`set_device_choice`] (else `TANDEM_DEVICE`, else `auto`), the same one afterwards.
 pub fn default_device() -> Result<Device> {

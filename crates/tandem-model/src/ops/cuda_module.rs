@@ -6,6 +6,7 @@
 //! once per device and kept for the process (as candle keeps its own). CUDA builds only.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchArgs};
@@ -66,6 +67,15 @@ fn cubins_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TANDEM_CUBIN").map_or(true, |v| v != "0"))
 }
 
+/// Modules loaded so far as SASS ([0]) and as PTX ([1]).
+static FORMS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// How many modules this process loaded as SASS and as PTX so far (for reports:
+/// `tandem check-device` names the form it checked).
+pub(crate) fn loaded_forms() -> (usize, usize) {
+    (FORMS[0].load(Ordering::Relaxed), FORMS[1].load(Ordering::Relaxed))
+}
+
 fn load(dev: &CudaDevice, code: tandem_kernels::Module) -> candle_core::Result<Arc<CudaModule>> {
     let stream = dev.cuda_stream();
     let ctx = stream.context();
@@ -77,11 +87,16 @@ fn load(dev: &CudaDevice, code: tandem_kernels::Module) -> candle_core::Result<A
         .unwrap_or(false);
     if runs && !code.cubin.is_empty() && cubins_enabled() {
         match ctx.load_module(Ptx::from_binary(code.cubin.to_vec())) {
-            Ok(m) => return Ok(m),
+            Ok(m) => {
+                FORMS[0].fetch_add(1, Ordering::Relaxed);
+                return Ok(m);
+            }
             // A driver older than the toolkit that assembled it may refuse the SASS: its PTX
             // may still load (the driver compiles it).
             Err(e) => tracing::warn!(module = code.stem, "the built SASS did not load ({e}); compiling its PTX"),
         }
     }
-    ctx.load_module(Ptx::from_src(code.ptx)).w()
+    let m = ctx.load_module(Ptx::from_src(code.ptx)).w()?;
+    FORMS[1].fetch_add(1, Ordering::Relaxed);
+    Ok(m)
 }
