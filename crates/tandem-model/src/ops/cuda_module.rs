@@ -36,15 +36,15 @@ impl std::ops::Deref for Kernel {
 /// Kernel lookup by name on a CUDA device.
 pub(crate) trait LoadKernel {
     /// Kernel `name` of `code`, loaded as `module` on this device at its first use.
-    fn kernel(&self, name: &str, module: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel>;
+    fn kernel(&self, name: &str, module: &'static str, code: tandem_kernels::Module) -> candle_core::Result<Kernel>;
 }
 
-type Modules = HashMap<(DeviceId, String), Arc<CudaModule>>;
+type Modules = HashMap<(DeviceId, &'static str), Arc<CudaModule>>;
 
 impl LoadKernel for CudaDevice {
-    fn kernel(&self, name: &str, module: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
+    fn kernel(&self, name: &str, module: &'static str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
         static MODULES: Mutex<Option<Modules>> = Mutex::new(None);
-        let key = (self.id(), module.to_string());
+        let key = (self.id(), module);
         let loaded = {
             let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
             match modules.get_or_insert_with(HashMap::new).get(&key) {
