@@ -40,12 +40,20 @@ rm -rf "$cache"
 tail -5 "$res/serve.log"
 if [ "${PEER:-0}" = 1 ]; then
   L=${LLAMA_SERVER:-/tmp/ll/bin/llama-server}
-  # Context for the whole session (8K prefix + 10 turns of ~1K), all layers on the GPU, flash
-  # attention, the batch sizes bench-peers.sh gives it on the CPU.
-  LD_LIBRARY_PATH="$(dirname "$L"):${LD_LIBRARY_PATH:-}" "$L" -m "$M" --port 8091 -ngl 99 -fa on -c 32768 -np 1 \
+  [ -x "$L" ] || { echo "no llama-server at $L (SERVER=1 PHASE=prep scripts/gpu-peers.sh builds it)"; exit 1; }
+  n=${SESSIONS:-1}
+  # Context for each session (8K prefix + 10 turns of ~1K) in one slot a session, all layers on
+  # the GPU, flash attention unless llama.cpp was built without it (FA=0), the batch sizes
+  # bench-peers.sh gives it on the CPU.
+  LD_LIBRARY_PATH="$(dirname "$L"):${LD_LIBRARY_PATH:-}" "$L" -m "$M" --port 8091 -ngl 99 \
+    -fa "$([ "${FA:-1}" = 0 ] && echo off || echo on)" -c $((32768 * n)) -np "$n" \
     -b 2048 -ub 512 --no-webui > "$res/llama-server.log" 2>&1 &
   lpid=$!
-  for _ in $(seq 1 180); do curl -sf http://127.0.0.1:8091/health > /dev/null && break; sleep 1; done
+  for _ in $(seq 1 180); do
+    curl -sf http://127.0.0.1:8091/health > /dev/null && break
+    kill -0 "$lpid" 2> /dev/null || { echo "llama-server exited:"; tail -5 "$res/llama-server.log"; exit 1; }
+    sleep 1
+  done
   curl -sf http://127.0.0.1:8091/v1/chat/completions -H 'content-type: application/json' \
     -d "{\"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": \"$words\"}]}" > /dev/null \
     || echo "llama-server warm-up request failed"

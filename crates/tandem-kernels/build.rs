@@ -32,6 +32,10 @@ fn main() {
             "ptxas".into()
         }
     });
+    // The capability as digits ("90"): SASS and the runtime check need a plain number.
+    let cap: u32 = cap.trim().parse().unwrap_or_else(|_| {
+        panic!("CUDA_COMPUTE_CAP={cap:?}: expected the compute capability as digits, e.g. 90 for sm_90")
+    });
     println!("cargo:rustc-env=TANDEM_CUBIN_CAP={cap}");
     let mut assembling = Vec::new();
     for src in sources {

@@ -185,8 +185,9 @@ impl Scheduler {
                 self.stats.prompt_tokens.fetch_add(seq.prompt_len(), Ordering::Relaxed);
                 self.stats.prefix_hit_tokens.fetch_add(cached, Ordering::Relaxed);
             }
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            // Running first: the engine never looks idle in between.
             self.stats.running.fetch_add(1, Ordering::Relaxed);
+            self.stats.waiting.fetch_sub(1, Ordering::Release);
             self.running.push(seq);
         }
     }

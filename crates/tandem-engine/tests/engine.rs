@@ -72,9 +72,19 @@ fn collect(mut rx: tokio::sync::mpsc::Receiver<GenerationEvent>) -> Outcome {
     o
 }
 
+/// Waits until nothing runs or waits. The scheduler moves a sequence between the gauges so that
+/// one of them is non-zero throughout (admission: running up, then waiting down; preemption:
+/// waiting up, then running down; retirement: the KV gauges published, then running down), so
+/// waiting, running, waiting read as zero is idle with its gauges published.
 fn wait_idle(e: &EngineHandle) {
     let t = Instant::now();
-    while e.stats().running.load(Ordering::Acquire) > 0 || e.stats().waiting.load(Ordering::Relaxed) > 0 {
+    let s = e.stats();
+    let busy = || {
+        s.waiting.load(Ordering::Acquire) > 0
+            || s.running.load(Ordering::Acquire) > 0
+            || s.waiting.load(Ordering::Acquire) > 0
+    };
+    while busy() {
         assert!(t.elapsed() < Duration::from_secs(30), "engine did not become idle");
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -3,7 +3,7 @@
 //! Each `cuda/<op>.cu` is compiled to PTX by `build.rs` (nvcc, `--features cuda`) and the PTX to
 //! SASS for the build's GPU (ptxas, `sm_<CUDA_COMPUTE_CAP>`), both exposed here as a [`Module`];
 //! the launchers live beside each op's CPU kernel and reference in `tandem-model::ops`, which
-//! load each module once per device (`ops::cuda_util::LoadKernel`): the SASS where the device
+//! load each module once per device (`ops::cuda_module::LoadKernel`): the SASS where the device
 //! runs it (no JIT compilation on first use), else the PTX. Nothing here runs on its own: the
 //! conformance tests (`tandem check-device`, `tandem-model`'s op tests) compare every kernel
 //! with the op's reference on the device at hand.

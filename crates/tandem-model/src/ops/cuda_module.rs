@@ -3,11 +3,12 @@
 //! rather than the driver's JIT compilation of its PTX (all modules together are ~23 s of
 //! ptxas: a fresh machine's first request used to wait for it); the PTX elsewhere, when the
 //! SASS is refused, for `TANDEM_PTX_DIR` variants, or with `TANDEM_CUBIN=0`. Modules are loaded
-//! once per device and kept for the process (as candle keeps its own). CUDA builds only.
+//! once per device and kept for the process, and with them the device's CUDA context (candle
+//! kept them as long as the `CudaDevice`; tandem opens each device once). CUDA builds only.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchArgs};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
@@ -43,17 +44,17 @@ type Modules = HashMap<(DeviceId, &'static str), Arc<CudaModule>>;
 
 impl LoadKernel for CudaDevice {
     fn kernel(&self, name: &str, module: &'static str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
-        static MODULES: Mutex<Option<Modules>> = Mutex::new(None);
+        static MODULES: RwLock<Option<Modules>> = RwLock::new(None);
         let key = (self.id(), module);
-        let loaded = {
-            let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get_or_insert_with(HashMap::new).get(&key) {
-                Some(m) => m.clone(),
-                None => {
-                    let m = load(self, code)?;
-                    modules.get_or_insert_with(HashMap::new).insert(key, m.clone());
-                    m
-                }
+        let known = MODULES.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key).cloned());
+        let loaded = match known {
+            Some(m) => m,
+            None => {
+                // Loaded outside the lock (a PTX may take seconds to compile): other modules and
+                // devices go on meanwhile; if two threads load the same one, the first kept wins.
+                let m = load(self, code)?;
+                let mut modules = MODULES.write().unwrap_or_else(|e| e.into_inner());
+                modules.get_or_insert_with(HashMap::new).entry(key).or_insert(m).clone()
             }
         };
         let func = loaded.load_function(name).w()?;
