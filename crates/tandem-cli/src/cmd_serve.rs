@@ -170,8 +170,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // TANDEM_DEVICE_SAMPLING=0 reads every sampled row whole (for comparisons).
         device_sampling: std::env::var("TANDEM_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
         disk_cache: disk_cache(a.cache_dir.clone(), a.disk_cache_size)?,
-        // TANDEM_STEP_ALIGN=128: steps of prefill chunks beside decodes fill whole GEMM row
-        // tiles (off until measured on a GPU).
+        // Steps of prefill chunks beside decodes fill whole GEMM row tiles: the device's
+        // choice (128 on CUDA, none on the CPU) unless TANDEM_STEP_ALIGN sets it.
         step_align: EngineConfig::default_step_align(),
     };
     let engine = a.model.start_engine(cfg)?;

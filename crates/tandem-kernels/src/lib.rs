@@ -129,19 +129,20 @@ pub const NORM: Module = module!("norm");
 #[cfg(feature = "cuda")]
 pub const TMMA: Module = module!("tmma");
 
-/// Module `stem`: `embedded` (this build's), or with `TANDEM_PTX_DIR` set (a kernel lab's
-/// variants, compiled elsewhere with the same nvcc flags as `build.rs`) the PTX of
+/// `embedded` (this build's module), or with `TANDEM_PTX_DIR` set (a kernel lab's variants,
+/// compiled elsewhere with the same nvcc flags as `build.rs`) the PTX of
 /// `$TANDEM_PTX_DIR/<stem>.ptx` where it exists (no SASS: the driver compiles it), read once
 /// and kept for the process. The conformance tests (`tandem check-device`) then check the
 /// variant like the built kernel.
 #[cfg(feature = "cuda")]
-pub fn ptx(stem: &str, embedded: Module) -> Module {
+pub fn ptx(embedded: Module) -> Module {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static DIR: OnceLock<Option<std::ffi::OsString>> = OnceLock::new();
-    static LOADED: OnceLock<Mutex<HashMap<String, Module>>> = OnceLock::new();
+    static LOADED: OnceLock<Mutex<HashMap<&'static str, Module>>> = OnceLock::new();
     // Called on every launch: without the variable, no lookup and no lock.
     let Some(dir) = DIR.get_or_init(|| std::env::var_os("TANDEM_PTX_DIR")) else { return embedded };
+    let stem = embedded.stem;
     let mut loaded = LOADED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&m) = loaded.get(stem) {
         return m;
@@ -150,11 +151,11 @@ pub fn ptx(stem: &str, embedded: Module) -> Module {
     let module = match std::fs::read_to_string(&path) {
         Ok(t) => {
             eprintln!("tandem-kernels: {stem} from {}", path.display());
-            Module { stem: embedded.stem, ptx: Box::leak(t.into_boxed_str()), cubin: &[] }
+            Module { stem, ptx: Box::leak(t.into_boxed_str()), cubin: &[] }
         }
         Err(_) => embedded,
     };
-    loaded.insert(stem.to_string(), module);
+    loaded.insert(stem, module);
     module
 }
 

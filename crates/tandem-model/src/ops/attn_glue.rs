@@ -131,10 +131,8 @@ pub(crate) mod cuda {
     use crate::ops::cuda_module::LoadKernel as _;
     use crate::ops::cuda_util::{alloc_f32, cuda_device, f32_rows, i32_of, run, tensor, Inputs};
 
-    const MODULE: &str = "tandem_attn_glue";
-
     fn ptx() -> tandem_kernels::Module {
-        tandem_kernels::ptx("attn_glue", tandem_kernels::ATTN_GLUE)
+        tandem_kernels::ptx(tandem_kernels::ATTN_GLUE)
     }
 
     /// Head-major `(q [nh, total, hd], k [nkv, total, hd], v [nkv, total, hd])` from the
@@ -225,7 +223,7 @@ pub(crate) mod cuda {
             let (ti, nhi, hdi, roti, qhi) = (i32_of(total)?, i32_of(nh)?, i32_of(hd)?, i32_of(rot)?, i32_of(qhead)?);
             let grid_x = u32::try_from(total).map_err(|_| ModelError::Input("attention glue: too many rows".into()))?;
             let null = 0u64;
-            let f = dev.kernel("attn_prep", MODULE, ptx())?;
+            let f = dev.kernel("attn_prep", ptx())?;
             let mut b = f.builder();
             b.arg(&qo).arg(&ko).arg(&vo).arg(&qv).arg(&ldq).arg(&kv).arg(&ldk).arg(&vv).arg(&ldv);
             match &weights {
@@ -263,7 +261,7 @@ pub(crate) mod cuda {
             let (av, qv) = (inputs.view::<f32>(0)?, inputs.view::<f32>(1)?);
             let (ti, nhi, hdi, ldq) = (i32_of(total)?, i32_of(nh)?, i32_of(hd)?, ldq as i64);
             let blocks = (total * nh * hd).div_ceil(256).min(4096) as u32;
-            let f = dev.kernel("attn_gate", MODULE, ptx())?;
+            let f = dev.kernel("attn_gate", ptx())?;
             let mut b = f.builder();
             b.arg(&out).arg(&av).arg(&qv).arg(&ldq).arg(&ti).arg(&nhi).arg(&hdi);
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

@@ -36,16 +36,16 @@ impl std::ops::Deref for Kernel {
 
 /// Kernel lookup by name on a CUDA device.
 pub(crate) trait LoadKernel {
-    /// Kernel `name` of `code`, loaded as `module` on this device at its first use.
-    fn kernel(&self, name: &str, module: &'static str, code: tandem_kernels::Module) -> candle_core::Result<Kernel>;
+    /// Kernel `name` of `code`, its module loaded on this device at its first use.
+    fn kernel(&self, name: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel>;
 }
 
 type Modules = HashMap<(DeviceId, &'static str), Arc<CudaModule>>;
 
 impl LoadKernel for CudaDevice {
-    fn kernel(&self, name: &str, module: &'static str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
+    fn kernel(&self, name: &str, code: tandem_kernels::Module) -> candle_core::Result<Kernel> {
         static MODULES: RwLock<Option<Modules>> = RwLock::new(None);
-        let key = (self.id(), module);
+        let key = (self.id(), code.stem);
         let known = MODULES.read().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key).cloned());
         let loaded = match known {
             Some(m) => m,

@@ -57,8 +57,6 @@ mod cuda {
     use crate::ops::cuda_module::LoadKernel as _;
     use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 
-    const MODULE: &str = "tandem_norm";
-
     fn f32c(t: &Tensor) -> Result<Tensor> {
         Ok(t.to_dtype(DType::F32)?.contiguous()?)
     }
@@ -85,7 +83,7 @@ mod cuda {
             let dv = if dc.is_some() { Some(inputs.view::<f32>(2)?) } else { None };
             let ni = i32_of(n)?;
             let grid = u32::try_from(rows).map_err(|_| ModelError::Input("rms_norm: too many rows".into()))?;
-            let f = dev.kernel("rmsnorm_rows", MODULE, tandem_kernels::ptx("norm", tandem_kernels::NORM))?;
+            let f = dev.kernel("rmsnorm_rows", tandem_kernels::ptx(tandem_kernels::NORM))?;
             let mut b = f.builder();
             let null = 0u64;
             b.arg(&xv);
@@ -143,7 +141,7 @@ mod cuda {
             let (ga, ua) = (device_address(&gv)?, device_address(&uv)?);
             let (ri, ni) = (i32_of(rows)?, i32_of(n)?);
             let blocks = (rows * n).div_ceil(256).min(4096) as u32;
-            let f = dev.kernel("silu_mul_rows", MODULE, tandem_kernels::ptx("norm", tandem_kernels::NORM))?;
+            let f = dev.kernel("silu_mul_rows", tandem_kernels::ptx(tandem_kernels::NORM))?;
             let mut b = f.builder();
             b.arg(&ga).arg(&gs).arg(&ua).arg(&us).arg(&out).arg(&ri).arg(&ni);
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

@@ -10,8 +10,6 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_gdn";
-
 /// The kernel `{family}_{32|64|128|256}` instantiated for key dim `dk` (the smallest that holds
 /// it), or an error naming `what` for key dims over 256.
 fn by_key_dim(family: &str, dk: usize, what: &str) -> Result<String> {
@@ -49,7 +47,7 @@ pub fn conv_silu(x: &Tensor, state: &Tensor, w: &Tensor, lanes: bool) -> Result<
     let (xv, sv, wv) = (inputs.view::<f32>(0)?, inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, chi, ki) = (i32_of(t)?, i32_of(ch)?, i32_of(kernel)?);
     let null = 0u64;
-    let f = dev.kernel("gdn_conv_silu", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel("gdn_conv_silu", tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&y);
     b.arg(&next);
@@ -97,7 +95,7 @@ pub fn delta_rule(
     let views = (0..6).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut b = f.builder();
     b.arg(&o);
     b.arg(&next);
@@ -162,7 +160,7 @@ pub fn delta_fused(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o);
     bld.arg(&next);
@@ -233,7 +231,7 @@ fn delta_cols(
     let views = (0..ts.len()).map(|i| inputs.view::<f32>(i)).collect::<Result<Vec<_>>>()?;
     let (ti, nk, nv, dk, dv) = (i32_of(t)?, i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
     let null = 0u64;
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut bld = f.builder();
     bld.arg(&o_raw).arg(&next);
     match &lane_buf {
@@ -256,11 +254,7 @@ fn delta_cols(
     drop(bld);
     let rows = t * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
-    let f = dev.kernel(
-        "gdn_gated_norm",
-        "tandem_gdn_chunked",
-        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
-    )?;
+    let f = dev.kernel("gdn_gated_norm", tandem_kernels::ptx(tandem_kernels::GDN_CHUNKED))?;
     let mut bl = f.builder();
     let ldz = i32_of(d.nv * d.dv)?; // z contiguous [t, nv dv]
     bl.arg(&o).arg(&o_raw).arg(&views[6]).arg(&views[7]).arg(&rowsi).arg(&dv).arg(&eps).arg(&nv).arg(&ldz);
@@ -289,7 +283,7 @@ mod tests {
             for dk in [1, 32, 33, 64, 100, 128, 200, 256] {
                 let name = by_key_dim(family, dk, "test").unwrap();
                 assert!(
-                    tandem_kernels::ptx("gdn", tandem_kernels::GDN).contains(&format!(".entry {name}(")),
+                    tandem_kernels::ptx(tandem_kernels::GDN).contains(&format!(".entry {name}(")),
                     "{name} is not in gdn.ptx"
                 );
             }

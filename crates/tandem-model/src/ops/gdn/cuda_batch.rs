@@ -17,8 +17,6 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, f32_rows, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_gdn";
-
 /// One sequence of a batch: its token count and input states (`conv` `[K-1, ch]`, `ssm`
 /// `[nv dk dv]`, f32 on the device).
 pub struct BatchSeq<'a> {
@@ -193,7 +191,7 @@ fn launch(
     let u = alloc_f32(&dev, total * ch)?;
     let conv_next = if fresh { Some(alloc_f32(&dev, bsz * hist * ch)?) } else { None };
     let conv_lanes = if lanes { Some(alloc_f32(&dev, total * hist * ch)?) } else { None };
-    let f = dev.kernel("gdn_conv_silu_batch", MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel("gdn_conv_silu_batch", tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&u);
     match &conv_next {
@@ -217,7 +215,7 @@ fn launch(
     let ssm_next = if fresh { Some(alloc_f32(&dev, bsz * d.state_len())?) } else { None };
     let ssm_lanes = if lanes { Some(alloc_f32(&dev, total * d.state_len())?) } else { None };
     let (nk, nv, dk, dv) = (i32_of(d.nk)?, i32_of(d.nv)?, i32_of(d.dk)?, i32_of(d.dv)?);
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn", tandem_kernels::GDN))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::GDN))?;
     let mut bl = f.builder();
     bl.arg(&o_raw);
     match &ssm_next {
@@ -245,11 +243,7 @@ fn launch(
     let rows = total * d.nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
     let o = alloc_f32(&dev, rows * d.dv)?;
-    let f = dev.kernel(
-        "gdn_gated_norm",
-        "tandem_gdn_chunked",
-        tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED),
-    )?;
+    let f = dev.kernel("gdn_gated_norm", tandem_kernels::ptx(tandem_kernels::GDN_CHUNKED))?;
     let mut bl = f.builder();
     bl.arg(&o).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dv).arg(&eps).arg(&nv).arg(&ldz);
     let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

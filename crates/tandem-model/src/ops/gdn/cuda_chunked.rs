@@ -12,7 +12,6 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, f32_rows, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_gdn_chunked";
 /// The kernels' chunk length (`WY_C`), the same as the CPU's [`super::CHUNK`].
 const WY_C: usize = 64;
 /// Value columns per block of the state pass (`WY_COLS`).
@@ -88,7 +87,7 @@ pub fn step_chunked(
     let (ti, nki, nvi, dki, dvi) = (i32_of(t)?, i32_of(d.nk)?, i32_of(nv)?, i32_of(dk)?, i32_of(dv)?);
     let chunks_u32 = u32::try_from(chunks).map_err(|_| ModelError::Input(format!("gdn chunked step: {t} tokens")))?;
 
-    let f = dev.kernel("gdn_wy_prep", MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
+    let f = dev.kernel("gdn_wy_prep", tandem_kernels::ptx(tandem_kernels::GDN_CHUNKED))?;
     let mut bl = f.builder();
     bl.arg(&qn).arg(&kn).arg(&w).arg(&uu).arg(&gam).arg(&pm);
     bl.arg(&uv).arg(&bv).arg(&av).arg(&dtb).arg(&nga);
@@ -101,7 +100,7 @@ pub fn step_chunked(
 
     let staged = wy_staged(dk);
     let name = if staged { "gdn_wy_state_staged" } else { "gdn_wy_state" };
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::GDN_CHUNKED))?;
     let smem = wy_state_smem(dk, staged);
     if staged {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
@@ -123,7 +122,7 @@ pub fn step_chunked(
 
     let rows = t * nv;
     let (rowsi, eps) = (i32_of(rows)?, p.eps);
-    let f = dev.kernel("gdn_gated_norm", MODULE, tandem_kernels::ptx("gdn_chunked", tandem_kernels::GDN_CHUNKED))?;
+    let f = dev.kernel("gdn_gated_norm", tandem_kernels::ptx(tandem_kernels::GDN_CHUNKED))?;
     let mut bl = f.builder();
     let ldz = i32_of(ldz)?;
     bl.arg(&y).arg(&o_raw).arg(&zv).arg(&nw).arg(&rowsi).arg(&dvi).arg(&eps).arg(&nvi).arg(&ldz);

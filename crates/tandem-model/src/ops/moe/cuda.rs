@@ -13,8 +13,6 @@ use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, cuda_device, device_address, i32_of, run, tensor, Inputs};
 use crate::ops::quant::cuda_quant::WeightFormat;
 
-const MOE: &str = "tandem_moe";
-const QMM: &str = "tandem_qmatmul";
 /// Most experts the routing and sorting kernels take (shared memory).
 const MAX_EXPERTS: usize = 8192;
 /// CUDA's limit on a grid's y dimension: slots go in launches of at most this many.
@@ -78,7 +76,7 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
         (i32_of(e)?, i32_of(top_k)?, i32_of(r.norm_topk as usize)?, i32_of(hidden)?, i32_of(inter)?);
     let si = i32_of(slots)?;
 
-    let f = dev.kernel("moe_route", MOE, tandem_kernels::ptx("moe", tandem_kernels::MOE))?;
+    let f = dev.kernel("moe_route", tandem_kernels::ptx(tandem_kernels::MOE))?;
     let mut b = f.builder();
     b.arg(&ids).arg(&wts).arg(&lv).arg(&ei).arg(&ki).arg(&ni);
     let cfg = LaunchConfig { grid_dim: (m as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: (e * 4) as u32 };
@@ -86,7 +84,7 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
     unsafe { run(&mut b, cfg, "moe_route")? };
     drop(b);
 
-    let f = dev.kernel("moe_sort", MOE, tandem_kernels::ptx("moe", tandem_kernels::MOE))?;
+    let f = dev.kernel("moe_sort", tandem_kernels::ptx(tandem_kernels::MOE))?;
     let mut b = f.builder();
     b.arg(&order).arg(&ids).arg(&si).arg(&ei);
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: (e * 4) as u32 };
@@ -101,7 +99,7 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
         return Err(ModelError::Input("MoE: gate and up stacks have different expert strides".into()));
     }
     let name = format!("moe_gate_up_{}", fg.suffix);
-    let f = dev.kernel(&name, QMM, tandem_kernels::ptx("qmatmul", tandem_kernels::QMATMUL))?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMATMUL))?;
     let (grow, drow) = (fg.row_bytes(hidden) as i64, fd.row_bytes(inter) as i64);
     let xdiv = i32_of(top_k)?;
     let one = 1i32;
@@ -120,7 +118,7 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
         unsafe { run(&mut b, cfg, &name)? };
     }
     let name = format!("moe_matmul_{}", fd.suffix);
-    let f = dev.kernel(&name, QMM, tandem_kernels::ptx("qmatmul", tandem_kernels::QMATMUL))?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMATMUL))?;
     for s0 in (0..slots).step_by(MAX_GRID_Y) {
         let n_s = (slots - s0).min(MAX_GRID_Y);
         let ord = order.slice(s0..s0 + n_s);
@@ -136,7 +134,7 @@ pub(super) fn forward(r: &RoutedExperts, x: &Tensor, logits: &Tensor) -> Result<
         unsafe { run(&mut b, cfg, &name)? };
     }
 
-    let f = dev.kernel("moe_combine", MOE, tandem_kernels::ptx("moe", tandem_kernels::MOE))?;
+    let f = dev.kernel("moe_combine", tandem_kernels::ptx(tandem_kernels::MOE))?;
     let mut b = f.builder();
     b.arg(&out).arg(&y).arg(&wts).arg(&hi).arg(&ki);
     let cfg = LaunchConfig {

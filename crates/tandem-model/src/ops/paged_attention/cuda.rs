@@ -37,7 +37,7 @@ pub fn encode_rows(x: &Tensor, kv: KvDtype) -> Result<Tensor> {
     // SAFETY: the kernel writes every byte of every block.
     let out = unsafe { dev.alloc::<u8>((n * row_bytes).max(1))? };
     let nb = i32_of(blocks)?;
-    let f = dev.kernel(name, "tandem_kv_quant", tandem_kernels::ptx("kv_quant", tandem_kernels::KV_QUANT))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::KV_QUANT))?;
     let mut b = f.builder();
     b.arg(&out).arg(&xv).arg(&nb);
     let cfg = LaunchConfig {
@@ -195,11 +195,7 @@ pub fn paged_attention(
     let args = [i32_of(nh)?, i32_of(nkv)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(kv.block_size)?];
     let scale = scale as f32;
     let window = i32_of(kv.window)?;
-    let f = dev.kernel(
-        &name,
-        "tandem_paged_attention",
-        tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-    )?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
     if smem > 0 {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
     }
@@ -236,11 +232,7 @@ pub fn paged_attention(
     }
     if let Some(p) = &part {
         let merge = "paged_attention_merge";
-        let f = dev.kernel(
-            merge,
-            "tandem_paged_attention",
-            tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION),
-        )?;
+        let f = dev.kernel(merge, tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
         let (nhi, ti, hdi, pi, nsi) = (i32_of(nh)?, i32_of(t)?, i32_of(hd)?, i32_of(past)?, i32_of(nsplit)?);
         let mut b = f.builder();
         b.arg(&out).arg(p).arg(&nhi).arg(&ti).arg(&hdi).arg(&pi).arg(&nsi);

@@ -20,7 +20,6 @@ use crate::ops::cuda_util::{
 pub(crate) const SPLIT: usize = 256;
 /// Threads of an attention block (`WARPS * 32` in `cuda/paged_attention.cu`).
 pub(crate) const THREADS: u32 = 128;
-const MODULE: &str = "tandem_paged_attention";
 
 /// One sequence of a batch: its block table, positions already written, new rows.
 pub struct SeqRows<'a> {
@@ -144,8 +143,7 @@ pub fn scatter_rows(pool: &Tensor, rows: &Tensor, bt: &BatchTables) -> Result<()
     let inputs = Inputs::new(&[&bt.buf])?;
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let n = i32_of(bt.total)?;
-    let f =
-        dev.kernel("kv_scatter_rows", MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+    let f = dev.kernel("kv_scatter_rows", tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
     let mut b = f.builder();
     b.arg(&dst).arg(&src).arg(&slots).arg(&n).arg(&row_bytes);
     let cfg =
@@ -194,7 +192,7 @@ pub fn store_rows(k_pool: &Tensor, v_pool: &Tensor, k: &Tensor, v: &Tensor, bt: 
     let slots = inputs.view::<u32>(0)?.slice(bt.slots_at..bt.slots_at + bt.total);
     let (kv_, vv) = (inputs.view::<f32>(1)?, inputs.view::<f32>(2)?);
     let (ti, nkvi, hdi) = (i32_of(total)?, i32_of(nkv)?, i32_of(hd)?);
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
     let mut b = f.builder();
     b.arg(&kd).arg(&vd).arg(&kv_).arg(&vv).arg(&slots).arg(&ti).arg(&nkvi).arg(&hdi);
     let warps = total * nkv;
@@ -250,7 +248,7 @@ pub fn attention(
     let window = i32_of(window)?;
     let grid_z = u32::try_from(pstride * bt.nseq).ok().filter(|&z| z <= 65_535);
     let grid_z = grid_z.ok_or_else(|| ModelError::Input("batched paged attention: too many segments".into()))?;
-    let f = dev.kernel(&name, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
     if smem > 0 {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
     }
@@ -287,7 +285,7 @@ pub fn attention(
     }
     if let Some(p) = &part {
         let merge = "paged_attention_merge_batch";
-        let f = dev.kernel(merge, MODULE, tandem_kernels::ptx("paged_attention", tandem_kernels::PAGED_ATTENTION))?;
+        let f = dev.kernel(merge, tandem_kernels::ptx(tandem_kernels::PAGED_ATTENTION))?;
         let mut b = f.builder();
         b.arg(&out).arg(p).arg(&meta).arg(&args[0]).arg(&args[2]).arg(&args[4]).arg(&args[5]);
         let cfg = LaunchConfig {

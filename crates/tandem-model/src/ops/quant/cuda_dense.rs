@@ -50,7 +50,7 @@ pub fn forward(w: &Tensor, x: &Tensor) -> Result<Tensor> {
         DType::F16 => "rowinv_matmul_f16",
         _ => "rowinv_matmul_bf16",
     };
-    let f = dev.kernel(name, "tandem_matmul", tandem_kernels::ptx("matmul", tandem_kernels::MATMUL))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::MATMUL))?;
     let mut pieces = Vec::with_capacity(m.div_ceil(MAX_ROWS));
     let mut r0 = 0;
     while r0 < m {

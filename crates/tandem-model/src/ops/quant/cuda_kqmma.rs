@@ -19,10 +19,8 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_kqmma";
-
 fn ptx() -> tandem_kernels::Module {
-    tandem_kernels::ptx("kqmma", tandem_kernels::KQMMA)
+    tandem_kernels::ptx(tandem_kernels::KQMMA)
 }
 
 /// Whether K-quant weights take these kernels (the default).
@@ -42,7 +40,6 @@ pub fn takes(fmt: WeightFormat, w: u64, k: usize) -> bool {
 /// Output columns per block of `qkgemm_*` (`KG_BN`).
 const GEMM_COLS: usize = 64;
 
-const BIG_MODULE: &str = "tandem_kqgemm";
 /// Rows from which calls take `qkgemm64_*` / `qkgemm128_*`.
 const BIG_ROWS: usize = 64;
 
@@ -123,7 +120,6 @@ fn gemv_max_rows() -> usize {
     })
 }
 
-const SKINNY_MODULE: &str = "tandem_kqskinny";
 /// Output columns of a `qkmvm_*` block (`KS_COLS`).
 const SKINNY_COLS: usize = 16;
 
@@ -226,14 +222,14 @@ pub(crate) fn matmul_of(
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     if let Some([(ga, ldg), (ua, ldu)]) = &gated {
         let name = "q8k_quantize_rows_gated";
-        let f = dev.kernel(name, MODULE, ptx())?;
+        let f = dev.kernel(name, ptx())?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(&xs).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
         // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of k
         // values, ldg / ldu values apart (gated_rows); one warp per 256-value superblock.
         unsafe { run(&mut b, cfg, name)? };
     } else if let Some(xv) = &xv {
-        let f = dev.kernel("q8k_quantize_rows", MODULE, ptx())?;
+        let f = dev.kernel("q8k_quantize_rows", ptx())?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(&xs).arg(xv).arg(&mi).arg(&ki);
         // SAFETY: arguments in q8k_quantize_rows' order; one warp per 256-value superblock of x [m, k].
@@ -250,9 +246,9 @@ pub(crate) fn matmul_of(
             .ok_or_else(|| ModelError::Input(format!("k-quant matmul: {n} output columns")))
     };
     let (gx, gy) = (i32::MAX as u32, 65_535);
-    // The kernel for this call: (module, its PTX, name, launch, the dynamic shared memory it
+    // The kernel for this call: (its module, name, launch, the dynamic shared memory it
     // may ask for at most).
-    let (module, code, name, cfg, smem_max) = if m >= BIG_ROWS && big_gemm() {
+    let (code, name, cfg, smem_max) = if m >= BIG_ROWS && big_gemm() {
         // Many rows: the prefill GEMM (kqgemm.cu), bt x bt tiles decoded once a block; 4 bt
         // threads, KbLayout's dynamic shared memory (the kernel traps on less).
         use crate::ops::cuda_util::{max_shared_optin, sm_count};
@@ -263,24 +259,24 @@ pub(crate) fn matmul_of(
         let threads = 4 * bt as u32;
         let cfg =
             LaunchConfig { grid_dim: (grid_x, cols(bt, gy)?, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
-        let code = tandem_kernels::ptx("kqgemm", tandem_kernels::KQGEMM);
-        (BIG_MODULE, code, format!("qkgemm{bt}_{}", fmt.suffix), cfg, smem)
+        let code = tandem_kernels::ptx(tandem_kernels::KQGEMM);
+        (code, format!("qkgemm{bt}_{}", fmt.suffix), cfg, smem)
     } else if m <= 8 && m >= skinny_min_rows() {
         // A few rows: one int8 mma per sub-block of 16 columns takes all of them (kqskinny.cu);
         // four warps, ks_smem_bytes for m rows of dynamic shared memory (it traps on less).
         let smem = skinny_smem_bytes(fmt.suffix, m);
         let cfg =
             LaunchConfig { grid_dim: (cols(SKINNY_COLS, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
-        let code = tandem_kernels::ptx("kqskinny", tandem_kernels::KQSKINNY);
+        let code = tandem_kernels::ptx(tandem_kernels::KQSKINNY);
         let name = match skinny_group() {
             1 => format!("qkmvm_{}", fmt.suffix),
             g => format!("qkmvm_{}_g{g}", fmt.suffix),
         };
-        (SKINNY_MODULE, code, name, cfg, skinny_smem_bytes(fmt.suffix, 8))
+        (code, name, cfg, skinny_smem_bytes(fmt.suffix, 8))
     } else if m <= gemv_max_rows() {
         // qkmv: 4 warps a block, a warp per column; static shared memory.
         let cfg = LaunchConfig { grid_dim: (cols(4, gx)?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        (MODULE, ptx(), format!("qkmv_{}_{}", fmt.suffix, m.next_power_of_two()), cfg, 0)
+        (ptx(), format!("qkmv_{}_{}", fmt.suffix, m.next_power_of_two()), cfg, 0)
     } else {
         // qkgemm: 8 warps, 64 columns x nt rows a block; static shared memory.
         let nt = if m <= 16 { 16 } else { 32 };
@@ -289,9 +285,9 @@ pub(crate) fn matmul_of(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        (MODULE, ptx(), format!("qkgemm_{}_{nt}", fmt.suffix), cfg, 0)
+        (ptx(), format!("qkgemm_{}_{nt}", fmt.suffix), cfg, 0)
     };
-    let f = dev.kernel(&name, module, code)?;
+    let f = dev.kernel(&name, code)?;
     if smem_max > 0 {
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem_max)?;
     }

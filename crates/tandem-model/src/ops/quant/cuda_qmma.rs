@@ -19,8 +19,6 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_qmma";
-const GEMM_MODULE: &str = "tandem_q8gemm";
 /// Columns and rows of a `qgemm64_q8_0` block (`QG_BN`, `QG_BM`), and the calls (in rows) that
 /// take it.
 const GEMM_TILE: usize = 64;
@@ -156,17 +154,17 @@ pub(crate) fn matmul_q8_0_of(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let ptx = tandem_kernels::ptx("qmma", tandem_kernels::QMMA);
+    let ptx = tandem_kernels::ptx(tandem_kernels::QMMA);
     if let Some([(ga, ldg), (ua, ldu)]) = &gated {
         let name = "q8_quantize_rows_gated";
-        let f = dev.kernel(name, MODULE, ptx)?;
+        let f = dev.kernel(name, ptx)?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(ga).arg(ldg).arg(ua).arg(ldu).arg(&mi).arg(&ki);
         // SAFETY: arguments in the kernel's order; g and u are live f32 views of m rows of k
         // values, ldg / ldu values apart (gated_rows); one warp per 32-value block.
         unsafe { run(&mut b, cfg, name)? };
     } else if let Some(xv) = &xv {
-        let f = dev.kernel("q8_quantize_rows", MODULE, ptx)?;
+        let f = dev.kernel("q8_quantize_rows", ptx)?;
         let mut b = f.builder();
         b.arg(&xq).arg(&dx).arg(xv).arg(&mi).arg(&ki);
         // SAFETY: arguments in q8_quantize_rows' order; one warp per 32-value block of x [m, k].
@@ -183,7 +181,7 @@ pub(crate) fn matmul_q8_0_of(
     if m <= gemv_rows && gemv_enabled() && gemv_fits(w, k, rb) {
         let r = m.next_power_of_two();
         let name = format!("qmv_q8_0_{r}");
-        let f = dev.kernel(&name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
+        let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMMA))?;
         let mut b = f.builder();
         b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
@@ -200,7 +198,7 @@ pub(crate) fn matmul_q8_0_of(
         // 2..8 rows: 16 columns a block, eight warps streaming their segments by cp.async
         // (QS_SMEM bytes of dynamic shared memory: the kernel traps on less).
         let name = "qmvm_q8_0";
-        let f = dev.kernel(name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
+        let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::QMMA))?;
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, SKINNY_SMEM)?;
         let mut b = f.builder();
         b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
@@ -222,7 +220,7 @@ pub(crate) fn matmul_q8_0_of(
         let bt = gemm_tile(m, n, sm_count(&dev), max_shared_optin(&dev));
         let name = if bt == 128 { "qgemm128_q8_0" } else { "qgemm64_q8_0" };
         let smem = gemm_smem(bt);
-        let f = dev.kernel(name, GEMM_MODULE, tandem_kernels::ptx("q8gemm", tandem_kernels::Q8GEMM))?;
+        let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::Q8GEMM))?;
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
         let grid_y = u32::try_from(n.div_ceil(bt)).ok().filter(|&g| g <= 65_535);
         let grid_y = grid_y.ok_or_else(|| ModelError::Input(format!("q8_0 gemm: {n} output columns")))?;
@@ -247,7 +245,7 @@ pub(crate) fn matmul_q8_0_of(
         _ => 64,
     };
     let name = format!("qmma_q8_0_{nt}");
-    let f = dev.kernel(&name, MODULE, tandem_kernels::ptx("qmma", tandem_kernels::QMMA))?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMMA))?;
     let mut b = f.builder();
     b.arg(&y).arg(&xq).arg(&dx).arg(&w).arg(&mi).arg(&ni).arg(&ki).arg(&rbl);
     let cfg =

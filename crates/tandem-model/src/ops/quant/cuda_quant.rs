@@ -239,7 +239,7 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
     let staged = fmt.block == 1 && staged_rows(m) && k.is_multiple_of(32) && w.is_multiple_of(16);
     if staged {
         let name = format!("qmatmul_staged_{}_{}", fmt.suffix, m.next_power_of_two());
-        let f = dev.kernel(&name, "tandem_qmatmul", tandem_kernels::ptx("qmatmul", tandem_kernels::QMATMUL))?;
+        let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMATMUL))?;
         let inputs = Inputs::new(&[&x])?;
         let xv = inputs.view::<f32>(0)?;
         let y = alloc_f32(&dev, m * n)?;
@@ -262,7 +262,7 @@ pub(crate) fn matmul_raw(fmt: WeightFormat, w: u64, n: usize, k: usize, x: &Tens
         _ if single => format!("qmatmul1_{}", fmt.suffix),
         _ => format!("qmatmul_{}", fmt.suffix),
     };
-    let f = dev.kernel(&name, "tandem_qmatmul", tandem_kernels::ptx("qmatmul", tandem_kernels::QMATMUL))?;
+    let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::QMATMUL))?;
     let inputs = Inputs::new(&[&x])?;
     let xv = inputs.view::<f32>(0)?;
     let y = alloc_f32(&dev, m * n)?;

@@ -26,8 +26,6 @@ use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
 use crate::ops::cuda_util::{alloc_f32, allow_dynamic_shared, cuda_device, i32_of, run, tensor, Inputs};
 
-const MODULE: &str = "tandem_tmma";
-
 use super::bf16_act::{activations, Bf16Activations};
 
 /// The kernels' name suffix for the process's choice (`_h`: the hi halves alone).
@@ -125,7 +123,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
         let nt = if m <= 8 { 8 } else { 16 };
         let stages = gemv_stages();
         let name = format!("tmv_bf16_{nt}_{stages}{}", suffix());
-        let f = dev.kernel(&name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+        let f = dev.kernel(&name, tandem_kernels::ptx(tandem_kernels::TMMA))?;
         let smem = (TV_WARPS * stages * TV_STAGE_BYTES) as u32;
         allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), &name, smem)?;
         let grid_x =
@@ -152,7 +150,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     let xh = unsafe { dev.alloc::<u16>(total) }?;
     let xl = if lo { Some(unsafe { dev.alloc::<u16>(total) }?) } else { None };
     let split = if lo { "bf16_split_rows" } else { "bf16_hi_rows" };
-    let f = dev.kernel(split, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let f = dev.kernel(split, tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let mut b = f.builder();
     let tl = total as i64;
     b.arg(&xh);
@@ -173,7 +171,7 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
         return split_gemm(&dev, y, &xh, xl.as_ref(), w, (m, n, k));
     }
     let name = if lo { "tmmg_bf16" } else { "tmmg_bf16_h" };
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let grid_x =
         u32::try_from(m.div_ceil(128)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = column_blocks(n)?;
@@ -210,7 +208,7 @@ fn split_gemm(
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let part = alloc_f32(dev, 8 * m * n)?;
     let name = if xl.is_some() { "tmmk_bf16" } else { "tmmk_bf16_h" };
-    let f = dev.kernel(name, MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let grid_x = u32::try_from(m.div_ceil(64)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
     let grid_y = column_blocks(n)?;
     let mut b = f.builder();
@@ -227,7 +225,7 @@ fn split_gemm(
     // partition in z.
     unsafe { run(&mut b, cfg, name)? };
     drop(b);
-    let f = dev.kernel("tmmk_sum", MODULE, tandem_kernels::ptx("tmma", tandem_kernels::TMMA))?;
+    let f = dev.kernel("tmmk_sum", tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let mn = (m * n) as i64;
     let blocks =
         u32::try_from((m * n).div_ceil(256)).map_err(|_| ModelError::Input("bf16 mma matmul: y too large".into()))?;

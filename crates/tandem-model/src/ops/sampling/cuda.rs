@@ -23,8 +23,7 @@ pub fn top_candidates(logits: &Tensor, k: usize, inv_t: f32) -> Result<TopCandid
     // SAFETY: the kernel writes the first min(k, vocab) ids and values and the mass.
     let out = unsafe { dev.alloc::<u32>(2 * k + 2) }.map_err(err("top candidates"))?;
     let (v, ki) = (i32_of(vocab)?, i32_of(k)?);
-    let f =
-        dev.kernel("top_candidates", "tandem_sampling", tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING))?;
+    let f = dev.kernel("top_candidates", tandem_kernels::ptx(tandem_kernels::SAMPLING))?;
     {
         let (ids, vals, mass) = (out.slice(0..k), out.slice(k..2 * k), out.slice(2 * k..2 * k + 2));
         let mut b = f.builder();
@@ -67,7 +66,7 @@ pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
     // One 64-bit word per row (two u32 here), zeroed: below every packed value.
     let out = dev.alloc_zeros::<u32>(2 * rows).map_err(err("argmax"))?;
     let ni = i32_of(n)?;
-    let f = dev.kernel("argmax_rows", "tandem_sampling", tandem_kernels::ptx("sampling", tandem_kernels::SAMPLING))?;
+    let f = dev.kernel("argmax_rows", tandem_kernels::ptx(tandem_kernels::SAMPLING))?;
     {
         let mut b = f.builder();
         b.arg(&view).arg(&ni).arg(&out);
