@@ -36,6 +36,12 @@ pub struct WorkloadConfig {
     pub single_turn: bool,
     /// Prompt tokens of the single-turn mode.
     pub single_turn_prompt_tokens: usize,
+    /// The conversation carries a reply of `max_tokens` tokens from the workload
+    /// ([`TurnPlan::reply`]) instead of each answer the server gave, so every system under
+    /// test sees the same prompts (a random-weight model's answers differ from server to
+    /// server, and so would every later prompt).
+    #[serde(default)]
+    pub fixed_replies: bool,
 }
 
 impl Default for WorkloadConfig {
@@ -54,6 +60,7 @@ impl Default for WorkloadConfig {
             think_time_ms: 0,
             single_turn: false,
             single_turn_prompt_tokens: 128,
+            fixed_replies: false,
         }
     }
 }
@@ -70,6 +77,9 @@ pub struct Sized {
 pub struct TurnPlan {
     pub tool_result: Sized,
     pub user: Sized,
+    /// The assistant's reply the conversation carries on with ([`WorkloadConfig::fixed_replies`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Sized>,
 }
 
 /// One session: its context and turns.
@@ -293,12 +303,18 @@ pub fn generate(cfg: &WorkloadConfig, counter: &dyn TokenCounter) -> Result<Work
             let context =
                 fit(&mut rng, counter, &format!("Task {id}: "), cfg.session_context_tokens.max(1), sentence_unit);
             let n_turns = rng.random_range(cfg.turns_min..=cfg.turns_max);
+            // Replies from a stream of their own: the other texts are the same with or without.
+            let mut replies =
+                ChaCha8Rng::seed_from_u64(cfg.seed ^ (0xD1B5_4A32_D192_ED03u64.wrapping_mul(id as u64 + 1)));
             let turns = (0..n_turns)
                 .map(|t| {
                     let n = rng.random_range(cfg.tool_result_tokens_min..=cfg.tool_result_tokens_max);
                     let tool_result = fit(&mut rng, counter, &format!("Tool result {}:\n", t + 1), n, tool_output_unit);
                     let user = fit(&mut rng, counter, "Next: ", cfg.user_tokens.max(1), sentence_unit);
-                    TurnPlan { tool_result, user }
+                    let reply = cfg
+                        .fixed_replies
+                        .then(|| fit(&mut replies, counter, "Calling the tool. ", cfg.max_tokens, sentence_unit));
+                    TurnPlan { tool_result, user, reply }
                 })
                 .collect();
             SessionPlan { id, context, turns }

@@ -158,6 +158,17 @@ async fn agent_sessions_replay_the_growing_history() {
     // History grows turn over turn.
     let s0: Vec<_> = r.turns.iter().filter(|t| t.session == 0).map(|t| t.history_tokens).collect();
     assert!(s0.windows(2).all(|w| w[1] > w[0]), "{s0:?}");
+    // With fixed replies the history carries the workload's replies, not the server's answers.
+    let fixed = Arc::new(generate(&WorkloadConfig { fixed_replies: true, ..cfg.clone() }, &ApproxCounter).unwrap());
+    let f = run_system(fixed.clone(), &sys, Arc::new(ApproxCounter), indicatif::ProgressBar::hidden()).await.unwrap();
+    let plan = &fixed.sessions[0];
+    let mut want = fixed.shared_prefix.tokens + plan.context.tokens;
+    for (i, t) in plan.turns.iter().enumerate() {
+        want += t.tool_result.tokens + t.user.tokens;
+        let got = f.turns.iter().find(|x| x.session == 0 && x.turn == i + 1).unwrap();
+        assert_eq!(got.history_tokens, want, "turn {}", i + 1);
+        want += t.reply.as_ref().unwrap().tokens;
+    }
     let o = &r.overall;
     assert_eq!(o.output_tokens, 36);
     assert_eq!(o.itl_ms.unwrap().n, 30);

@@ -107,3 +107,26 @@ fn a_degenerate_counter_does_not_hang() {
     assert_eq!(w.shared_prefix.tokens, 0);
     assert!(!w.shared_prefix.text.is_empty());
 }
+
+#[test]
+fn fixed_replies_are_sized_and_leave_the_other_texts_alone() {
+    let counter = &ApproxCounter;
+    let cfg = WorkloadConfig { max_tokens: 48, ..small() };
+    let plain = generate(&cfg, counter).unwrap();
+    let fixed = generate(&WorkloadConfig { fixed_replies: true, ..cfg }, counter).unwrap();
+    assert_eq!(plain.shared_prefix, fixed.shared_prefix);
+    for (p, f) in plain.sessions.iter().zip(&fixed.sessions) {
+        assert_eq!(p.context, f.context);
+        assert_eq!(p.turns.len(), f.turns.len());
+        for (pt, ft) in p.turns.iter().zip(&f.turns) {
+            assert_eq!((&pt.tool_result, &pt.user, &pt.reply), (&ft.tool_result, &ft.user, &None));
+            let reply = ft.reply.as_ref().expect("a fixed reply");
+            assert_eq!(reply.tokens, counter.count(&reply.text));
+            assert!(reply.tokens <= 48 && reply.tokens >= 38, "{}", reply.tokens);
+        }
+    }
+    // The same seed gives the same replies; replies differ turn to turn.
+    let again = generate(&WorkloadConfig { fixed_replies: true, ..small() }, counter).unwrap();
+    let r: Vec<_> = again.sessions[0].turns.iter().map(|t| t.reply.clone().unwrap().text).collect();
+    assert!(r.windows(2).all(|w| w[0] != w[1]));
+}

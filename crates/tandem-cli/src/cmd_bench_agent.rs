@@ -54,6 +54,11 @@ pub struct AgentArgs {
     /// Pause between a turn's answer and the next request (ms).
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
+    /// Carry on each conversation with a reply of --max-tokens tokens from the workload
+    /// instead of the server's answer, so that every server gets the same prompts (random
+    /// weights answer differently on every server).
+    #[arg(long)]
+    pub fixed_replies: bool,
     /// The classic single-turn number instead: one short prompt per session, no shared prefix.
     #[arg(long)]
     pub single_turn: bool,
@@ -102,6 +107,7 @@ pub fn run(a: AgentArgs) -> anyhow::Result<()> {
         think_time_ms: a.think_ms,
         single_turn: a.single_turn,
         single_turn_prompt_tokens: a.single_turn_prompt,
+        fixed_replies: a.fixed_replies,
     };
     let counter: Arc<dyn TokenCounter> = match &a.tokenizer {
         Some(m) => {

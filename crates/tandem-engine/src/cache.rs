@@ -386,9 +386,7 @@ impl EngineCache {
                 }
             }
         }
-        for (i, block) in persist {
-            self.persist_block(&mut seq.book, &seq.tokens, i, block);
-        }
+        self.persist_blocks(&mut seq.book, &seq.tokens, &persist);
         while seq.book.checkpoints.first().is_some_and(|&p| p < pos) {
             seq.book.checkpoints.remove(0);
         }

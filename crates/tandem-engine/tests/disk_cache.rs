@@ -85,6 +85,9 @@ fn a_restart_is_served_from_disk_and_changes_nothing() {
             let d = &first.stats().disk;
             assert!(d.writes.load(Ordering::Relaxed) >= 6, "{path}: blocks written");
             assert_eq!(d.enabled.load(Ordering::Relaxed), 1);
+            // The blocks went as device copies, each released once read back.
+            assert_eq!(d.held_copy_bytes.load(Ordering::Relaxed), 0, "{path}: copies held");
+            assert_eq!(d.dropped_writes.load(Ordering::Relaxed), 0, "{path}");
         }
         assert!(!entries(dir.path()).is_empty());
         // Each prompt right after a restart, so that its whole hit comes from disk.

@@ -28,6 +28,7 @@ pub use batch::attend_batch;
 pub use buffer::KvBuffer;
 pub use dtype::KvDtype;
 pub use paged::{ring_table, LayerKv, PagedKvStore};
+pub use persist::BlockCopy;
 pub use recurrent::{RecurrentSnapshot, RecurrentState};
 pub use window::WindowRows;
 

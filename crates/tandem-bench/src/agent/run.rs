@@ -81,6 +81,7 @@ async fn run_session(
     }
     // Single-turn mode is one request with the context alone; otherwise the context opens the
     // first user message, so roles alternate as strict chat templates require.
+    let replies: Vec<Option<&crate::workload::Sized>> = plan.turns.iter().map(|t| t.reply.as_ref()).collect();
     let user_texts: Vec<(String, usize)> = if plan.turns.is_empty() {
         vec![(plan.context.text.clone(), plan.context.tokens)]
     } else {
@@ -121,8 +122,16 @@ async fn run_session(
                 r.itl_s = Summary::of(&tm.itl_s);
                 r.itl_raw_s = tm.itl_s;
                 r.e2e_s = tm.e2e_s;
-                history_tokens += counter.count(&st.text);
-                messages.push(Message::new("assistant", st.text));
+                match replies.get(i).copied().flatten() {
+                    Some(reply) => {
+                        history_tokens += reply.tokens;
+                        messages.push(Message::new("assistant", reply.text.clone()));
+                    }
+                    None => {
+                        history_tokens += counter.count(&st.text);
+                        messages.push(Message::new("assistant", st.text));
+                    }
+                }
                 session.turns_done += 1;
                 results.push(r);
                 pb.inc(1);

@@ -1,5 +1,5 @@
 //! Moving prefix state between the memory tree and the disk tier ([`super::disk`]): published
-//! blocks and checkpoints go down (write-behind, [`EngineCache::persist_block`] and
+//! blocks and checkpoints go down (write-behind, [`EngineCache::persist_blocks`] and
 //! [`EngineCache::persist_checkpoint`]); at admission, what the memory tree lacks comes up
 //! ([`EngineCache::promote_from_disk`]) into fresh pool blocks and tree nodes, after which the
 //! request starts exactly as from a memory hit.
@@ -7,7 +7,7 @@
 use tandem_cache::NodeRef;
 use tandem_model::kv::RecurrentSnapshot;
 
-use super::disk::{chain_key, chain_keys, Job, Key, Kind, ROOT};
+use super::disk::{chain_key, chain_keys, BlockEntry, Job, Key, Kind, ROOT};
 use super::{snapshot_bytes, EngineCache};
 use crate::cache::CacheBook;
 
@@ -22,24 +22,35 @@ impl EngineCache {
         book.disk_keys[i]
     }
 
-    /// Hands block `i` of the sequence (just published in the tree as `block`) to the disk tier.
-    pub(super) fn persist_block(&self, book: &mut CacheBook, tokens: &[u32], i: usize, block: u32) {
+    /// Hands the sequence's blocks `(i, block)` (just published in the tree) to the disk tier:
+    /// those not on disk yet, copied on the device together ([`PagedKvStore::copy_blocks`]) and
+    /// read back by the writer's thread.
+    ///
+    /// [`PagedKvStore::copy_blocks`]: tandem_model::kv::PagedKvStore::copy_blocks
+    pub(super) fn persist_blocks(&self, book: &mut CacheBook, tokens: &[u32], published: &[(usize, u32)]) {
         let Some(disk) = &self.disk else { return };
-        let bs = self.pool.block_size();
-        let key = Self::disk_key(book, tokens, bs, i);
-        if !disk.enabled() || disk.has(Kind::Block, key) {
+        if published.is_empty() || !disk.enabled() {
             return;
         }
-        let parent = i.checked_sub(1).map_or(ROOT, |p| book.disk_keys[p]);
-        match self.store.read_block(block) {
-            Ok(bytes) => disk.put(Job::Block {
-                key,
-                parent,
-                position: ((i + 1) * bs) as u64,
-                tokens: tokens[i * bs..(i + 1) * bs].to_vec(),
-                bytes,
-            }),
-            Err(e) => tracing::warn!("prefix disk cache: block {block} not read: {e}"),
+        let bs = self.pool.block_size();
+        let mut entries = Vec::with_capacity(published.len());
+        let mut blocks = Vec::with_capacity(published.len());
+        for &(i, block) in published {
+            let key = Self::disk_key(book, tokens, bs, i);
+            if disk.has(Kind::Block, key) {
+                continue;
+            }
+            let parent = i.checked_sub(1).map_or(ROOT, |p| book.disk_keys[p]);
+            let position = ((i + 1) * bs) as u64;
+            entries.push(BlockEntry { key, parent, position, tokens: tokens[i * bs..(i + 1) * bs].to_vec() });
+            blocks.push(block);
+        }
+        if blocks.is_empty() {
+            return;
+        }
+        match self.store.copy_blocks(&blocks) {
+            Ok(copy) => disk.put_blocks(entries, copy),
+            Err(e) => tracing::warn!("prefix disk cache: {} blocks not copied: {e}", blocks.len()),
         }
     }
 

@@ -7,17 +7,46 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 
 use super::format::{self, Header, Kind};
-use super::{Index, Job, Meta, Shared};
+use tandem_model::kv::BlockCopy;
+
+use super::{BlockEntry, Index, Job, Meta, Shared};
 
 pub(super) fn run(shared: &Shared, rx: Receiver<Job>) {
     let mut serial = 0u64;
     while let Ok(job) = rx.recv() {
-        let flush = matches!(job, Job::Flush(_));
-        write_one(shared, job, &mut serial);
-        if !flush {
-            shared.stats.pending.fetch_sub(1, Ordering::Relaxed);
+        match job {
+            Job::Blocks { entries, copy } => write_blocks(shared, entries, copy, &mut serial),
+            Job::Flush(_) => write_one(shared, job, &mut serial),
+            job => {
+                write_one(shared, job, &mut serial);
+                shared.stats.pending.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
+}
+
+/// Reads a [`Job::Blocks`] copy back (here, off the engine's thread) and writes its blocks.
+fn write_blocks(shared: &Shared, entries: Vec<BlockEntry>, copy: BlockCopy, serial: &mut u64) {
+    let n = entries.len() as u64;
+    let read = if shared.enabled.load(Ordering::Relaxed) { Some(copy.to_host()) } else { None };
+    shared.stats.held_copy_bytes.fetch_sub(copy.bytes() as u64, Ordering::Relaxed);
+    drop(copy);
+    match read {
+        Some(Ok(blocks)) if blocks.len() == entries.len() => {
+            for (e, bytes) in entries.into_iter().zip(blocks) {
+                let job = Job::Block { key: e.key, parent: e.parent, position: e.position, tokens: e.tokens, bytes };
+                write_one(shared, job, serial);
+                shared.stats.pending.fetch_sub(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        Some(Ok(blocks)) => {
+            tracing::warn!("prefix disk cache: {} blocks read back for {} entries; not written", blocks.len(), n)
+        }
+        Some(Err(e)) => tracing::warn!("prefix disk cache: {n} blocks not read back: {e}"),
+        None => {}
+    }
+    shared.stats.pending.fetch_sub(n, Ordering::Relaxed);
 }
 
 fn write_one(shared: &Shared, job: Job, serial: &mut u64) {
@@ -26,6 +55,8 @@ fn write_one(shared: &Shared, job: Job, serial: &mut u64) {
             let _ = done.send(());
             return;
         }
+        // Split by `run` before this.
+        Job::Blocks { .. } => return,
         _ if !shared.enabled.load(Ordering::Relaxed) => return,
         Job::Block { key, parent, position, tokens, bytes } => {
             let h = Header { kind: Kind::Block, fingerprint: shared.fingerprint, key, parent, position };

@@ -53,7 +53,10 @@ fn byte_char(b: u8) -> char {
 }
 
 /// Byte-level BPE metadata for `vocab_size` tokens: the 256 bytes, `<|endoftext|>` (the end
-/// of sequence), one merge (two spaces), then `[PADn]`.
+/// of sequence), one merge (two spaces), then `[PADn]` as normal tokens (no merge makes them,
+/// so text never encodes to them, but a random model samples them and every server prints
+/// them: llama.cpp prints nothing for unused ones, which left its streamed answers empty and
+/// its time to first token unmeasurable).
 pub fn byte_tokenizer_metadata(vocab_size: usize) -> Vec<(String, Value)> {
     let space = byte_char(b' ');
     let mut tokens: Vec<Value> = (0..=255u8).map(|b| Value::String(byte_char(b).to_string())).collect();
@@ -64,7 +67,7 @@ pub fn byte_tokenizer_metadata(vocab_size: usize) -> Vec<(String, Value)> {
     types.push(Value::I32(1));
     for i in tokens.len()..vocab_size {
         tokens.push(Value::String(format!("[PAD{i}]")));
-        types.push(Value::I32(5));
+        types.push(Value::I32(1));
     }
     vec![
         ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
