@@ -8,7 +8,7 @@
 # `SERVER=1 PHASE=prep scripts/gpu-peers.sh`, or LLAMA_SERVER=path) and runs the same workload
 # against it: $OUT/agent-llama, its log $OUT/llama-server.log. One server at a time, so neither
 # sizes its memory around the other. Both get the same prompts (`--fixed-replies`: the
-# conversation carries the workload's replies, not each server's random answers; FIXED= turns
+# conversation carries the workload's replies, not each server's random answers; FIXED=0 turns
 # it off).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ if [ "${PEER_ONLY:-0}" != 1 ]; then
     || echo "warm-up request failed"
   "$T" bench agent --endpoint http://127.0.0.1:8090 --label "tandem cuda 9b $DTYPE" --tokenizer "$M" \
     --shared-prefix 8192 --context 512 --turns 10 --tool-tokens 100-600 --max-tokens 64 --sessions "${SESSIONS:-1}" \
-    ${FIXED---fixed-replies} -o "$res/agent"
+    $([ "${FIXED:-1}" = 0 ] || echo --fixed-replies) -o "$res/agent"
   rc=$?
   kill "$pid" 2> /dev/null
   wait "$pid" 2> /dev/null
@@ -65,7 +65,7 @@ if [ "${PEER:-0}" = 1 ] || [ "${PEER_ONLY:-0}" = 1 ]; then
     || echo "llama-server warm-up request failed"
   "$T" bench agent --endpoint http://127.0.0.1:8091 --label "llama.cpp cuda 9b $DTYPE" --tokenizer "$M" \
     --shared-prefix 8192 --context 512 --turns 10 --tool-tokens 100-600 --max-tokens 64 --sessions "${SESSIONS:-1}" \
-    ${FIXED---fixed-replies} -o "$res/agent-llama" || rc=1
+    $([ "${FIXED:-1}" = 0 ] || echo --fixed-replies) -o "$res/agent-llama" || rc=1
   kill "$lpid" 2> /dev/null
   wait "$lpid" 2> /dev/null
   tail -5 "$res/llama-server.log"

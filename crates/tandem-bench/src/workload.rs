@@ -36,7 +36,7 @@ pub struct WorkloadConfig {
     pub single_turn: bool,
     /// Prompt tokens of the single-turn mode.
     pub single_turn_prompt_tokens: usize,
-    /// The conversation carries a reply of `max_tokens` tokens from the workload
+    /// The conversation carries a reply of up to `max_tokens` tokens from the workload
     /// ([`TurnPlan::reply`]) instead of each answer the server gave, so every system under
     /// test sees the same prompts (a random-weight model's answers differ from server to
     /// server, and so would every later prompt).

@@ -54,7 +54,7 @@ pub struct AgentArgs {
     /// Pause between a turn's answer and the next request (ms).
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
-    /// Carry on each conversation with a reply of --max-tokens tokens from the workload
+    /// Carry on each conversation with a reply of up to --max-tokens tokens from the workload
     /// instead of the server's answer, so that every server gets the same prompts (random
     /// weights answer differently on every server).
     #[arg(long)]

@@ -264,6 +264,16 @@ pub fn bind_thread(d: &Device) {
     }
 }
 
+static STREAM_SHARE: Mutex<()> = Mutex::new(());
+
+/// Held while a CUDA graph is recorded on a device's stream ([`crate::ops`]' graph capture) and
+/// by any other thread while it queues work on, reads from or frees memory of that stream (the
+/// disk tier's writer reading KV block copies back): what another thread queued during a
+/// recording would be recorded into the graph, or fail it. Cheap and uncontended otherwise.
+pub fn stream_share() -> std::sync::MutexGuard<'static, ()> {
+    STREAM_SHARE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Free and total bytes of device memory, where the backend can tell.
 pub fn memory_info(d: &Device) -> Option<(usize, usize)> {
     match d {

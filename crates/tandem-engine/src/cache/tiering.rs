@@ -7,7 +7,7 @@
 use tandem_cache::NodeRef;
 use tandem_model::kv::RecurrentSnapshot;
 
-use super::disk::{chain_key, chain_keys, BlockEntry, Job, Key, Kind, ROOT};
+use super::disk::{chain_key, chain_keys, BlockEntry, Job, Key, Kind, COPY_BYTES, ROOT};
 use super::{snapshot_bytes, EngineCache};
 use crate::cache::CacheBook;
 
@@ -45,12 +45,23 @@ impl EngineCache {
             entries.push(BlockEntry { key, parent, position, tokens: tokens[i * bs..(i + 1) * bs].to_vec() });
             blocks.push(block);
         }
-        if blocks.is_empty() {
-            return;
-        }
-        match self.store.copy_blocks(&blocks) {
-            Ok(copy) => disk.put_blocks(entries, copy),
-            Err(e) => tracing::warn!("prefix disk cache: {} blocks not copied: {e}", blocks.len()),
+        // Copies of at most COPY_BYTES each, reserved before they are made.
+        let block_len = self.store.block_len().max(1) as u64;
+        let per_copy = (COPY_BYTES / block_len).max(1) as usize;
+        let mut entries = entries.into_iter();
+        for part in blocks.chunks(per_copy) {
+            let mine: Vec<BlockEntry> = entries.by_ref().take(part.len()).collect();
+            let bytes = block_len * part.len() as u64;
+            if !disk.reserve_copy(bytes, part.len()) {
+                continue;
+            }
+            match self.store.copy_blocks(part) {
+                Ok(copy) => disk.put_blocks(mine, copy),
+                Err(e) => {
+                    disk.release_copy(bytes);
+                    tracing::warn!("prefix disk cache: {} blocks not copied: {e}", part.len());
+                }
+            }
         }
     }
 

@@ -61,8 +61,12 @@ impl PagedKvStore {
         for &b in blocks {
             self.check_block(b)?;
         }
-        let bs = self.block_size as u32;
-        let rows: Vec<u32> = blocks.iter().flat_map(|&b| (0..bs).map(move |r| b * bs + r)).collect();
+        let bs = self.block_size;
+        let rows = blocks
+            .iter()
+            .flat_map(|&b| (0..bs).map(move |r| u32::try_from(b as usize * bs + r)))
+            .collect::<std::result::Result<Vec<u32>, _>>()
+            .map_err(|_| ModelError::Input("a KV pool row past u32 to copy".into()))?;
         let mut parts = Vec::new();
         if !blocks.is_empty() {
             let idx = Tensor::from_vec(rows, blocks.len() * self.block_size, &self.device)?;
@@ -103,11 +107,20 @@ impl PagedKvStore {
 }
 
 /// Some KV blocks of every attention layer, copied on the store's device
-/// ([`PagedKvStore::copy_blocks`]).
+/// ([`PagedKvStore::copy_blocks`]). Dropped on any thread: the drop makes the device's context
+/// current there first, as freeing device memory needs.
 pub struct BlockCopy {
     /// Per paged layer K then V: `[blocks * block_size, heads, row]`.
     parts: Vec<Tensor>,
     blocks: usize,
+}
+
+impl Drop for BlockCopy {
+    fn drop(&mut self) {
+        if let Some(t) = self.parts.first() {
+            crate::device::bind_thread(t.device());
+        }
+    }
 }
 
 impl BlockCopy {
@@ -126,8 +139,12 @@ impl BlockCopy {
     }
 
     /// Each block's bytes as [`PagedKvStore::read_block`] gives them, in the order copied:
-    /// one transfer a layer's pool.
+    /// one transfer a layer's pool. From a thread other than the engine's, hold
+    /// [`crate::device::stream_share`] across this and the drop.
     pub fn to_host(&self) -> Result<Vec<Vec<u8>>> {
+        if let Some(t) = self.parts.first() {
+            crate::device::bind_thread(t.device());
+        }
         let host: Vec<Vec<u8>> = self.parts.iter().map(bytes_of).collect::<Result<_>>()?;
         let mut out = vec![Vec::new(); self.blocks];
         for part in &host {
@@ -169,6 +186,15 @@ impl RecurrentSnapshot {
     /// the count of window entries and per entry a tag (0: none, 1: rows) and for rows their
     /// first position, row count and the K and V bytes in the KV format. Device states are
     /// copied to the host.
+    /// The device a snapshot's tensors live on (`None`: host states, no windows).
+    pub fn device(&self) -> Option<&Device> {
+        let state = self.layers.iter().flatten().find_map(|s| match s {
+            RecurrentState::Device { ssm, .. } => Some(ssm.device()),
+            RecurrentState::Host { .. } => None,
+        });
+        state.or_else(|| self.windows.iter().flatten().next().map(|w| w.k.device()))
+    }
+
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         out.extend((self.position as u64).to_le_bytes());

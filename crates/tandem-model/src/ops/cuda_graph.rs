@@ -43,6 +43,8 @@ impl Graph {
 pub fn capture(dev: &CudaDevice, body: impl Fn() -> Result<()>) -> Result<Graph> {
     let _cache = dev.enable_cuda_graph_htod_cache();
     body()?;
+    // No other thread queues work on the stream while it records.
+    let _share = crate::device::stream_share();
     let stream = dev.cuda_stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

@@ -99,6 +99,9 @@ impl Index {
 
 /// An entry for the writer thread.
 pub(crate) enum Job {
+    /// One block's bytes already on the host (the tier's own tests; the engine hands over
+    /// [`Job::Blocks`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     Block {
         key: Key,
         parent: Key,
@@ -182,6 +185,10 @@ const QUEUE: usize = 256;
 /// dropped (counted like a full queue). 256 MiB: 512 blocks of the 9B shape in f16.
 const HELD_COPY_BYTES: u64 = 256 << 20;
 
+/// Device bytes of one [`Job::Blocks`] copy at most (a commit of more blocks goes as several),
+/// so that one long prefill chunk cannot take the whole of [`HELD_COPY_BYTES`] or pass it.
+pub(crate) const COPY_BYTES: u64 = 32 << 20;
+
 impl DiskTier {
     /// Opens (creating it) the namespace `fingerprint` under `cfg.dir`, rebuilds the index from
     /// the file names and sizes (nothing is read), removes interrupted writes and starts the
@@ -255,21 +262,38 @@ impl DiskTier {
         self.enabled() && self.shared.index.lock().is_ok_and(|ix| ix.entries.contains_key(&(kind, key)))
     }
 
-    /// Hands blocks published together to the writer as one copy on the device (the caller
-    /// leaves out those [`Self::has`] already); never blocks. A copy past
-    /// [`HELD_COPY_BYTES`] of queued copies, or a full queue, drops the blocks (counted).
-    pub(crate) fn put_blocks(&self, entries: Vec<BlockEntry>, copy: BlockCopy) {
-        let (n, bytes) = (entries.len() as u64, copy.bytes() as u64);
-        if n == 0 || !self.enabled() {
-            return;
-        }
-        let Some(tx) = &self.tx else { return };
+    /// Reserves `bytes` of device memory for a block copy of `n` blocks about to be made
+    /// ([`Self::put_blocks`] hands it over, [`Self::release_copy`] gives it back if the copy
+    /// fails). `false`, counting the blocks as dropped, when the queued copies would pass
+    /// [`HELD_COPY_BYTES`] or the tier is off.
+    pub(crate) fn reserve_copy(&self, bytes: u64, n: usize) -> bool {
         let stats = &self.shared.stats;
+        if !self.enabled() || self.tx.is_none() {
+            return false;
+        }
         if stats.held_copy_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > HELD_COPY_BYTES {
             stats.held_copy_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            stats.dropped_writes.fetch_add(n, Ordering::Relaxed);
-            return;
+            stats.dropped_writes.fetch_add(n as u64, Ordering::Relaxed);
+            return false;
         }
+        true
+    }
+
+    /// Gives back a reservation whose copy was not made.
+    pub(crate) fn release_copy(&self, bytes: u64) {
+        self.shared.stats.held_copy_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Hands blocks published together (the caller leaves out those [`Self::has`] already) to
+    /// the writer as one copy on the device, reserved by [`Self::reserve_copy`] for
+    /// `copy.bytes()`; never blocks. A full queue drops them (counted).
+    pub(crate) fn put_blocks(&self, entries: Vec<BlockEntry>, copy: BlockCopy) {
+        let (n, bytes) = (entries.len() as u64, copy.bytes() as u64);
+        let stats = &self.shared.stats;
+        let Some(tx) = self.tx.as_ref().filter(|_| n > 0) else {
+            self.release_copy(bytes);
+            return;
+        };
         stats.pending.fetch_add(n, Ordering::Relaxed);
         if let Err(e) = tx.try_send(Job::Blocks { entries, copy }) {
             stats.pending.fetch_sub(n, Ordering::Relaxed);
@@ -285,7 +309,11 @@ impl DiskTier {
         let (kind, key) = match job {
             Job::Block { key, .. } => (Kind::Block, key),
             Job::Checkpoint { key, .. } => (Kind::Checkpoint, key),
-            Job::Blocks { entries, copy } => return self.put_blocks(entries, copy),
+            Job::Blocks { entries, copy } => {
+                return if self.reserve_copy(copy.bytes() as u64, entries.len()) {
+                    self.put_blocks(entries, copy)
+                };
+            }
             Job::Flush(_) => return,
         };
         if !self.enabled() || self.has(kind, key) {

@@ -61,3 +61,41 @@ fn an_unwritable_directory_leaves_the_tier_off() {
     let off = DiskCacheConfig { dir: dir.path().to_path_buf(), budget: 0 };
     assert!(DiskTier::open(&off, 1, "m", Arc::new(DiskStats::default())).is_none());
 }
+
+#[test]
+fn block_copies_are_reserved_against_their_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tier(dir.path(), 1 << 20, 42);
+    let stats = &t.shared.stats;
+    assert!(t.reserve_copy(HELD_COPY_BYTES - 10, 3));
+    assert!(!t.reserve_copy(11, 2), "past the cap");
+    assert_eq!(stats.dropped_writes.load(Ordering::Relaxed), 2);
+    assert!(t.reserve_copy(10, 1), "up to the cap");
+    t.release_copy(HELD_COPY_BYTES);
+    assert_eq!(stats.held_copy_bytes.load(Ordering::Relaxed), 0);
+    // A copy handed over is released once the writer has read it back.
+    let store = tandem_model::kv::PagedKvStore::new(
+        &[tandem_model::kv::LayerCacheSpec::Attention { kv_heads: 1, head_dim: 8 }],
+        4,
+        16,
+        tandem_model::kv::KvDtype::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let copy = store.copy_blocks(&[1, 2]).unwrap();
+    let entries: Vec<BlockEntry> = [1u32, 2]
+        .iter()
+        .map(|&i| {
+            let (key, tokens, _) = block(i);
+            BlockEntry { key, parent: ROOT, position: 16, tokens }
+        })
+        .collect();
+    assert!(t.reserve_copy(copy.bytes() as u64, 2));
+    t.put_blocks(entries, copy);
+    t.flush();
+    assert_eq!(stats.held_copy_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.pending.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.writes.load(Ordering::Relaxed), 2);
+    let (key, tokens, _) = block(2);
+    assert_eq!(t.read(Kind::Block, key, ROOT, &tokens), Some(store.read_block(2).unwrap()));
+}

@@ -7,79 +7,124 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 
 use super::format::{self, Header, Kind};
-use tandem_model::kv::BlockCopy;
-
-use super::{BlockEntry, Index, Job, Meta, Shared};
+use super::{Index, Job, Meta, Shared};
 
 pub(super) fn run(shared: &Shared, rx: Receiver<Job>) {
     let mut serial = 0u64;
     while let Ok(job) = rx.recv() {
-        match job {
-            Job::Blocks { entries, copy } => write_blocks(shared, entries, copy, &mut serial),
-            Job::Flush(_) => write_one(shared, job, &mut serial),
-            job => {
-                write_one(shared, job, &mut serial);
-                shared.stats.pending.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-/// Reads a [`Job::Blocks`] copy back (here, off the engine's thread) and writes its blocks.
-fn write_blocks(shared: &Shared, entries: Vec<BlockEntry>, copy: BlockCopy, serial: &mut u64) {
-    let n = entries.len() as u64;
-    let read = if shared.enabled.load(Ordering::Relaxed) { Some(copy.to_host()) } else { None };
-    shared.stats.held_copy_bytes.fetch_sub(copy.bytes() as u64, Ordering::Relaxed);
-    drop(copy);
-    match read {
-        Some(Ok(blocks)) if blocks.len() == entries.len() => {
-            for (e, bytes) in entries.into_iter().zip(blocks) {
-                let job = Job::Block { key: e.key, parent: e.parent, position: e.position, tokens: e.tokens, bytes };
-                write_one(shared, job, serial);
-                shared.stats.pending.fetch_sub(1, Ordering::Relaxed);
-            }
-            return;
-        }
-        Some(Ok(blocks)) => {
-            tracing::warn!("prefix disk cache: {} blocks read back for {} entries; not written", blocks.len(), n)
-        }
-        Some(Err(e)) => tracing::warn!("prefix disk cache: {n} blocks not read back: {e}"),
-        None => {}
-    }
-    shared.stats.pending.fetch_sub(n, Ordering::Relaxed);
-}
-
-fn write_one(shared: &Shared, job: Job, serial: &mut u64) {
-    let (kind, key, file) = match job {
-        Job::Flush(done) => {
+        if let Job::Flush(done) = job {
             let _ = done.send(());
-            return;
+            continue;
         }
-        // Split by `run` before this.
-        Job::Blocks { .. } => return,
-        _ if !shared.enabled.load(Ordering::Relaxed) => return,
+        let n = job_entries(&job);
+        let entries = {
+            // The job's device data read back and freed here, never while the engine records a
+            // CUDA graph on the same stream (it would be recorded into the graph).
+            let _share = tandem_model::device::stream_share();
+            read_back(shared, job)
+        };
+        for e in entries {
+            let h = Header {
+                kind: e.kind,
+                fingerprint: shared.fingerprint,
+                key: e.key,
+                parent: e.parent,
+                position: e.position,
+            };
+            write_one(shared, e.kind, e.key, format::encode(&h, &e.tokens, &e.payload), &mut serial);
+        }
+        shared.stats.pending.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// Entries a job stands for in the `pending` count.
+fn job_entries(job: &Job) -> u64 {
+    match job {
+        Job::Blocks { entries, .. } => entries.len() as u64,
+        Job::Block { .. } | Job::Checkpoint { .. } => 1,
+        Job::Flush(_) => 0,
+    }
+}
+
+/// An entry with its payload on the host, ready to encode.
+struct Ready {
+    kind: Kind,
+    key: format::Key,
+    parent: format::Key,
+    position: u64,
+    tokens: Vec<u32>,
+    payload: Vec<u8>,
+}
+
+/// The job's entries with their bytes on the host (a [`Job::Blocks`] copy read back, a
+/// checkpoint's snapshot as bytes); none when the tier is off or a read fails (logged). Drops
+/// the job's device data.
+fn read_back(shared: &Shared, job: Job) -> Vec<Ready> {
+    let on = shared.enabled.load(Ordering::Relaxed);
+    match job {
+        Job::Flush(_) => Vec::new(),
         Job::Block { key, parent, position, tokens, bytes } => {
-            let h = Header { kind: Kind::Block, fingerprint: shared.fingerprint, key, parent, position };
-            (Kind::Block, key, format::encode(&h, &tokens, &bytes))
+            if on {
+                vec![Ready { kind: Kind::Block, key, parent, position, tokens, payload: bytes }]
+            } else {
+                Vec::new()
+            }
+        }
+        Job::Blocks { entries, copy } => {
+            let read = on.then(|| copy.to_host());
+            shared.stats.held_copy_bytes.fetch_sub(copy.bytes() as u64, Ordering::Relaxed);
+            drop(copy);
+            match read {
+                Some(Ok(blocks)) if blocks.len() == entries.len() => entries
+                    .into_iter()
+                    .zip(blocks)
+                    .map(|(e, payload)| Ready {
+                        kind: Kind::Block,
+                        key: e.key,
+                        parent: e.parent,
+                        position: e.position,
+                        tokens: e.tokens,
+                        payload,
+                    })
+                    .collect(),
+                Some(Ok(blocks)) => {
+                    let (got, want) = (blocks.len(), entries.len());
+                    tracing::warn!("prefix disk cache: {got} blocks read back for {want} entries; not written");
+                    Vec::new()
+                }
+                Some(Err(e)) => {
+                    tracing::warn!("prefix disk cache: {} blocks not read back: {e}", entries.len());
+                    Vec::new()
+                }
+                None => Vec::new(),
+            }
         }
         Job::Checkpoint { key, tokens, snapshot } => {
-            let payload = match snapshot.to_bytes() {
-                Ok(p) => p,
+            // Its device states are read and may be freed here: the device's context first.
+            if let Some(d) = snapshot.device() {
+                tandem_model::device::bind_thread(d);
+            }
+            if !on {
+                return Vec::new();
+            }
+            match snapshot.to_bytes() {
+                Ok(payload) => {
+                    let position = snapshot.position as u64;
+                    vec![Ready { kind: Kind::Checkpoint, key, parent: 0, position, tokens, payload }]
+                }
                 Err(e) => {
                     tracing::warn!("prefix disk cache: checkpoint not written: {e}");
-                    return;
+                    Vec::new()
                 }
-            };
-            let h = Header {
-                kind: Kind::Checkpoint,
-                fingerprint: shared.fingerprint,
-                key,
-                parent: 0,
-                position: snapshot.position as u64,
-            };
-            (Kind::Checkpoint, key, format::encode(&h, &tokens, &payload))
+            }
         }
-    };
+    }
+}
+
+fn write_one(shared: &Shared, kind: Kind, key: format::Key, file: Vec<u8>, serial: &mut u64) {
+    if !shared.enabled.load(Ordering::Relaxed) {
+        return;
+    }
     if shared.index.lock().is_ok_and(|ix| ix.entries.contains_key(&(kind, key))) {
         return;
     }
