@@ -346,3 +346,41 @@ fn two_servers_sharing_a_directory_do_not_corrupt_it() {
     }
     assert_eq!(c.stats().disk.rejected.load(Ordering::Relaxed), 0);
 }
+
+/// The engine-thread read-back (`TANDEM_DISK_READBACK=engine`, in a child process: the variable
+/// is read once a process) and the default device copies read back by the writer write the
+/// same entries, byte for byte.
+#[test]
+fn both_read_back_paths_write_the_same_entries() {
+    let path = "hybrid/qwen3_5";
+    let prompt = long_prompt(path, 100);
+    let write = |dir: &Path| {
+        let e = engine(path, with_disk(dir, 1 << 30));
+        run(&e, greedy(prompt.clone(), 4));
+        settle(&e, 1);
+        assert_eq!(e.stats().disk.dropped_writes.load(Ordering::Relaxed), 0);
+    };
+    if let Some(dir) = std::env::var_os("TANDEM_DISK_READBACK_CHILD") {
+        return write(Path::new(&dir));
+    }
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &exact("both_read_back_paths_write_the_same_entries"), "--test-threads=1"])
+        .env("TANDEM_DISK_READBACK_CHILD", a.path())
+        .env("TANDEM_DISK_READBACK", "engine")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed:\n{text}");
+    write(b.path());
+    let files = |root: &Path| -> std::collections::BTreeMap<String, Vec<u8>> {
+        entries(root)
+            .iter()
+            .map(|f| (f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(f).unwrap()))
+            .collect()
+    };
+    let (engine_side, writer_side) = (files(a.path()), files(b.path()));
+    assert!(engine_side.len() >= 6, "{} entries", engine_side.len());
+    assert_eq!(engine_side.keys().collect::<Vec<_>>(), writer_side.keys().collect::<Vec<_>>());
+    assert!(engine_side == writer_side, "the entries' bytes differ");
+}

@@ -11,6 +11,15 @@ use super::disk::{chain_key, chain_keys, BlockEntry, Job, Key, Kind, COPY_BYTES,
 use super::{snapshot_bytes, EngineCache};
 use crate::cache::CacheBook;
 
+/// `TANDEM_DISK_READBACK=engine`: each published block read back on the engine's thread, block
+/// by block, as before 2026-12-07 (16 transfers that wait for the device a block on a GPU; a
+/// way back should the device copies misbehave). Default: device copies read back by the
+/// writer's thread.
+fn read_back_here() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_DISK_READBACK").is_ok_and(|v| v == "engine"))
+}
+
 impl EngineCache {
     /// The disk key of the sequence's block `i` (computed along the chain as needed).
     fn disk_key(book: &mut CacheBook, tokens: &[u32], bs: usize, i: usize) -> Key {
@@ -44,6 +53,21 @@ impl EngineCache {
             let position = ((i + 1) * bs) as u64;
             entries.push(BlockEntry { key, parent, position, tokens: tokens[i * bs..(i + 1) * bs].to_vec() });
             blocks.push(block);
+        }
+        if read_back_here() {
+            for (e, &block) in entries.into_iter().zip(&blocks) {
+                match self.store.read_block(block) {
+                    Ok(bytes) => disk.put(Job::Block {
+                        key: e.key,
+                        parent: e.parent,
+                        position: e.position,
+                        tokens: e.tokens,
+                        bytes,
+                    }),
+                    Err(err) => tracing::warn!("prefix disk cache: block {block} not read: {err}"),
+                }
+            }
+            return;
         }
         // Copies of at most COPY_BYTES each, reserved before they are made.
         let block_len = self.store.block_len().max(1) as u64;

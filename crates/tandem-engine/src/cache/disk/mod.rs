@@ -99,9 +99,8 @@ impl Index {
 
 /// An entry for the writer thread.
 pub(crate) enum Job {
-    /// One block's bytes already on the host (the tier's own tests; the engine hands over
-    /// [`Job::Blocks`]).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// One block's bytes already on the host (`TANDEM_DISK_READBACK=engine`; by default the
+    /// engine hands over [`Job::Blocks`]).
     Block {
         key: Key,
         parent: Key,
