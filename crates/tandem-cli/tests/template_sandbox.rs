@@ -90,12 +90,16 @@ fn hostile_templates_fail_their_request_and_the_server_keeps_serving() {
     let (code, body) = chat(port, &["hello"]);
     assert_eq!(code, 200, "{body}");
     // minijinja 2.24 refuses a repetition beyond its range limit itself; doubling by
-    // concatenation it does not catch.
-    for (trigger, want) in [("double", "memory limit"), ("repeat", "too large"), ("slow", "longer than")] {
+    // concatenation it does not catch. The doubling meets the memory limit in about a second
+    // here, but on a busy machine the 5 s render limit can stop it first (seen once in the
+    // full suite, 2026-12-07): either of the sandbox's limits is the right answer.
+    let limits: [(&str, &[&str]); 3] =
+        [("double", &["memory limit", "longer than"]), ("repeat", &["too large"]), ("slow", &["longer than"])];
+    for (trigger, want) in limits {
         let t0 = Instant::now();
         let (code, body) = chat(port, &[trigger]);
         assert_eq!(code, 400, "{trigger}: {body}");
-        assert!(body.contains(want), "{trigger}: {body}");
+        assert!(want.iter().any(|w| body.contains(w)), "{trigger}: {body}");
         assert!(t0.elapsed() < Duration::from_secs(30), "{trigger} took {:?}", t0.elapsed());
         let t1 = Instant::now();
         let (code, body) = chat(port, &["hello"]);
