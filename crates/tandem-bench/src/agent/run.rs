@@ -81,7 +81,6 @@ async fn run_session(
     }
     // Single-turn mode is one request with the context alone; otherwise the context opens the
     // first user message, so roles alternate as strict chat templates require.
-    let replies: Vec<Option<&crate::workload::Sized>> = plan.turns.iter().map(|t| t.reply.as_ref()).collect();
     let user_texts: Vec<(String, usize)> = if plan.turns.is_empty() {
         vec![(plan.context.text.clone(), plan.context.tokens)]
     } else {
@@ -122,7 +121,7 @@ async fn run_session(
                 r.itl_s = Summary::of(&tm.itl_s);
                 r.itl_raw_s = tm.itl_s;
                 r.e2e_s = tm.e2e_s;
-                match replies.get(i).copied().flatten() {
+                match plan.turns.get(i).and_then(|t| t.reply.as_ref()) {
                     Some(reply) => {
                         history_tokens += reply.tokens;
                         messages.push(Message::new("assistant", reply.text.clone()));

@@ -23,15 +23,8 @@ pub(super) fn run(shared: &Shared, rx: Receiver<Job>) {
             let _share = tandem_model::device::stream_share();
             read_back(shared, job)
         };
-        for e in entries {
-            let h = Header {
-                kind: e.kind,
-                fingerprint: shared.fingerprint,
-                key: e.key,
-                parent: e.parent,
-                position: e.position,
-            };
-            write_one(shared, e.kind, e.key, format::encode(&h, &e.tokens, &e.payload), &mut serial);
+        for (h, tokens, payload) in entries {
+            write_one(shared, h.kind, h.key, format::encode(&h, &tokens, &payload), &mut serial);
         }
         shared.stats.pending.fetch_sub(n, Ordering::Relaxed);
     }
@@ -46,26 +39,20 @@ fn job_entries(job: &Job) -> u64 {
     }
 }
 
-/// An entry with its payload on the host, ready to encode.
-struct Ready {
-    kind: Kind,
-    key: format::Key,
-    parent: format::Key,
-    position: u64,
-    tokens: Vec<u32>,
-    payload: Vec<u8>,
-}
+/// An entry's header, tokens and payload, on the host and ready to encode.
+type Ready = (Header, Vec<u32>, Vec<u8>);
 
 /// The job's entries with their bytes on the host (a [`Job::Blocks`] copy read back, a
 /// checkpoint's snapshot as bytes); none when the tier is off or a read fails (logged). Drops
 /// the job's device data.
 fn read_back(shared: &Shared, job: Job) -> Vec<Ready> {
     let on = shared.enabled.load(Ordering::Relaxed);
+    let fingerprint = shared.fingerprint;
     match job {
         Job::Flush(_) => Vec::new(),
         Job::Block { key, parent, position, tokens, bytes } => {
             if on {
-                vec![Ready { kind: Kind::Block, key, parent, position, tokens, payload: bytes }]
+                vec![(Header { kind: Kind::Block, fingerprint, key, parent, position }, tokens, bytes)]
             } else {
                 Vec::new()
             }
@@ -78,13 +65,15 @@ fn read_back(shared: &Shared, job: Job) -> Vec<Ready> {
                 Some(Ok(blocks)) if blocks.len() == entries.len() => entries
                     .into_iter()
                     .zip(blocks)
-                    .map(|(e, payload)| Ready {
-                        kind: Kind::Block,
-                        key: e.key,
-                        parent: e.parent,
-                        position: e.position,
-                        tokens: e.tokens,
-                        payload,
+                    .map(|(e, payload)| {
+                        let h = Header {
+                            kind: Kind::Block,
+                            fingerprint,
+                            key: e.key,
+                            parent: e.parent,
+                            position: e.position,
+                        };
+                        (h, e.tokens, payload)
                     })
                     .collect(),
                 Some(Ok(blocks)) => {
@@ -110,7 +99,7 @@ fn read_back(shared: &Shared, job: Job) -> Vec<Ready> {
             match snapshot.to_bytes() {
                 Ok(payload) => {
                     let position = snapshot.position as u64;
-                    vec![Ready { kind: Kind::Checkpoint, key, parent: 0, position, tokens, payload }]
+                    vec![(Header { kind: Kind::Checkpoint, fingerprint, key, parent: 0, position }, tokens, payload)]
                 }
                 Err(e) => {
                     tracing::warn!("prefix disk cache: checkpoint not written: {e}");
