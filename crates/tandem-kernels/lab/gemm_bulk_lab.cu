@@ -23,6 +23,7 @@
 // partitions and segments as TgSteps walks them. Variants are checked bit for bit against
 // tmmg_bf16 (split) or tmmg_bf16_h (bf16 activations) and timed on the 9B shape's matrices,
 // beside cuBLAS's bf16 GEMM (f32 out) where the lab links against it (LAB_CUBLAS).
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <vector>
@@ -73,123 +74,67 @@ __global__ void tile_rows(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl, 
     }
 }
 
-// The chain's steps in stage groups: partition p (0..7), its segments p, p + 8, ... < nseg,
-// each segment's steps in runs of up to KS (a group never crosses a segment).
-template <int KS>
-struct Groups {
-    int p, seg, i, ns, L, nseg, steps;
-    __device__ void start(int L_, int nseg_, int steps_) {
-        L = L_, nseg = nseg_, steps = steps_, p = 0, seg = 0, i = 0;
-        settle();
-    }
-    __device__ void settle() {
-        while (p < TM_WARPS && seg >= nseg) seg = ++p;
-        ns = p < TM_WARPS ? min(L, steps - seg * L) : 0;
-    }
-    __device__ bool done() const { return p >= TM_WARPS; }
-    __device__ int s0() const { return seg * L + i; }
-    __device__ int count() const { return min(KS, ns - i); }
-    __device__ void next() {
-        i += KS;
-        if (i < ns) return;
-        i = 0;
-        seg += TM_WARPS;
-        if (seg >= nseg) seg = ++p;
-        settle();
-    }
-};
-
 // The total's place in shared memory: row r (activation row), column c (weight column) of a
 // BR x BC tile, columns' bits 3-4 XORed with the row's bits 1-2 so that a fold's 32 lanes
 // (rows 2t, columns g + 8 e) hit 32 banks; four consecutive columns stay together.
 __device__ __forceinline__ int tot_at(int r, int c) { return r * BC + (c ^ (((r >> 1) & 3) << 3)); }
 
-template <int BR, int ST, int KS, bool LO>
-struct BulkShape {
-    static constexpr int WSET = BC * 32, XSET = BR * 32;           // bytes of one set of one step
-    static constexpr int WSTEP = 2 * WSET, XSTEP = 2 * XSET;        // bytes of one step
-    static constexpr int STAGE = KS * (WSTEP + (LO ? 2 : 1) * XSTEP);
+// A stage holds one 32-value step: weights (BC rows), hi (BR rows), lo (BR rows, split mode).
+// Bulk feed: each operand in the no-swizzle core layout, set 1 after set 0. TMA feed: each
+// operand as the tensor map's box of rows x 64 bytes (the step's 32 values, set 0 in the
+// first 32 bytes: the permuted row order) in the 64-byte swizzle, set q at byte 32 q.
+template <int BR, int ST, bool LO>
+struct StageShape {
+    static constexpr int W = BC * 64, X = BR * 64;  // bytes of one operand's step
+    static constexpr int STAGE = W + (LO ? 2 : 1) * X;
     static constexpr int TOT = BR * BC * 4;
     static constexpr int SMEM = ST * STAGE + TOT + 2 * ST * 8;
 };
 
-// 384 threads: warpgroup 0's first thread the producer, warpgroups 1 and 2 the consumers.
-template <int BR, int ST, int KS, bool LO>
-__global__ void __launch_bounds__(384, 1)
-    tmmb(float* __restrict__ y, const uint8_t* __restrict__ wt, const uint8_t* __restrict__ xht,
-         const uint8_t* __restrict__ xlt, int m, int n, int k) {
-    using S = BulkShape<BR, ST, KS, LO>;
+// wgmma's descriptor of a K-major operand in the 64-byte swizzle: rows 64 bytes apart, groups
+// of 8 rows 512 bytes apart (the leading offset is unused when K fits the swizzle).
+__device__ __forceinline__ uint64_t wg_desc_sw64(const void* smem) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a >> 4) & 0x3fff) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) | ((uint64_t)2 << 62);
+}
+
+// The consumers' side (warpgroups 1 and 2; h = 0 / 1 their 64 weight columns of the tile):
+// every step of the chain from its stage, partitions folded into the shared total, then the
+// total into y.
+template <int BR, int ST, bool LO, bool TMA>
+__device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, float* tot, uint64_t* full,
+                                        uint64_t* empty, int h, int ctid, int row0, int col0, int m, int n,
+                                        int steps, int L, int nseg) {
+    using S = StageShape<BR, ST, LO>;
     constexpr int NR = BR / 2;  // accumulator registers a consumer thread
-    extern __shared__ __align__(1024) uint8_t smem[];
-    float* tot = reinterpret_cast<float*>(smem + ST * S::STAGE);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + ST * S::STAGE + S::TOT);
-    uint64_t* empty = full + ST;
-    const int tid = threadIdx.x;
-    const int rt = blockIdx.x, ct = blockIdx.y;
-    const int row0 = rt * BR, col0 = ct * BC;
-    const int steps = k >> 5;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 256);
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
-    // The warpgroup's role from a value the compiler sees as warp-uniform (otherwise it
-    // serialises the wgmmas behind the divergent branch: ptxas's C7520).
-    const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);
-
-    if (role == 0) {
-        if (tid != 0) return;
-        // The producer: stage group G into stage G % ST once its last use (group G - ST) is released.
-        const uint8_t* wbase = wt + (size_t)ct * steps * S::WSTEP;
-        const size_t xoff = (size_t)rt * steps * S::XSTEP;
-        Groups<KS> gi;
-        gi.start(L, nseg, steps);
-        for (int G = 0; !gi.done(); G++, gi.next()) {
-            const int st = G % ST, c = gi.count(), s0 = gi.s0();
-            if (G >= ST) mbar_wait(&empty[st], ((G / ST) & 1) ^ 1);
-            uint8_t* stage = smem + st * S::STAGE;
-            const uint32_t wb = c * S::WSTEP, xb = c * S::XSTEP;
-            mbar_expect_tx(&full[st], wb + (LO ? 2 : 1) * xb);
-            bulk_g2s(stage, wbase + (size_t)s0 * S::WSTEP, wb, &full[st]);
-            bulk_g2s(stage + KS * S::WSTEP, xht + xoff + (size_t)s0 * S::XSTEP, xb, &full[st]);
-            if constexpr (LO) bulk_g2s(stage + KS * (S::WSTEP + S::XSTEP), xlt + xoff + (size_t)s0 * S::XSTEP, xb, &full[st]);
-        }
-        return;
-    }
-
-    // A consumer: warpgroup h, weight columns h * 64 .. + 63 of the tile, all BR rows.
-    const int ctid = tid - 128, h = role - 1, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const int warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int g = lane >> 2, t = lane & 3;
     float acc[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
-    Groups<KS> gc;
+    TgSteps gc;
     gc.start(L, nseg, steps);
     for (int G = 0; !gc.done(); G++) {
-        const int st = G % ST, c = gc.count();
+        const int st = G % ST;
         mbar_wait(&full[st], (G / ST) & 1);
-        const uint8_t* stage = smem + st * S::STAGE;
+        const uint8_t* ws = smem + st * S::STAGE;
+        const uint8_t* hs = ws + S::W;
+        const uint8_t* ls = hs + S::X;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int u = 0; u < KS; u++) {
-            if (KS > 1 && u >= c) break;  // a segment's last group may be short
-            const uint8_t* ws = stage + u * S::WSTEP + h * 64 * 32;
-            const uint8_t* hs = stage + KS * S::WSTEP + u * S::XSTEP;
-            const uint8_t* ls = hs + KS * S::XSTEP;
-#pragma unroll
-            for (int set = 0; set < 2; set++) {
-                const uint64_t da = wg_desc(ws + set * S::WSET);
-                wgmma_n(acc, da, wg_desc(hs + set * S::XSET));
-                if constexpr (LO) wgmma_n(acc, da, wg_desc(ls + set * S::XSET));
+        for (int set = 0; set < 2; set++) {
+            if constexpr (TMA) {
+                const uint64_t da = wg_desc_sw64(ws + h * 64 * 64 + set * 32);
+                wgmma_n(acc, da, wg_desc_sw64(hs + set * 32));
+                if constexpr (LO) wgmma_n(acc, da, wg_desc_sw64(ls + set * 32));
+            } else {
+                const uint64_t da = wg_desc(ws + set * (S::W / 2) + h * 64 * 32);
+                wgmma_n(acc, da, wg_desc(hs + set * (S::X / 2)));
+                if constexpr (LO) wgmma_n(acc, da, wg_desc(ls + set * (S::X / 2)));
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        // The group before this one has finished: its stage may be refilled.
+        // The step before this one has finished: its stage may be refilled.
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         if (G > 0) mbar_arrive(&empty[(G - 1) % ST]);
         const int p0 = gc.p;
@@ -229,32 +174,176 @@ __global__ void __launch_bounds__(384, 1)
     }
 }
 
+// The block's shared memory: ST stages, the total, then the full / empty mbarriers (set up
+// by thread 0 before the roles split).
+template <int BR, int ST, bool LO>
+struct Smem {
+    using S = StageShape<BR, ST, LO>;
+    uint8_t* base;
+    float* tot;
+    uint64_t *full, *empty;
+    __device__ Smem(uint8_t* b) : base(b) {
+        tot = reinterpret_cast<float*>(b + ST * S::STAGE);
+        full = reinterpret_cast<uint64_t*>(b + ST * S::STAGE + S::TOT);
+        empty = full + ST;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < ST; s++) {
+                mbar_init(&full[s], 1);
+                mbar_init(&empty[s], 256);
+            }
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
+};
+
+// 384 threads: warpgroup 0's first thread the producer (one step a stage, a stage refilled
+// once the consumers released it), warpgroups 1 and 2 the consumers. Bulk feed: operands
+// tiled by tile_weights / tile_rows.
+template <int BR, int ST, bool LO>
+__global__ void __launch_bounds__(384, 1)
+    tmmb(float* __restrict__ y, const uint8_t* __restrict__ wt, const uint8_t* __restrict__ xht,
+         const uint8_t* __restrict__ xlt, int m, int n, int k) {
+    using S = StageShape<BR, ST, LO>;
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Smem<BR, ST, LO> sm(smem);
+    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
+    // The warpgroup's role from a value the compiler sees as warp-uniform (otherwise it
+    // serialises the wgmmas behind the divergent branch: ptxas's C7520).
+    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    if (role == 0) {
+        if (threadIdx.x != 0) return;
+        const uint8_t* wb = wt + (size_t)blockIdx.y * steps * S::W;
+        const size_t xo = (size_t)blockIdx.x * steps * S::X;
+        TgSteps gi;
+        gi.start(L, nseg, steps);
+        for (int G = 0; !gi.done(); G++, gi.next()) {
+            const int st = G % ST, s = gi.step();
+            if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
+            uint8_t* stage = smem + st * S::STAGE;
+            mbar_expect_tx(&sm.full[st], S::STAGE);
+            bulk_g2s(stage, wb + (size_t)s * S::W, S::W, &sm.full[st]);
+            bulk_g2s(stage + S::W, xht + xo + (size_t)s * S::X, S::X, &sm.full[st]);
+            if constexpr (LO) bulk_g2s(stage + S::W + S::X, xlt + xo + (size_t)s * S::X, S::X, &sm.full[st]);
+        }
+        return;
+    }
+    consume<BR, ST, LO, false>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128, blockIdx.x * BR,
+                               blockIdx.y * BC, m, n, steps, L, nseg);
+}
+
+// A 2-D tensor map's box into shared memory (coordinates: value, row), counted on bar.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int x, int yrow, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(map), "r"(x), "r"(yrow), "r"(smem_u32(bar))
+        : "memory");
+}
+
+// The TMA feed: operands row-major in the permuted order (perm_index), read by tensor maps
+// with boxes of 32 values x BC (weights) / BR (activations) rows in the 64-byte swizzle; rows
+// past the matrix arrive as zeros.
+template <int BR, int ST, bool LO>
+__global__ void __launch_bounds__(384, 1)
+    tmmt(float* __restrict__ y, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap th,
+         const __grid_constant__ CUtensorMap tl, int m, int n, int k) {
+    using S = StageShape<BR, ST, LO>;
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Smem<BR, ST, LO> sm(smem);
+    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
+    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    if (role == 0) {
+        if (threadIdx.x != 0) return;
+        TgSteps gi;
+        gi.start(L, nseg, steps);
+        for (int G = 0; !gi.done(); G++, gi.next()) {
+            const int st = G % ST, s = gi.step();
+            if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
+            uint8_t* stage = smem + st * S::STAGE;
+            mbar_expect_tx(&sm.full[st], S::STAGE);
+            tma_2d(stage, &tw, s * 32, blockIdx.y * BC, &sm.full[st]);
+            tma_2d(stage + S::W, &th, s * 32, blockIdx.x * BR, &sm.full[st]);
+            if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, blockIdx.x * BR, &sm.full[st]);
+        }
+        return;
+    }
+    consume<BR, ST, LO, true>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128, blockIdx.x * BR,
+                              blockIdx.y * BC, m, n, steps, L, nseg);
+}
+
 typedef void (*BulkKern)(float*, const uint8_t*, const uint8_t*, const uint8_t*, int, int, int);
+typedef void (*TmaKern)(float*, const CUtensorMap, const CUtensorMap, const CUtensorMap, int, int, int);
 struct Variant {
     const char* name;
-    BulkKern f;
+    BulkKern fb;  // the bulk feed, or
+    TmaKern ft;   // the TMA feed
     int br, smem;
     bool lo;
+    const void* f() const { return fb ? (const void*)fb : (const void*)ft; }
 };
-#define VB(BR, ST, KS, LO) \
-    {"tmmb_" #BR "_st" #ST "_ks" #KS "_" #LO, tmmb<BR, ST, KS, LO>, BR, BulkShape<BR, ST, KS, LO>::SMEM, LO}
+#define VB(BR, ST, LO) {"tmmb_" #BR "_st" #ST "_" #LO, tmmb<BR, ST, LO>, nullptr, BR, StageShape<BR, ST, LO>::SMEM, LO}
+#define VT(BR, ST, LO) {"tmmt_" #BR "_st" #ST "_" #LO, nullptr, tmmt<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO}
 static const Variant VARIANTS[] = {
-    VB(256, 4, 1, false),  // bf16 activations, 128 x 256 tiles (229,440 bytes of shared memory)
-    VB(128, 6, 1, false),  // bf16 activations, 128 x 128 tiles
-    VB(128, 8, 1, false),
-    VB(128, 6, 1, true),   // split (hi + lo), 128 x 128 tiles
-    VB(128, 4, 1, true),
+    VB(256, 4, false),  // bf16 activations, 128 x 256 tiles (229,440 bytes of shared memory)
+    VT(256, 4, false),
+    VB(128, 6, false),  // bf16 activations, 128 x 128 tiles
+    VT(128, 8, false),
+    VB(128, 6, true),   // split (hi + lo), 128 x 128 tiles
+    VT(128, 6, true),
 };
-// (KS = 2 compiles with ptxas's C7519: the short last group of an odd segment makes the
-// second step's wgmmas conditional, and the compiler then serialises them.)
+// (Two steps a stage compiled with ptxas's C7519: the short last group of an odd segment made
+// the second step's wgmmas conditional, and the compiler then serialised them.)
 static const int NV = sizeof(VARIANTS) / sizeof(VARIANTS[0]);
 
 struct Bufs {
-    uint16_t *w, *wt, *xh, *xl, *th, *tl;
+    uint16_t *w, *wp, *wt, *xh, *xl, *th, *tl;
     float* x;
 };
 
-// The reference (row-major operands, tmmg_bf16 / tmmg_bf16_h) and a variant's tiled operands.
+// The activations for the TMA feed: bf16_split_rows' / bf16_hi_rows' bits, rows in the
+// permuted order (perm_index), no padding (the tensor map fills rows past m with zeros).
+__global__ void rows_perm(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl, const float* __restrict__ x,
+                          long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const long long o = perm_index(i);
+    const uint32_t s = split1(x[i]);
+    xh[o] = (uint16_t)(s & 0xffffu);
+    if (xl) xl[o] = (uint16_t)(s >> 16);
+}
+
+typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiled encode_tiled() {
+    static EncodeTiled f = nullptr;
+    if (!f) {
+        cudaDriverEntryPointQueryResult q;
+        CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&f, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !f) {
+            fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+            exit(1);
+        }
+    }
+    return f;
+}
+// A bf16 [rows][k] matrix as boxes of 32 values x box_rows rows in the 64-byte swizzle.
+static CUtensorMap tensor_map(const void* base, int rows, int k, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {32, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                      strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: %d (rows %d k %d box %d)\n", (int)r, rows, k, box_rows);
+        exit(1);
+    }
+    return map;
+}
+
+// The reference (row-major operands, tmmg_bf16 / tmmg_bf16_h) and a variant's operands.
 static void prepare_ref(const Bufs& b, int m, int k, bool lo) {
     const long long tot = (long long)m * k;
     if (lo)
@@ -269,12 +358,28 @@ static void launch_ref(float* y, const Bufs& b, int m, int n, int k, bool lo) {
     else
         tmmg_bf16_h<<<grid, 256>>>(y, (const uint4*)b.xh, (const uint4*)b.w, m, n, k);
 }
+// The weights of a shape in both feeds' forms (b.w filled).
+static void prepare_weights(const Bufs& b, int n, int k) {
+    tile_weights<<<4096, 256>>>(b.wt, b.w, n, k);
+    perm_bf16<<<4096, 256>>>(b.wp, b.w, (long long)n * k);
+}
 static void prepare(const Variant& v, const Bufs& b, int m, int k) {
-    tile_rows<<<2048, 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, m, k, v.br);
+    if (v.fb) {
+        tile_rows<<<2048, 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, m, k, v.br);
+    } else {
+        const long long tot = (long long)m * k;
+        rows_perm<<<(unsigned)((tot + 255) / 256), 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, tot);
+    }
 }
 static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int k) {
     dim3 grid((m + v.br - 1) / v.br, (n + BC - 1) / BC);
-    v.f<<<grid, 384, v.smem>>>(y, (const uint8_t*)b.wt, (const uint8_t*)b.th, (const uint8_t*)b.tl, m, n, k);
+    if (v.fb) {
+        v.fb<<<grid, 384, v.smem>>>(y, (const uint8_t*)b.wt, (const uint8_t*)b.th, (const uint8_t*)b.tl, m, n, k);
+    } else {
+        const CUtensorMap tw = tensor_map(b.wp, n, k, BC), th = tensor_map(b.th, m, k, v.br),
+                          tl = tensor_map(b.tl, m, k, v.br);
+        v.ft<<<grid, 384, v.smem>>>(y, tw, th, tl, m, n, k);
+    }
 }
 
 struct Shape {
@@ -303,11 +408,12 @@ static double time_us(F f, int reps = 10) {
 int main() {
     CK(cudaSetDevice(0));
     for (int i = 0; i < NV; i++)
-        CK(cudaFuncSetAttribute(VARIANTS[i].f, cudaFuncAttributeMaxDynamicSharedMemorySize, VARIANTS[i].smem));
+        CK(cudaFuncSetAttribute(VARIANTS[i].f(), cudaFuncAttributeMaxDynamicSharedMemorySize, VARIANTS[i].smem));
     const size_t WE = (size_t)24576 * 12288, XE = (size_t)4096 * 12288;
     Bufs b;
     float *y0, *y1;
     CK(cudaMalloc(&b.w, (size_t)24576 * 4096 * 2));
+    CK(cudaMalloc(&b.wp, (size_t)24576 * 4096 * 2));
     CK(cudaMalloc(&b.wt, WE * 2));
     CK(cudaMalloc(&b.x, XE * 4));
     for (uint16_t** p : {&b.xh, &b.xl, &b.th, &b.tl}) CK(cudaMalloc(p, XE * 2));
@@ -326,7 +432,7 @@ int main() {
     int fails = 0;
     for (const Shape& s : checks) {
         fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7 + s.n);
-        tile_weights<<<4096, 256>>>(b.wt, b.w, s.n, s.k);
+        prepare_weights(b, s.n, s.k);
         std::vector<float> ref[2];
         for (int lo = 0; lo < 2; lo++) {
             prepare_ref(b, s.m, s.k, lo);
@@ -367,7 +473,7 @@ int main() {
     printf(" tile_rows 256 hi | bf16_hi_rows |\n");
     for (const Shape& s : shapes) {
         fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7);
-        tile_weights<<<4096, 256>>>(b.wt, b.w, s.n, s.k);
+        prepare_weights(b, s.n, s.k);
         const double fl = 2.0 * s.m * s.n * s.k;
         auto tf = [&](double us) { return fl / (us * 1e-6) / 1e12; };
         printf("| %s %dx%dx%d |", s.what, s.m, s.n, s.k);
