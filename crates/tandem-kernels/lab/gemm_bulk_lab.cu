@@ -26,10 +26,12 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <cstring>
 #include <vector>
 
 #include "../cuda/tmma.cu"
 #include "lab_common.cuh"
+#include "perm_rows.cuh"
 #include "wgmma_ops.cuh"
 #ifdef LAB_CUBLAS
 #include <cublas_v2.h>
@@ -301,18 +303,6 @@ struct Bufs {
     float* x;
 };
 
-// The activations for the TMA feed: bf16_split_rows' / bf16_hi_rows' bits, rows in the
-// permuted order (perm_index), no padding (the tensor map fills rows past m with zeros).
-__global__ void rows_perm(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl, const float* __restrict__ x,
-                          long long total) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    const long long o = perm_index(i);
-    const uint32_t s = split1(x[i]);
-    xh[o] = (uint16_t)(s & 0xffffu);
-    if (xl) xl[o] = (uint16_t)(s >> 16);
-}
-
 typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -368,7 +358,7 @@ static void prepare(const Variant& v, const Bufs& b, int m, int k) {
         tile_rows<<<2048, 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, m, k, v.br);
     } else {
         const long long tot = (long long)m * k;
-        rows_perm<<<(unsigned)((tot + 255) / 256), 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, tot);
+        split_perm<<<(unsigned)((tot + 255) / 256), 256>>>(b.th, v.lo ? b.tl : nullptr, b.x, tot);
     }
 }
 static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int k) {

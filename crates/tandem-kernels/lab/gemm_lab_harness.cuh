@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lab_common.cuh"
+#include "perm_rows.cuh"
 
 typedef void (*Kern)(float*, const uint4*, const uint4*, const uint4*, int, int, int);
 // A variant: its kernel, block tile (br rows x bc columns), dynamic shared memory, and which
@@ -22,19 +23,6 @@ struct Variant {
     int br, bc, smem;
     int perm;
 };
-
-// bf16_split_rows' bits with each 32-value step's eight 4-value runs stored in the order
-// 0, 2, 4, 6, 1, 3, 5, 7: the values the chain's first mma of a step takes (8t .. 8t + 3 for
-// t = 0..3), then the second's, each half a whole 32-byte stretch.
-__global__ void split_perm(uint16_t* __restrict__ xh, uint16_t* __restrict__ xl, const float* __restrict__ x,
-                           long long total) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    const long long o = perm_index(i);
-    const uint32_t s = split1(x[i]);
-    xh[o] = (uint16_t)(s & 0xffffu);
-    xl[o] = (uint16_t)(s >> 16);
-}
 
 struct Bufs {
     uint16_t *w, *wp, *xh, *xl, *ph, *pl;

@@ -29,16 +29,3 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
     }
 }
 
-// The permuted step order of the wgmma labs: each 32-value step's eight 4-value runs stored
-// 0, 2, 4, 6, 1, 3, 5, 7 (the values of the chain's first mma of a step, then the second's).
-// Where value i of a row lands.
-__host__ __device__ inline long long perm_index(long long i) {
-    const int v = (int)(i & 31), run = v >> 2;
-    return (i & ~31LL) + ((run & 1) * 16 + (run >> 1) * 4 + (v & 3));
-}
-
-// The weights reordered like the activations (a load-time repack would do this once).
-__global__ void perm_bf16(uint16_t* __restrict__ out, const uint16_t* __restrict__ in, long long total) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
-        out[perm_index(i)] = in[i];
-}
