@@ -11,13 +11,37 @@ use super::disk::{chain_key, chain_keys, BlockEntry, Job, Key, Kind, COPY_BYTES,
 use super::{snapshot_bytes, EngineCache};
 use crate::cache::CacheBook;
 
-/// `TANDEM_DISK_READBACK=engine`: each published block read back on the engine's thread, block
-/// by block, as before 2026-12-07 (16 transfers that wait for the device a block on a GPU; a
-/// way back should the device copies misbehave). Default: device copies read back by the
-/// writer's thread.
-fn read_back_here() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TANDEM_DISK_READBACK").is_ok_and(|v| v == "engine"))
+/// Where the bytes of the blocks a commit publishes are read back to the host for the disk
+/// tier (`TANDEM_DISK_READBACK`):
+/// - `engine`: block by block on the engine's thread, as before 2026-12-07 (on a GPU 16
+///   transfers a block that each wait for the device: a 9B agent session's TTFT doubled);
+/// - `batched` (the default on a GPU): the commit's blocks copied together on the device
+///   ([`PagedKvStore::copy_blocks`]) and read back there and then, one transfer a pool;
+/// - `writer` (the default on the CPU): the copies handed to the disk writer's thread and read
+///   back there, off the engine's thread. On CUDA this wrote wrong bytes on 2026-12-07 (with
+///   the copies then gathered by row index), so a GPU takes `batched` until it is shown right.
+///
+/// [`PagedKvStore::copy_blocks`]: tandem_model::kv::PagedKvStore::copy_blocks
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadBack {
+    Engine,
+    Batched,
+    Writer,
+}
+
+fn read_back_mode(cpu: bool) -> ReadBack {
+    static SET: std::sync::OnceLock<Option<ReadBack>> = std::sync::OnceLock::new();
+    let set = *SET.get_or_init(|| match std::env::var("TANDEM_DISK_READBACK").as_deref() {
+        Ok("engine") => Some(ReadBack::Engine),
+        Ok("batched") => Some(ReadBack::Batched),
+        Ok("writer") => Some(ReadBack::Writer),
+        Ok(other) => {
+            tracing::warn!("TANDEM_DISK_READBACK={other:?} is none of engine, batched, writer; using the default");
+            None
+        }
+        Err(_) => None,
+    });
+    set.unwrap_or(if cpu { ReadBack::Writer } else { ReadBack::Batched })
 }
 
 impl EngineCache {
@@ -32,8 +56,7 @@ impl EngineCache {
     }
 
     /// Hands the sequence's blocks `(i, block)` (just published in the tree) to the disk tier:
-    /// those not on disk yet, copied on the device together ([`PagedKvStore::copy_blocks`]) and
-    /// read back by the writer's thread.
+    /// those not on disk yet, read back as [`ReadBack`] says.
     ///
     /// [`PagedKvStore::copy_blocks`]: tandem_model::kv::PagedKvStore::copy_blocks
     pub(super) fn persist_blocks(&self, book: &mut CacheBook, tokens: &[u32], published: &[(usize, u32)]) {
@@ -54,27 +77,33 @@ impl EngineCache {
             entries.push(BlockEntry { key, parent, position, tokens: tokens[i * bs..(i + 1) * bs].to_vec() });
             blocks.push(block);
         }
-        if read_back_here() {
+        let mode = read_back_mode(self.store.device().is_cpu());
+        if mode == ReadBack::Engine {
             for (e, &block) in entries.into_iter().zip(&blocks) {
                 match self.store.read_block(block) {
-                    Ok(bytes) => disk.put(Job::Block {
-                        key: e.key,
-                        parent: e.parent,
-                        position: e.position,
-                        tokens: e.tokens,
-                        bytes,
-                    }),
+                    Ok(bytes) => disk.put(e.with_bytes(bytes)),
                     Err(err) => tracing::warn!("prefix disk cache: block {block} not read: {err}"),
                 }
             }
             return;
         }
-        // Copies of at most COPY_BYTES each, reserved before they are made.
+        // Copies of at most COPY_BYTES each; those for the writer reserved before they are made.
         let block_len = self.store.block_len().max(1) as u64;
         let per_copy = (COPY_BYTES / block_len).max(1) as usize;
         let mut entries = entries.into_iter();
         for part in blocks.chunks(per_copy) {
             let mine: Vec<BlockEntry> = entries.by_ref().take(part.len()).collect();
+            if mode == ReadBack::Batched {
+                match self.store.copy_blocks(part).and_then(|c| c.to_host()) {
+                    Ok(read) => {
+                        for (e, bytes) in mine.into_iter().zip(read) {
+                            disk.put(e.with_bytes(bytes));
+                        }
+                    }
+                    Err(e) => tracing::warn!("prefix disk cache: {} blocks not read: {e}", part.len()),
+                }
+                continue;
+            }
             let bytes = block_len * part.len() as u64;
             if !disk.reserve_copy(bytes, part.len()) {
                 continue;

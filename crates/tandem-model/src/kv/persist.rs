@@ -51,28 +51,29 @@ impl PagedKvStore {
         Ok(out)
     }
 
-    /// Blocks `blocks` of every attention layer copied on the store's device (one gather a
-    /// pool, nothing read back yet): the disk tier's write-behind takes this on the engine's
-    /// thread and reads it back on its own ([`BlockCopy::to_host`]), where reading each block
-    /// of each layer back there synchronised the device 16 times a block (a 9K-token prompt of
-    /// the 9B shape on an H100: 3.0 s instead of 1.5). Later writes to the blocks do not
-    /// change the copy.
+    /// Blocks `blocks` of every attention layer copied on the store's device (one
+    /// concatenation of the blocks' rows a pool, nothing read back yet), so that reading them
+    /// back ([`BlockCopy::to_host`]) costs one transfer a pool instead of one a block and pool
+    /// (16 transfers that each waited for the device a block of the 9B shape: a 9K-token
+    /// prompt on an H100 took 3.0 s instead of 1.5). Later writes to the blocks do not change
+    /// the copy. (A gather by row index, `index_select`, wrote wrong bytes on CUDA on
+    /// 2026-12-07 when read back on the disk writer's thread; the concatenation of the blocks'
+    /// own rows is what [`Self::read_block`] copies, block by block.)
     pub fn copy_blocks(&self, blocks: &[u32]) -> Result<BlockCopy> {
         for &b in blocks {
             self.check_block(b)?;
         }
         let bs = self.block_size;
-        let rows = blocks
-            .iter()
-            .flat_map(|&b| (0..bs).map(move |r| u32::try_from(b as usize * bs + r)))
-            .collect::<std::result::Result<Vec<u32>, _>>()
-            .map_err(|_| ModelError::Input("a KV pool row past u32 to copy".into()))?;
         let mut parts = Vec::new();
         if !blocks.is_empty() {
-            let idx = Tensor::from_vec(rows, blocks.len() * self.block_size, &self.device)?;
             for l in self.paged_layers() {
                 for pool in [&l.k, &l.v] {
-                    parts.push(pool.index_select(&idx, 0)?);
+                    let rows = blocks
+                        .iter()
+                        .map(|&b| pool.narrow(0, b as usize * bs, bs))
+                        .collect::<candle_core::Result<Vec<_>>>()?;
+                    // `cat` of one tensor returns it (a view of the pool): copy that one.
+                    parts.push(if rows.len() == 1 { rows[0].force_contiguous()? } else { Tensor::cat(&rows, 0)? });
                 }
             }
         }

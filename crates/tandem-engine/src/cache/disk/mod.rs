@@ -99,8 +99,8 @@ impl Index {
 
 /// An entry for the writer thread.
 pub(crate) enum Job {
-    /// One block's bytes already on the host (`TANDEM_DISK_READBACK=engine`; by default the
-    /// engine hands over [`Job::Blocks`]).
+    /// One block's bytes already on the host (read back on the engine's thread: the
+    /// `engine` and `batched` read-backs, the default on a GPU).
     Block {
         key: Key,
         parent: Key,
@@ -109,7 +109,8 @@ pub(crate) enum Job {
         bytes: Vec<u8>,
     },
     /// Blocks published together, copied on the model's device ([`BlockCopy`]) and read back
-    /// by the writer, so the engine's thread never waits for a transfer.
+    /// by the writer, so the engine's thread never waits for a transfer (the `writer`
+    /// read-back, the default on the CPU).
     Blocks {
         entries: Vec<BlockEntry>,
         copy: BlockCopy,
@@ -175,6 +176,13 @@ pub(crate) struct BlockEntry {
     pub parent: Key,
     pub position: u64,
     pub tokens: Vec<u32>,
+}
+
+impl BlockEntry {
+    /// The entry's job once its bytes are on the host.
+    pub(crate) fn with_bytes(self, bytes: Vec<u8>) -> Job {
+        Job::Block { key: self.key, parent: self.parent, position: self.position, tokens: self.tokens, bytes }
+    }
 }
 
 /// Entries the writer may have queued.
