@@ -26,6 +26,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -103,10 +104,12 @@ __device__ __forceinline__ uint64_t wg_desc_sw64(const void* smem) {
 // The consumers' side (warpgroups 1 and 2; h = 0 / 1 their 64 weight columns of the tile):
 // every step of the chain from its stage, partitions folded into the shared total, then the
 // total into y.
+// G0: the stage ring's count of steps before this tile (a persistent block's earlier tiles);
+// returns it after. The tile's last stage is released once its wgmmas are done.
 template <int BR, int ST, bool LO, bool TMA>
-__device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, float* tot, uint64_t* full,
-                                        uint64_t* empty, int h, int ctid, int row0, int col0, int m, int n,
-                                        int steps, int L, int nseg) {
+__device__ __forceinline__ int consume(float* __restrict__ y, uint8_t* smem, float* tot, uint64_t* full,
+                                       uint64_t* empty, int h, int ctid, int row0, int col0, int m, int n,
+                                       int steps, int L, int nseg, int G0 = 0) {
     using S = StageShape<BR, ST, LO>;
     constexpr int NR = BR / 2;  // accumulator registers a consumer thread
     const int warp = (ctid >> 5) & 3, lane = ctid & 31;
@@ -116,7 +119,8 @@ __device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, fl
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
     TgSteps gc;
     gc.start(L, nseg, steps);
-    for (int G = 0; !gc.done(); G++) {
+    int G = G0;
+    for (; !gc.done(); G++) {
         const int st = G % ST;
         mbar_wait(&full[st], (G / ST) & 1);
         const uint8_t* ws = smem + st * S::STAGE;
@@ -138,7 +142,7 @@ __device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, fl
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         // The step before this one has finished: its stage may be refilled.
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (G > 0) mbar_arrive(&empty[(G - 1) % ST]);
+        if (G > G0) mbar_arrive(&empty[(G - 1) % ST]);
         const int p0 = gc.p;
         gc.next();
         const int p1 = gc.done() ? TM_WARPS : gc.p;
@@ -158,6 +162,8 @@ __device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, fl
             }
         }
     }
+    // The last partition's fold waited for every wgmma: the tile's last stage is free.
+    if (G > G0) mbar_arrive(&empty[(G - 1) % ST]);
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     const bool vec = (n & 3) == 0;
     for (int idx = ctid; idx < BR * BC / 4; idx += 256) {
@@ -174,6 +180,9 @@ __device__ __forceinline__ void consume(float* __restrict__ y, uint8_t* smem, fl
                 if (col + e < n) yp[e] = a[e];
         }
     }
+    // Every consumer has read the total before a next tile's first fold writes it.
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    return G;
 }
 
 // The block's shared memory: ST stages, the total, then the full / empty mbarriers (set up
@@ -274,6 +283,45 @@ __global__ void __launch_bounds__(384, 1)
                               blockIdx.y * BC, m, n, steps, L, nseg);
 }
 
+// tmmt as a persistent kernel: one block an SM walks the tiles t = blockIdx.x, + gridDim.x, ...
+// (row tile t % row tiles, so that neighbours share a weight tile), its stage ring running on
+// across tiles: the producer loads the next tile's first steps while the consumers fold and
+// store the last one, which hides a tile's start and end.
+template <int BR, int ST, bool LO>
+__global__ void __launch_bounds__(384, 1)
+    tmmp(float* __restrict__ y, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap th,
+         const __grid_constant__ CUtensorMap tl, int m, int n, int k) {
+    using S = StageShape<BR, ST, LO>;
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Smem<BR, ST, LO> sm(smem);
+    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
+    const int nrt = (m + BR - 1) / BR, tiles = nrt * ((n + BC - 1) / BC);
+    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    if (role == 0) {
+        if (threadIdx.x != 0) return;
+        int G = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int rt = tile % nrt, ct = tile / nrt;
+            TgSteps gi;
+            gi.start(L, nseg, steps);
+            for (; !gi.done(); G++, gi.next()) {
+                const int st = G % ST, s = gi.step();
+                if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
+                uint8_t* stage = smem + st * S::STAGE;
+                mbar_expect_tx(&sm.full[st], S::STAGE);
+                tma_2d(stage, &tw, s * 32, ct * BC, &sm.full[st]);
+                tma_2d(stage + S::W, &th, s * 32, rt * BR, &sm.full[st]);
+                if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * BR, &sm.full[st]);
+            }
+        }
+        return;
+    }
+    int G = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+        G = consume<BR, ST, LO, true>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128,
+                                      (tile % nrt) * BR, (tile / nrt) * BC, m, n, steps, L, nseg, G);
+}
+
 typedef void (*BulkKern)(float*, const uint8_t*, const uint8_t*, const uint8_t*, int, int, int);
 typedef void (*TmaKern)(float*, const CUtensorMap, const CUtensorMap, const CUtensorMap, int, int, int);
 struct Variant {
@@ -282,17 +330,22 @@ struct Variant {
     TmaKern ft;   // the TMA feed
     int br, smem;
     bool lo;
+    bool persistent = false;
     const void* f() const { return fb ? (const void*)fb : (const void*)ft; }
 };
 #define VB(BR, ST, LO) {"tmmb_" #BR "_st" #ST "_" #LO, tmmb<BR, ST, LO>, nullptr, BR, StageShape<BR, ST, LO>::SMEM, LO}
 #define VT(BR, ST, LO) {"tmmt_" #BR "_st" #ST "_" #LO, nullptr, tmmt<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO}
+#define VP(BR, ST, LO) \
+    {"tmmp_" #BR "_st" #ST "_" #LO, nullptr, tmmp<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO, true}
 static const Variant VARIANTS[] = {
     VB(256, 4, false),  // bf16 activations, 128 x 256 tiles (229,440 bytes of shared memory)
     VT(256, 4, false),
-    VB(128, 6, false),  // bf16 activations, 128 x 128 tiles
-    VT(128, 8, false),
+    VP(256, 4, false),  // ... persistent
+    VT(128, 8, false),  // bf16 activations, 128 x 128 tiles
+    VP(128, 8, false),
     VB(128, 6, true),   // split (hi + lo), 128 x 128 tiles
     VT(128, 6, true),
+    VP(128, 6, true),
 };
 // (Two steps a stage compiled with ptxas's C7519: the short last group of an odd segment made
 // the second step's wgmmas conditional, and the compiler then serialised them.)
@@ -363,6 +416,11 @@ static void prepare(const Variant& v, const Bufs& b, int m, int k) {
 }
 static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int k) {
     dim3 grid((m + v.br - 1) / v.br, (n + BC - 1) / BC);
+    if (v.persistent) {
+        static int sms = 0;
+        if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        grid = dim3(std::min<int>(sms, grid.x * grid.y), 1);
+    }
     if (v.fb) {
         v.fb<<<grid, 384, v.smem>>>(y, (const uint8_t*)b.wt, (const uint8_t*)b.th, (const uint8_t*)b.tl, m, n, k);
     } else {
