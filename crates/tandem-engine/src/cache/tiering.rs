@@ -88,8 +88,8 @@ impl EngineCache {
             return;
         }
         // Copies of at most COPY_BYTES each; those for the writer reserved before they are made.
-        let block_len = self.store.block_len().max(1) as u64;
-        let per_copy = (COPY_BYTES / block_len).max(1) as usize;
+        let block_len = self.store.block_len() as u64;
+        let per_copy = (COPY_BYTES / block_len.max(1)).max(1) as usize;
         let mut entries = entries.into_iter();
         for part in blocks.chunks(per_copy) {
             let mine: Vec<BlockEntry> = entries.by_ref().take(part.len()).collect();
