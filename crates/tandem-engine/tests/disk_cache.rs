@@ -361,7 +361,16 @@ fn the_read_back_paths_write_the_same_entries() {
         let e = engine(path, with_disk(Path::new(&dir), 1 << 30));
         run(&e, greedy(prompt.clone(), 4));
         settle(&e, 1);
-        assert_eq!(e.stats().disk.dropped_writes.load(Ordering::Relaxed), 0);
+        let d = &e.stats().disk;
+        assert_eq!(d.dropped_writes.load(Ordering::Relaxed), 0);
+        // The child ran the read-back it was given.
+        let (copies, to_writer) = (d.block_copies.load(Ordering::Relaxed), d.writer_copies.load(Ordering::Relaxed));
+        match std::env::var("TANDEM_DISK_READBACK").as_deref() {
+            Ok("engine") => assert_eq!(copies, 0),
+            Ok("batched") => assert!(copies > 0 && to_writer == 0, "{copies} copies, {to_writer} to the writer"),
+            Ok("writer") => assert!(to_writer > 0 && to_writer == copies, "{copies} copies, {to_writer} to the writer"),
+            other => panic!("read-back {other:?}"),
+        }
         return;
     }
     let cpu = tandem_model::device::default_device().unwrap().is_cpu();

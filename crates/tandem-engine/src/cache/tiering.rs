@@ -94,6 +94,7 @@ impl EngineCache {
         for part in blocks.chunks(per_copy) {
             let mine: Vec<BlockEntry> = entries.by_ref().take(part.len()).collect();
             if mode == ReadBack::Batched {
+                disk.count_copy(false);
                 match self.store.copy_blocks(part).and_then(|c| c.to_host()) {
                     Ok(read) => {
                         for (e, bytes) in mine.into_iter().zip(read) {
@@ -109,7 +110,10 @@ impl EngineCache {
                 continue;
             }
             match self.store.copy_blocks(part) {
-                Ok(copy) => disk.put_blocks(mine, copy),
+                Ok(copy) => {
+                    disk.count_copy(true);
+                    disk.put_blocks(mine, copy)
+                }
                 Err(e) => {
                     disk.release_copy(bytes);
                     tracing::warn!("prefix disk cache: {} blocks not copied: {e}", part.len());

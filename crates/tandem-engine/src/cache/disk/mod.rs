@@ -65,6 +65,10 @@ pub struct DiskStats {
     pub pending: AtomicU64,
     /// Device bytes of block copies handed to the writer and not yet read back.
     pub held_copy_bytes: AtomicU64,
+    /// Block copies made (`batched` and `writer` read-backs) and, of those, handed to the
+    /// writer's thread (`writer`): which read-back ran.
+    pub block_copies: AtomicU64,
+    pub writer_copies: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -284,6 +288,15 @@ impl DiskTier {
             return false;
         }
         true
+    }
+
+    /// Counts a block copy made, `to_writer` when the writer's thread reads it back.
+    pub(crate) fn count_copy(&self, to_writer: bool) {
+        let stats = &self.shared.stats;
+        stats.block_copies.fetch_add(1, Ordering::Relaxed);
+        if to_writer {
+            stats.writer_copies.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Gives back a reservation whose copy was not made.
