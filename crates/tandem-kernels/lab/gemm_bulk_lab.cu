@@ -208,6 +208,24 @@ struct Smem {
     }
 };
 
+// The producer's walk of one tile: step s of the chain into stage G % ST once its last use
+// (step G - ST of the ring) is released, `load(stage, s, bar)` issuing the stage's copies;
+// G counts the ring's steps over the block's tiles. Returns G after the tile.
+template <int BR, int ST, bool LO, class Load>
+__device__ __forceinline__ int produce(Smem<BR, ST, LO>& sm, uint8_t* smem, int steps, int L, int nseg, int G,
+                                       Load load) {
+    using S = StageShape<BR, ST, LO>;
+    TgSteps gi;
+    gi.start(L, nseg, steps);
+    for (; !gi.done(); G++, gi.next()) {
+        const int st = G % ST;
+        if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
+        mbar_expect_tx(&sm.full[st], S::STAGE);
+        load(smem + st * S::STAGE, gi.step(), &sm.full[st]);
+    }
+    return G;
+}
+
 // 384 threads: warpgroup 0's first thread the producer (one step a stage, a stage refilled
 // once the consumers released it), warpgroups 1 and 2 the consumers. Bulk feed: operands
 // tiled by tile_weights / tile_rows.
@@ -226,17 +244,11 @@ __global__ void __launch_bounds__(384, 1)
         if (threadIdx.x != 0) return;
         const uint8_t* wb = wt + (size_t)blockIdx.y * steps * S::W;
         const size_t xo = (size_t)blockIdx.x * steps * S::X;
-        TgSteps gi;
-        gi.start(L, nseg, steps);
-        for (int G = 0; !gi.done(); G++, gi.next()) {
-            const int st = G % ST, s = gi.step();
-            if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
-            uint8_t* stage = smem + st * S::STAGE;
-            mbar_expect_tx(&sm.full[st], S::STAGE);
-            bulk_g2s(stage, wb + (size_t)s * S::W, S::W, &sm.full[st]);
-            bulk_g2s(stage + S::W, xht + xo + (size_t)s * S::X, S::X, &sm.full[st]);
-            if constexpr (LO) bulk_g2s(stage + S::W + S::X, xlt + xo + (size_t)s * S::X, S::X, &sm.full[st]);
-        }
+        produce(sm, smem, steps, L, nseg, 0, [&](uint8_t* stage, int s, uint64_t* bar) {
+            bulk_g2s(stage, wb + (size_t)s * S::W, S::W, bar);
+            bulk_g2s(stage + S::W, xht + xo + (size_t)s * S::X, S::X, bar);
+            if constexpr (LO) bulk_g2s(stage + S::W + S::X, xlt + xo + (size_t)s * S::X, S::X, bar);
+        });
         return;
     }
     consume<BR, ST, LO, false>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128, blockIdx.x * BR,
@@ -255,6 +267,16 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int x,
 // The TMA feed: operands row-major in the permuted order (perm_index), read by tensor maps
 // with boxes of 32 values x BC (weights) / BR (activations) rows in the 64-byte swizzle; rows
 // past the matrix arrive as zeros.
+// A TMA stage: the weights' box of tile ct and the activations' of row tile rt at step s.
+template <int BR, int ST, bool LO>
+__device__ __forceinline__ void tma_stage(uint8_t* stage, const CUtensorMap& tw, const CUtensorMap& th,
+                                          const CUtensorMap& tl, int s, int rt, int ct, uint64_t* bar) {
+    using S = StageShape<BR, ST, LO>;
+    tma_2d(stage, &tw, s * 32, ct * BC, bar);
+    tma_2d(stage + S::W, &th, s * 32, rt * BR, bar);
+    if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * BR, bar);
+}
+
 template <int BR, int ST, bool LO>
 __global__ void __launch_bounds__(384, 1)
     tmmt(float* __restrict__ y, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap th,
@@ -266,17 +288,9 @@ __global__ void __launch_bounds__(384, 1)
     const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     if (role == 0) {
         if (threadIdx.x != 0) return;
-        TgSteps gi;
-        gi.start(L, nseg, steps);
-        for (int G = 0; !gi.done(); G++, gi.next()) {
-            const int st = G % ST, s = gi.step();
-            if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
-            uint8_t* stage = smem + st * S::STAGE;
-            mbar_expect_tx(&sm.full[st], S::STAGE);
-            tma_2d(stage, &tw, s * 32, blockIdx.y * BC, &sm.full[st]);
-            tma_2d(stage + S::W, &th, s * 32, blockIdx.x * BR, &sm.full[st]);
-            if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, blockIdx.x * BR, &sm.full[st]);
-        }
+        produce(sm, smem, steps, L, nseg, 0, [&](uint8_t* stage, int s, uint64_t* bar) {
+            tma_stage<BR, ST, LO>(stage, tw, th, tl, s, blockIdx.x, blockIdx.y, bar);
+        });
         return;
     }
     consume<BR, ST, LO, true>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128, blockIdx.x * BR,
@@ -302,17 +316,9 @@ __global__ void __launch_bounds__(384, 1)
         int G = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int rt = tile % nrt, ct = tile / nrt;
-            TgSteps gi;
-            gi.start(L, nseg, steps);
-            for (; !gi.done(); G++, gi.next()) {
-                const int st = G % ST, s = gi.step();
-                if (G >= ST) mbar_wait(&sm.empty[st], ((G / ST) & 1) ^ 1);
-                uint8_t* stage = smem + st * S::STAGE;
-                mbar_expect_tx(&sm.full[st], S::STAGE);
-                tma_2d(stage, &tw, s * 32, ct * BC, &sm.full[st]);
-                tma_2d(stage + S::W, &th, s * 32, rt * BR, &sm.full[st]);
-                if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * BR, &sm.full[st]);
-            }
+            G = produce(sm, smem, steps, L, nseg, G, [&](uint8_t* stage, int s, uint64_t* bar) {
+                tma_stage<BR, ST, LO>(stage, tw, th, tl, s, rt, ct, bar);
+            });
         }
         return;
     }
