@@ -57,8 +57,6 @@ impl EngineCache {
 
     /// Hands the sequence's blocks `(i, block)` (just published in the tree) to the disk tier:
     /// those not on disk yet, read back as [`ReadBack`] says.
-    ///
-    /// [`PagedKvStore::copy_blocks`]: tandem_model::kv::PagedKvStore::copy_blocks
     pub(super) fn persist_blocks(&self, book: &mut CacheBook, tokens: &[u32], published: &[(usize, u32)]) {
         let Some(disk) = &self.disk else { return };
         if published.is_empty() || !disk.enabled() {

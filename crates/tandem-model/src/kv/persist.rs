@@ -34,7 +34,9 @@ impl PagedKvStore {
             .sum()
     }
 
-    /// Block `b` of every attention layer as bytes in the store's format.
+    /// Block `b` of every attention layer as bytes in the store's format, one transfer a pool:
+    /// the plain reference the tests hold [`Self::copy_blocks`] to (and the `engine`
+    /// read-back's path).
     pub fn read_block(&self, b: u32) -> Result<Vec<u8>> {
         self.check_block(b)?;
         let bs = self.block_size;
@@ -182,11 +184,6 @@ fn take_f32s(bytes: &mut &[u8], n: usize) -> Result<Vec<f32>> {
 }
 
 impl RecurrentSnapshot {
-    /// The snapshot as bytes: position, layer count, then per layer a tag (0: attention, 1:
-    /// recurrent) and for recurrent layers the conv and SSM lengths and values (f32 LE); then
-    /// the count of window entries and per entry a tag (0: none, 1: rows) and for rows their
-    /// first position, row count and the K and V bytes in the KV format. Device states are
-    /// copied to the host.
     /// The device a snapshot's tensors live on (`None`: host states, no windows).
     pub fn device(&self) -> Option<&Device> {
         let state = self.layers.iter().flatten().find_map(|s| match s {
@@ -196,6 +193,11 @@ impl RecurrentSnapshot {
         state.or_else(|| self.windows.iter().flatten().next().map(|w| w.k.device()))
     }
 
+    /// The snapshot as bytes: position, layer count, then per layer a tag (0: attention, 1:
+    /// recurrent) and for recurrent layers the conv and SSM lengths and values (f32 LE); then
+    /// the count of window entries and per entry a tag (0: none, 1: rows) and for rows their
+    /// first position, row count and the K and V bytes in the KV format. Device states are
+    /// copied to the host.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         out.extend((self.position as u64).to_le_bytes());

@@ -329,12 +329,8 @@ impl DiskTier {
         let (kind, key) = match job {
             Job::Block { key, .. } => (Kind::Block, key),
             Job::Checkpoint { key, .. } => (Kind::Checkpoint, key),
-            Job::Blocks { entries, copy } => {
-                return if self.reserve_copy(copy.bytes() as u64, entries.len()) {
-                    self.put_blocks(entries, copy)
-                };
-            }
-            Job::Flush(_) => return,
+            // Block copies go through `reserve_copy` (before the copy is made) and `put_blocks`.
+            Job::Blocks { .. } | Job::Flush(_) => return,
         };
         if !self.enabled() || self.has(kind, key) {
             return;
