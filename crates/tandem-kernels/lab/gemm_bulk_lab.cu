@@ -208,6 +208,18 @@ struct Smem {
     }
 };
 
+// tmma.cu's chain for k values: steps of 32, segments of L steps, nseg segments.
+struct Chain {
+    int steps, L, nseg;
+    __device__ explicit Chain(int k)
+        : steps(k >> 5), L(min(TM_MAXL, max(1, (k >> 5) / TM_WARPS))), nseg(((k >> 5) + L - 1) / L) {}
+};
+
+// The thread's warpgroup (0: the producer's, 1 and 2: the consumers) from a value the compiler
+// sees as warp-uniform (otherwise it serialises the wgmmas behind the divergent branch:
+// ptxas's C7520).
+__device__ __forceinline__ int warpgroup_role() { return __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0); }
+
 // The producer's walk of one tile: step s of the chain into stage G % ST once its last use
 // (step G - ST of the ring) is released, `load(stage, s, bar)` issuing the stage's copies;
 // G counts the ring's steps over the block's tiles. Returns G after the tile.
@@ -236,10 +248,9 @@ __global__ void __launch_bounds__(384, 1)
     using S = StageShape<BR, ST, LO>;
     extern __shared__ __align__(1024) uint8_t smem[];
     Smem<BR, ST, LO> sm(smem);
-    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
-    // The warpgroup's role from a value the compiler sees as warp-uniform (otherwise it
-    // serialises the wgmmas behind the divergent branch: ptxas's C7520).
-    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const Chain ch(k);
+    const int steps = ch.steps, L = ch.L, nseg = ch.nseg;
+    const int role = warpgroup_role();
     if (role == 0) {
         if (threadIdx.x != 0) return;
         const uint8_t* wb = wt + (size_t)blockIdx.y * steps * S::W;
@@ -277,30 +288,11 @@ __device__ __forceinline__ void tma_stage(uint8_t* stage, const CUtensorMap& tw,
     if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * BR, bar);
 }
 
-template <int BR, int ST, bool LO>
-__global__ void __launch_bounds__(384, 1)
-    tmmt(float* __restrict__ y, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap th,
-         const __grid_constant__ CUtensorMap tl, int m, int n, int k) {
-    using S = StageShape<BR, ST, LO>;
-    extern __shared__ __align__(1024) uint8_t smem[];
-    Smem<BR, ST, LO> sm(smem);
-    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
-    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
-    if (role == 0) {
-        if (threadIdx.x != 0) return;
-        produce(sm, smem, steps, L, nseg, 0, [&](uint8_t* stage, int s, uint64_t* bar) {
-            tma_stage<BR, ST, LO>(stage, tw, th, tl, s, blockIdx.x, blockIdx.y, bar);
-        });
-        return;
-    }
-    consume<BR, ST, LO, true>(y, smem, sm.tot, sm.full, sm.empty, role - 1, threadIdx.x - 128, blockIdx.x * BR,
-                              blockIdx.y * BC, m, n, steps, L, nseg);
-}
-
-// tmmt as a persistent kernel: one block an SM walks the tiles t = blockIdx.x, + gridDim.x, ...
-// (row tile t % row tiles, so that neighbours share a weight tile), its stage ring running on
-// across tiles: the producer loads the next tile's first steps while the consumers fold and
-// store the last one, which hides a tile's start and end.
+// The TMA kernel: block b walks the tiles t = b, b + gridDim.x, ... (row tile t % row tiles,
+// so that neighbours share a weight tile). With a block a tile (the grid of all tiles) each
+// block runs one; persistent (a block an SM), its stage ring runs on across tiles: the
+// producer loads the next tile's first steps while the consumers fold and store the last one,
+// which hides a tile's start and end.
 template <int BR, int ST, bool LO>
 __global__ void __launch_bounds__(384, 1)
     tmmp(float* __restrict__ y, const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap th,
@@ -308,9 +300,10 @@ __global__ void __launch_bounds__(384, 1)
     using S = StageShape<BR, ST, LO>;
     extern __shared__ __align__(1024) uint8_t smem[];
     Smem<BR, ST, LO> sm(smem);
-    const int steps = k >> 5, L = min(TM_MAXL, max(1, steps / TM_WARPS)), nseg = (steps + L - 1) / L;
+    const Chain ch(k);
+    const int steps = ch.steps, L = ch.L, nseg = ch.nseg;
     const int nrt = (m + BR - 1) / BR, tiles = nrt * ((n + BC - 1) / BC);
-    const int role = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const int role = warpgroup_role();
     if (role == 0) {
         if (threadIdx.x != 0) return;
         int G = 0;
@@ -340,7 +333,7 @@ struct Variant {
     const void* f() const { return fb ? (const void*)fb : (const void*)ft; }
 };
 #define VB(BR, ST, LO) {"tmmb_" #BR "_st" #ST "_" #LO, tmmb<BR, ST, LO>, nullptr, BR, StageShape<BR, ST, LO>::SMEM, LO}
-#define VT(BR, ST, LO) {"tmmt_" #BR "_st" #ST "_" #LO, nullptr, tmmt<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO}
+#define VT(BR, ST, LO) {"tmmt_" #BR "_st" #ST "_" #LO, nullptr, tmmp<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO}
 #define VP(BR, ST, LO) \
     {"tmmp_" #BR "_st" #ST "_" #LO, nullptr, tmmp<BR, ST, LO>, BR, StageShape<BR, ST, LO>::SMEM, LO, true}
 static const Variant VARIANTS[] = {
@@ -422,10 +415,10 @@ static void prepare(const Variant& v, const Bufs& b, int m, int k) {
 }
 static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int k) {
     dim3 grid((m + v.br - 1) / v.br, (n + BC - 1) / BC);
-    if (v.persistent) {
+    if (v.ft) {  // the TMA kernel walks tiles on a 1-D grid: all of them, or one block an SM
         static int sms = 0;
         if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        grid = dim3(std::min<int>(sms, grid.x * grid.y), 1);
+        grid = dim3(v.persistent ? std::min<int>(sms, grid.x * grid.y) : grid.x * grid.y, 1);
     }
     if (v.fb) {
         v.fb<<<grid, 384, v.smem>>>(y, (const uint8_t*)b.wt, (const uint8_t*)b.th, (const uint8_t*)b.tl, m, n, k);
