@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Builds and runs a bf16 prefill GEMM lab on the device machine (LAB=bf16, the default:
-# crates/tandem-kernels/lab/gemm_bf16_lab.cu, mma.sync variants; LAB=wgmma: gemm_wgmma_lab.cu; LAB=bulk: gemm_bulk_lab.cu, bulk copies into wgmma, beside cuBLAS): bit-equality of every variant with tmmg_bf16, then timings on the Qwen3.5-9B
+# crates/tandem-kernels/lab/gemm_bf16_lab.cu, mma.sync variants; LAB=tma: gemm_tma_lab.cu, the engine's wgmma kernels (cuda/tmma_wg.cu) beside cuBLAS): bit-equality of every variant with tmmg_bf16, then timings on the Qwen3.5-9B
 # shape's matrices at 4,096 rows; NCU=1 adds Nsight Compute's throughput, warp-state and
 # occupancy sections for one launch of each variant. Output in $OUT/gemm-lab*.txt.
 set -uo pipefail
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv,noheader | tee "$out/gemm-lab.txt"
 src="crates/tandem-kernels/lab/gemm_${LAB:-bf16}_lab.cu"
-# LAB=bulk times cuBLAS's bf16 GEMM beside its kernels where the toolkit links it.
-if [ "${LAB:-bf16}" = bulk ] && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+# LAB=tma times cuBLAS's bf16 GEMM beside its kernels where the toolkit links it.
+if [ "${LAB:-bf16}" = tma ] && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
   -DLAB_CUBLAS -o /tmp/gemmlab "$src" -lcublas 2> "$out/gemm-lab-ptxas.txt"; then
   echo "built with cuBLAS" | tee -a "$out/gemm-lab.txt"
 else

@@ -1,10 +1,16 @@
 //! With the `cuda` feature: compiles every `cuda/*.cu` to PTX in OUT_DIR with nvcc, for the
 //! compute capability in `CUDA_COMPUTE_CAP` (default 90), and that PTX to SASS for the same
 //! GPU with ptxas (`<stem>.cubin`: loaded instead of JIT-compiling the PTX where the device
-//! runs it). Without it: nothing.
+//! runs it; the `ARCH_SPECIFIC` modules for sm_90a where the capability is 90). Without it:
+//! nothing.
 
 use std::path::PathBuf;
 use std::process::Command;
+
+/// Modules that use an architecture's own features (`cuda/tmma_wg.cu`: Hopper's wgmma and
+/// TMA), compiled for `compute_90a` / `sm_90a` when `CUDA_COMPUTE_CAP` is 90; each guards its
+/// kernels so that a build for any other capability makes an empty module.
+const ARCH_SPECIFIC: &[&str] = &["tmma_wg"];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");
@@ -42,9 +48,13 @@ fn main() {
         println!("cargo:rerun-if-changed={}", src.display());
         let stem = src.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
         let ptx = out.join(format!("{stem}.ptx"));
+        // Modules of an architecture's own features (wgmma: sm_90a) are built for it where the
+        // capability is that architecture's, and for the plain capability (empty) elsewhere.
+        let arch =
+            if ARCH_SPECIFIC.contains(&stem.as_str()) && cap == 90 { "90a".to_string() } else { cap.to_string() };
         let status = Command::new(&nvcc)
             .args(["--ptx", "-O3", "-std=c++17", "-Icuda"])
-            .arg(format!("-arch=compute_{cap}"))
+            .arg(format!("-arch=compute_{arch}"))
             .arg("-o")
             .arg(&ptx)
             .arg(&src)
@@ -53,7 +63,7 @@ fn main() {
         assert!(status.success(), "nvcc failed on {}", src.display());
         // The SASS, assembled while the next module compiles.
         let child = Command::new(&ptxas)
-            .args(["-O3", &format!("-arch=sm_{cap}"), "-o"])
+            .args(["-O3", &format!("-arch=sm_{arch}"), "-o"])
             .arg(out.join(format!("{stem}.cubin")))
             .arg(&ptx)
             .spawn()

@@ -9,11 +9,13 @@
 //   weights are the mma's A operand (16 output columns x 16 k), the activations its B operand
 //   (16 k x 8 rows), so a call of up to 8 rows costs one read of the weights and nothing
 //   wasted. An output (r, c) is fixed by k alone:
-//   - k is cut into steps of 32 values; lane t (= lane % 4) of every mma stands for the values
-//     8t .. 8t + 7 of the step (a 16-byte load of the weight row and of the activation row),
-//     the first four in the first mma (k-slots 2t, 2t+1, 2t+8, 2t+9) and the last four in the
-//     second: A and B use the same slot-to-value map, so the mma's dot product is over the
-//     right pairs, and the weights come as whole 16-byte pieces;
+//   - k is cut into steps of 32 values; the first mma of a step takes the values 0 .. 15 of
+//     the step, the second 16 .. 31 (the natural order, so that wgmma can read both operands
+//     straight from row-major memory and give the same bits: a k16 product's bits depend on
+//     which 16 values it sums, not on their slots); lane t (= lane % 4) holds the values
+//     4t .. 4t + 3 of each (k-slots 2t, 2t+1, 2t+8, 2t+9; an 8-byte load of the weight row
+//     and of the activation row): A and B use the same slot-to-value map, so the mma's dot
+//     product is over the right pairs;
 //   - a step is four mmas into the same accumulator, in order: (first half, hi), (first half,
 //     lo), (second half, hi), (second half, lo);
 //   - the steps are cut into segments of L = min(8, max(1, steps / 8)); partition p (0..7)
@@ -28,9 +30,7 @@
 //   other bf16 engines carry them; half the products and half the activation traffic, and
 //   again the same bits for every call size (every `_h` kernel walks this chain).
 #include "common.cuh"
-
-#define TM_WARPS 8
-#define TM_MAXL 8
+#include "tmma_chain.cuh"
 
 // The split of one value: hi in the low 16 bits, lo in the high 16 (as a pair is packed).
 __device__ __forceinline__ uint32_t split1(float v) {
@@ -91,6 +91,26 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Lane t's eight values of a 32-value step at `step` (bf16 pairs): 4t .. 4t + 3 (the first
+// mma's) in .x .y, 16 + 4t .. 16 + 4t + 3 (the second's) in .z .w.
+__device__ __forceinline__ uint4 tm_lane(const uint8_t* step, int t) {
+    const uint2 a = *reinterpret_cast<const uint2*>(step + 8 * t);
+    const uint2 b = *reinterpret_cast<const uint2*>(step + 32 + 8 * t);
+    return make_uint4(a.x, a.y, b.x, b.y);
+}
+
+// The tiled kernels' staged rows (four 16-byte pieces a row): piece pc of row r is kept at
+// pc ^ tm_swz(r), so that the 8-byte loads of a half-warp (rows g = 0..3, lanes t) fall in
+// 32 distinct banks.
+__device__ __forceinline__ int tm_swz(int r) { return ((r >> 1) & 1) << 1; }
+__device__ __forceinline__ uint4 tm_lane_sw(const uint4* rows, int r, int t) {
+    const uint2* p = reinterpret_cast<const uint2*>(rows + r * 4);
+    const int s = tm_swz(r);
+    const uint2 a = p[(((t >> 1)) ^ s) * 2 + (t & 1)];
+    const uint2 b = p[((2 + (t >> 1)) ^ s) * 2 + (t & 1)];
+    return make_uint4(a.x, a.y, b.x, b.y);
+}
+
 // One step of the chain: wa / wb this lane's eight weights of columns g and g + 8, bh / bl its
 // eight activations (hi, lo) of row g of the B tile. LO false: the hi halves alone (bl unused).
 template <bool LO = true>
@@ -106,12 +126,12 @@ __device__ __forceinline__ void tm_step(float (&d)[4], const uint4& wa, const ui
 // thread block per 16 output columns, warp w the chain's partition w. A warp copies each of
 // its segments' 16 weight runs (L steps x 64 bytes of each column) into shared memory with
 // cp.async, one column's run per copy instruction (whole cache lines), S segments in flight,
-// and builds its A fragments from there (runs 576 bytes apart: the two columns a quarter-warp
-// reads fall in disjoint banks). The activations come as f32 from global memory (for one row
+// and builds its A fragments from there (runs 544 bytes apart: the four columns a half-warp
+// reads with its 8-byte loads fall in disjoint banks). The activations come as f32 from global memory (for one row
 // group a segment's worth ahead, beside the weights) and are split into the B fragments' hi
 // and lo halves in registers (split8: bf16_split_rows' bits), so no split pass runs first.
-#define TV_COL 576                   // bytes per staged column run: 8 steps x 64 + 64 of padding
-#define TV_STAGE (16 * TV_COL)       // 9,216 bytes: one segment of 16 columns
+#define TV_COL 544                   // bytes per staged column run: 8 steps x 64 + 32 of padding
+#define TV_STAGE (16 * TV_COL)       // 8,704 bytes: one segment of 16 columns
 
 // Partition p of the chain for 16 columns from col0 and up to NJ * 8 rows from row0, by one
 // warp with S stages of TV_STAGE bytes at `stages`: acc from zero over the segments p, p + 8, ...
@@ -159,9 +179,9 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
             for (int i = 0; i < TM_MAXL; i++) {
                 xa[i][0] = xa[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (i < ns && rr < m) {
-                    const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                    const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t;
                     xa[i][0] = __ldg(xp);
-                    xa[i][1] = __ldg(xp + 1);
+                    xa[i][1] = __ldg(xp + 4);
                 }
             }
         }
@@ -171,8 +191,8 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
 #pragma unroll
         for (int i = 0; i < TM_MAXL; i++) {
             if (i < ns) {
-                const uint4 wa = *reinterpret_cast<const uint4*>(st + g * TV_COL + i * 64 + t * 16);
-                const uint4 wb = *reinterpret_cast<const uint4*>(st + (g + 8) * TV_COL + i * 64 + t * 16);
+                const uint4 wa = tm_lane(st + g * TV_COL + i * 64, t);
+                const uint4 wb = tm_lane(st + (g + 8) * TV_COL + i * 64, t);
 #pragma unroll
                 for (int j = 0; j < NJ; j++) {
                     if (row0 + j * 8 < m) {
@@ -181,9 +201,9 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
                         if constexpr (NJ == 1) {
                             a = xa[i][0], b = xa[i][1];
                         } else if (rr < m) {
-                            const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t * 2;
+                            const float4* xp = x + (size_t)rr * k4 + (size_t)(s0 + i) * 8 + t;
                             a = __ldg(xp);
-                            b = __ldg(xp + 1);
+                            b = __ldg(xp + 4);
                         }
                         if constexpr (LO) {
                             uint4 bh, bl;
@@ -274,31 +294,6 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
 
-// The steps in the chain's order: partition p, its segments p, p + 8, ..., each segment's steps.
-// start_at walks partitions p0 .. pe - 1 only (a split call's block).
-struct TgSteps {
-    int p, seg, i, L, nseg, steps, pe;
-    __device__ void start(int L_, int nseg_, int steps_) { start_at(L_, nseg_, steps_, 0, TM_WARPS); }
-    __device__ void start_at(int L_, int nseg_, int steps_, int p0, int pe_) {
-        L = L_, nseg = nseg_, steps = steps_, p = p0, seg = p0, i = 0, pe = pe_;
-        skip();
-    }
-    __device__ void skip() {  // past empty partitions
-        while (p < pe && seg >= nseg) seg = ++p;
-    }
-    __device__ bool done() const { return p >= pe; }
-    __device__ int step() const { return seg * L + i; }
-    __device__ void next() {
-        if (++i < min(L, steps - seg * L)) return;
-        i = 0;
-        seg += TM_WARPS;
-        if (seg >= nseg) {
-            seg = ++p;
-            skip();
-        }
-    }
-};
-
 // One step of a tmmg warp (32 rows x 32 columns) from staged weights ws, hi hs and lo ls
 // (LO false: hs alone).
 template <bool LO>
@@ -308,13 +303,13 @@ __device__ __forceinline__ void tg_step(float (&acc)[2][4][4], const uint4* ws, 
 #pragma unroll
     for (int a = 0; a < 2; a++) {
         const int c = wn * 32 + a * 16 + g;
-        wa[a] = ws[c * TG_PIECES + t];
-        wb[a] = ws[(c + 8) * TG_PIECES + t];
+        wa[a] = tm_lane_sw(ws, c, t);
+        wb[a] = tm_lane_sw(ws, c + 8, t);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int r = wm * 32 + j * 8 + g;
-        const uint4 bh = hs[r * TG_PIECES + t], bl = LO ? ls[r * TG_PIECES + t] : bh;
+        const uint4 bh = tm_lane_sw(hs, r, t), bl = LO ? tm_lane_sw(ls, r, t) : bh;
 #pragma unroll
         for (int a = 0; a < 2; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
     }
@@ -373,7 +368,8 @@ __device__ __forceinline__ void tmmg(float* __restrict__ y, const uint4* __restr
             const int c = tid >> 2, pc = tid & 3;
             const int col = col0 + c;
             const bool ok = col < n;
-            cp_async16_zfill(&ws[st][tid], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc, ok);
+            cp_async16_zfill(&ws[st][c * 4 + (pc ^ tm_swz(c))], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc,
+                             ok);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -382,8 +378,9 @@ __device__ __forceinline__ void tmmg(float* __restrict__ y, const uint4* __restr
             const int row = row0 + r;
             const bool ok = row < m;
             const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
-            cp_async16_zfill(&hs[st][idx], xh + off, ok);
-            if constexpr (LO) cp_async16_zfill(&ls[st][idx], xl + off, ok);
+            const int at = r * 4 + (pc ^ tm_swz(r));
+            cp_async16_zfill(&hs[st][at], xh + off, ok);
+            if constexpr (LO) cp_async16_zfill(&ls[st][at], xl + off, ok);
         }
     };
 
@@ -473,14 +470,15 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
         for (int idx = tid; idx < SW; idx += WM * WN * 32) {
             const int c = idx >> 2, pc = idx & 3, col = col0 + c;
             const bool ok = col < n;
-            cp_async16_zfill(&ws[idx], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc, ok);
+            cp_async16_zfill(&ws[c * 4 + (pc ^ tm_swz(c))], w + (size_t)(ok ? col : 0) * k8 + (size_t)s * 4 + pc, ok);
         }
         for (int idx = tid; idx < SX; idx += WM * WN * 32) {
             const int r = idx >> 2, pc = idx & 3, row = row0 + r;
             const bool ok = row < m;
             const size_t off = (size_t)(ok ? row : 0) * k8 + (size_t)s * 4 + pc;
-            cp_async16_zfill(&hs[idx], xh + off, ok);
-            if constexpr (LO) cp_async16_zfill(&ls[idx], xl + off, ok);
+            const int at = r * 4 + (pc ^ tm_swz(r));
+            cp_async16_zfill(&hs[at], xh + off, ok);
+            if constexpr (LO) cp_async16_zfill(&ls[at], xl + off, ok);
         }
     };
 
@@ -522,13 +520,13 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
 #pragma unroll
                     for (int a = 0; a < WA; a++) {
                         const int c = wn * WA * 16 + a * 16 + g;
-                        wa[a] = ws[c * TG_PIECES + t];
-                        wb[a] = ws[(c + 8) * TG_PIECES + t];
+                        wa[a] = tm_lane_sw(ws, c, t);
+                        wb[a] = tm_lane_sw(ws, c + 8, t);
                     }
 #pragma unroll
                     for (int j = 0; j < WJ; j++) {
                         const int r = wm * WJ * 8 + j * 8 + g;
-                        const uint4 bh = hs[r * TG_PIECES + t], bl = LO ? ls[r * TG_PIECES + t] : bh;
+                        const uint4 bh = tm_lane_sw(hs, r, t), bl = LO ? tm_lane_sw(ls, r, t) : bh;
 #pragma unroll
                         for (int a = 0; a < WA; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
                     }

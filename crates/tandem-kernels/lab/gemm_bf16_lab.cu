@@ -18,9 +18,9 @@ __global__ void __launch_bounds__(256, MB)
 
 #define V2(ST, WA, WJ, WM, WN, MB)                                                                        \
     {"tmmg2_st" #ST "_" #WA "x" #WJ "_" #WM "x" #WN "_b" #MB, tmmg2<ST, WA, WJ, WM, WN, MB>, WM * WJ * 8, \
-     WN * WA * 16, ST * (WN * WA * 16 + 2 * WM * WJ * 8) * 64, false}
+     WN * WA * 16, ST * (WN * WA * 16 + 2 * WM * WJ * 8) * 64}
 static const Variant VARIANTS[] = {
-    {"tmmg_bf16", tmmg_bf16, TG_BM, TG_BN, 0, false},
+    {"tmmg_bf16", tmmg_bf16, TG_BM, TG_BN, 0},
     V2(2, 2, 4, 4, 2, 2),  // tmmg_bf16's tiles, one barrier a step, two blocks an SM
     V2(3, 2, 4, 4, 2, 2),  // ... three stages
     V2(4, 2, 4, 4, 2, 2),  // ... four stages

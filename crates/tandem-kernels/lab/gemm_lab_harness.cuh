@@ -1,4 +1,4 @@
-// The bf16 GEMM labs' harness (gemm_bf16_lab.cu, gemm_wgmma_lab.cu; not part of the build):
+// The bf16 GEMM labs' harness (gemm_bf16_lab.cu; not part of the build):
 // a lab lists its variants (the first being tmmg_bf16, the reference) and calls gemm_lab_main,
 // which checks every variant bit for bit against the first on odd and real shapes, then times
 // them on the Qwen3.5-9B shape's matrices at 4,096 rows (useful TFLOP/s: 2 m n k a call).
@@ -10,37 +10,28 @@
 #include <vector>
 
 #include "lab_common.cuh"
-#include "perm_rows.cuh"
 
 typedef void (*Kern)(float*, const uint4*, const uint4*, const uint4*, int, int, int);
-// A variant: its kernel, block tile (br rows x bc columns), dynamic shared memory, and which
-// operands it reads with each 32-value step's 4-value runs reordered (perm: 0 none, 1 the
-// activations' hi / lo halves, 2 those and the weights; runs 0, 2, 4, 6 first, then 1, 3, 5,
-// 7; see split_perm).
+// A variant: its kernel, block tile (br rows x bc columns) and dynamic shared memory.
 struct Variant {
     const char* name;
     Kern f;
     int br, bc, smem;
-    int perm;
 };
 
 struct Bufs {
-    uint16_t *w, *wp, *xh, *xl, *ph, *pl;
+    uint16_t *w, *xh, *xl;
     float* x;
 };
 
 static void split(const Bufs& b, int m, int k) {
     const long long tot = (long long)m * k;
     bf16_split_rows<<<(unsigned)((tot + 255) / 256), 256>>>(b.xh, b.xl, b.x, tot);
-    split_perm<<<(unsigned)((tot + 255) / 256), 256>>>(b.ph, b.pl, b.x, tot);
 }
 
 static void launch(const Variant& v, float* y, const Bufs& b, int m, int n, int k) {
     dim3 grid((m + v.br - 1) / v.br, (n + v.bc - 1) / v.bc);
-    const uint16_t* xh = v.perm ? b.ph : b.xh;
-    const uint16_t* xl = v.perm ? b.pl : b.xl;
-    const uint16_t* w = v.perm == 2 ? b.wp : b.w;
-    v.f<<<grid, 256, v.smem>>>(y, (const uint4*)xh, (const uint4*)xl, (const uint4*)w, m, n, k);
+    v.f<<<grid, 256, v.smem>>>(y, (const uint4*)b.xh, (const uint4*)b.xl, (const uint4*)b.w, m, n, k);
 }
 
 struct Shape {
@@ -57,13 +48,11 @@ static int gemm_lab_main(const Variant* VARIANTS, int NV) {
     float *y0, *y1;
     const size_t XE = (size_t)4096 * 12288;
     CK(cudaMalloc(&b.w, MAXE * 2));
-    CK(cudaMalloc(&b.wp, MAXE * 2));
     CK(cudaMalloc(&b.x, XE * 4));
-    for (uint16_t** p : {&b.xh, &b.xl, &b.ph, &b.pl}) CK(cudaMalloc(p, XE * 2));
+    for (uint16_t** p : {&b.xh, &b.xl}) CK(cudaMalloc(p, XE * 2));
     CK(cudaMalloc(&y0, (size_t)4096 * 24576 * 4));
     CK(cudaMalloc(&y1, (size_t)4096 * 24576 * 4));
     fill_bf16<<<4096, 256>>>(b.w, MAXE, 7);
-    perm_bf16<<<4096, 256>>>(b.wp, b.w, (long long)MAXE);
     fill_f32<<<4096, 256>>>(b.x, XE, 99);
     // LAB_PROFILE=1: one launch of each variant on the gate+up shape only (for Nsight Compute).
     if (getenv("LAB_PROFILE")) {

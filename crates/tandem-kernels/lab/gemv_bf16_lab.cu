@@ -72,7 +72,7 @@ __device__ void tvs_bf16(float* __restrict__ y, const float4* __restrict__ x, co
 #pragma unroll
     for (int p = 0; p < PP; p++) acc[p][0] = acc[p][1] = acc[p][2] = acc[p][3] = 0.f;
     const bool live = g < m;
-    const float4* xrow = x + (size_t)(live ? g : 0) * k4 + t * 2;
+    const float4* xrow = x + (size_t)(live ? g : 0) * k4 + t;
     int j = 0;
     for (int r = 0; 8 * r + q0 < nseg; r++) {
 #pragma unroll
@@ -89,14 +89,15 @@ __device__ void tvs_bf16(float* __restrict__ y, const float4* __restrict__ x, co
                     float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
                     if (live) {
                         a = __ldg(xrow + (size_t)(s0 + i) * 8);
-                        b = __ldg(xrow + (size_t)(s0 + i) * 8 + 1);
+                        b = __ldg(xrow + (size_t)(s0 + i) * 8 + 4);
                     }
                     uint4 bh, bl;
                     split8(a, b, bh, bl);
                     cp_async_wait<D - 1>();
                     __syncwarp();
                     const uint4* st = ring + (j % D) * 64;
-                    tm_step(acc[p], st[g * 4 + t], st[(g + 8) * 4 + t], bh, bl);
+                    tm_step(acc[p], tm_lane(reinterpret_cast<const uint8_t*>(st + g * 4), t),
+                            tm_lane(reinterpret_cast<const uint8_t*>(st + (g + 8) * 4), t), bh, bl);
                     __syncwarp();  // every lane has read this stage: it may be refilled
                 }
             }

@@ -114,6 +114,11 @@ pub const MOE: Module = module!("moe");
 #[cfg(feature = "cuda")]
 pub const SAMPLING: Module = module!("sampling");
 
+/// `cuda/tmma_wg.cu`: `tmma.cu`'s bf16 GEMM chain on Hopper's wgmma and TMA (sm_90a; an
+/// empty module in builds for other capabilities).
+#[cfg(feature = "cuda")]
+pub const TMMA_WG: Module = module!("tmma_wg");
+
 /// `cuda/gdn_chunked.cu`: the GDN step after the conv for prefill chunks, in the chunked
 /// WY form (gates and norms included).
 #[cfg(feature = "cuda")]

@@ -401,6 +401,11 @@ fn dense(dev: &Device, out: &mut Vec<Check>) {
             // The split bf16 GEMM's edges (tmmk_bf16: 17-128 rows, 64 x 64 tiles) and past it.
             (128, 136, 2080),
             (129, 72, 512),
+            // Past it (tmmg_bf16, or on Hopper tmmw_bf16's 128-row / tmmw_bf16_h's 256-row
+            // tiles): three row tiles with odd column counts; three steps (five empty
+            // partitions) and a column count that is not a multiple of 4.
+            (300, 1000, 2080),
+            (257, 130, 96),
         ] {
             if dev.is_cpu() && dt != DType::F32 {
                 continue; // the CPU path keeps dense weights in f32

@@ -44,7 +44,8 @@ pub fn enabled() -> bool {
 
 /// Rows from which calls take the tiled kernels (`tmmk_bf16` up to [`split_rows`] rows on
 /// narrow enough matrices, else `tmmg_bf16`: 128 rows x 64 columns a block, weights and
-/// activations staged in shared memory) rather than `tmv_bf16_*` (16 columns a block, row
+/// activations staged in shared memory; on Hopper [`super::cuda_tmma_wg`]'s wgmma kernels
+/// in its place) rather than `tmv_bf16_*` (16 columns a block, row
 /// tiles of up to 16 rows, each tile reading the weights again);
 /// `TANDEM_BF16_GEMM_ROWS=N` moves it, for comparisons. Both give the same bits.
 fn gemm_min_rows() -> usize {
@@ -80,7 +81,7 @@ fn tk_smem(halves: u32) -> u32 {
 /// Warps of a `tmv_bf16_*` block and the shared memory one segment takes (`tmma.cu`: `TM_WARPS`,
 /// `TV_STAGE`).
 const TV_WARPS: usize = 8;
-const TV_STAGE_BYTES: usize = 16 * 576;
+const TV_STAGE_BYTES: usize = 16 * 544;
 
 /// Segments in flight per warp in `tmv_bf16_*`: 1 (72 KB a block, two blocks an SM: the
 /// default) or 2 (144 KB, one block an SM; 9B decode 123 against 137 tok/s when last
@@ -169,6 +170,10 @@ pub(crate) fn matmul_bf16(w: u64, n: usize, k: usize, x: &Tensor) -> Result<Tens
     drop(inputs);
     if m <= split_rows() && n <= split_cols(m) {
         return split_gemm(&dev, y, &xh, xl.as_ref(), w, (m, n, k));
+    }
+    if super::cuda_tmma_wg::takes(&dev) {
+        // Hopper: the same chain on wgmma (cuda_tmma_wg), the same bits.
+        return super::cuda_tmma_wg::gemm(&dev, y, &xh, xl.as_ref(), w, (m, n, k));
     }
     let name = if lo { "tmmg_bf16" } else { "tmmg_bf16_h" };
     let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA))?;

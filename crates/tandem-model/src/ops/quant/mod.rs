@@ -45,6 +45,8 @@ pub mod cuda_qmma;
 pub mod cuda_quant;
 #[cfg(feature = "cuda")]
 pub mod cuda_tmma;
+#[cfg(feature = "cuda")]
+pub mod cuda_tmma_wg;
 pub mod dense;
 pub mod gemm_tile;
 pub mod kquant;

@@ -1,33 +1,19 @@
-// Hopper building blocks shared by the wgmma labs (gemm_wgmma_lab.cu, gemm_bulk_lab.cu; not
-// part of the build): shared-memory matrix descriptors for wgmma's no-swizzle K-major layout,
-// wgmma m64nNk16 (bf16 in, f32 accumulators) for N = 64 / 128 / 256, mbarriers and the bulk
-// (non-tensor) global -> shared copy that completes on one.
+// Hopper (sm_90a) building blocks of tmma_wg.cu: wgmma m64nNk16 (bf16 in, f32 accumulators)
+// with operands in shared memory by descriptor (K-major, 64-byte swizzle), mbarriers, and the
+// TMA copy of a 2-D tensor map's box that completes on one.
 #pragma once
+#include <cuda.h>
 #include <cstdint>
 
-__device__ __forceinline__ uint64_t wg_desc(const void* smem) {
+// wgmma's descriptor of a K-major operand in the 64-byte swizzle: rows 64 bytes apart, groups
+// of 8 rows 512 bytes apart (the leading offset is unused when K fits the swizzle).
+__device__ __forceinline__ uint64_t wg_desc_sw64(const void* smem) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    return (uint64_t)((a >> 4) & 0x3fff) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+    return (uint64_t)((a >> 4) & 0x3fff) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) | ((uint64_t)2 << 62);
 }
 
-__device__ __forceinline__ void cp_async8_zfill(void* smem, const void* gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = valid ? 8 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
-}
-
-// Byte offset of (row r, 16-byte core column kk) in a set of wgmma's no-swizzle layout.
-__host__ __device__ __forceinline__ int cm_off(int r, int kk) { return ((r >> 3) * 2 + kk) * 128 + (r & 7) * 16; }
-
-// One wgmma m64nNk16 (A and B from shared memory, K-major, no swizzle) into d: N = 2 x the
-// registers of d (64, 128 or 256 rows).
-__device__ __forceinline__ void wgmma_n(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db));
-}
+// One wgmma m64nNk16 (A and B from shared memory, K-major, by descriptor) into d: N = 2 x the
+// registers of d (128 or 256 rows).
 __device__ __forceinline__ void wgmma_n(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -66,11 +52,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
-// counted on bar's transaction count when they have landed.
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
+
+// A 2-D tensor map's box into shared memory (coordinates: value, row), its bytes counted on
+// bar's transaction count when they have landed.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int x, int yrow, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(map), "r"(x), "r"(yrow), "r"(smem_u32(bar))
+        : "memory");
 }

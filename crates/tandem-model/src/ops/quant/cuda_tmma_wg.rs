@@ -1,0 +1,137 @@
+//! The bf16 GEMM on Hopper's wgmma (`tandem-kernels/cuda/tmma_wg.cu`): `tmmw_bf16` (split
+//! activations, 128 x 128 tiles) and `tmmw_bf16_h` (bf16 activations, 128 x 256 tiles) take
+//! the calls [`super::cuda_tmma`] would give `tmmg_bf16` / `tmmg_bf16_h` (prefill, wide
+//! batches) on a device of compute capability 9.0 with a build for it (`CUDA_COMPUTE_CAP=90`,
+//! the default: the module is built for sm_90a there and empty for any other GPU). The chain
+//! is tmma.cu's, so every row has the bits it has in every other call size (check-device's
+//! `dense_matmul rows` rows; `lab/gemm_tma_lab.cu` compares the kernels with tmmg bit for bit).
+//!
+//! Both operands are read by TMA tensor maps that this module encodes per call (a host-side
+//! function of the driver, no device work): W as loaded, the activations' halves as
+//! `bf16_split_rows` / `bf16_hi_rows` write them, boxes of one 32-value step x the tile's rows
+//! in the 64-byte swizzle. `TANDEM_BF16_WGMMA=0` keeps those calls on `tmmg_bf16`, for
+//! comparisons; `TANDEM_BF16_WGMMA_GRID=sms` runs a block per SM walking the tiles
+//! (persistent) instead of a block per tile.
+
+use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::Tensor;
+
+use crate::error::{ModelError, Result};
+use crate::ops::cuda_module::LoadKernel as _;
+use crate::ops::cuda_util::{allow_dynamic_shared, i32_of, max_shared_optin, run, sm_count, tensor};
+
+/// Weight columns a block (tmma_wg.cu's `TW_BC`).
+const BC: usize = 128;
+
+/// A kernel's activation rows a tile and dynamic shared memory (tmma_wg.cu's `TwShape`:
+/// stages of one step's boxes, the total, the mbarriers).
+struct Tile {
+    rows: usize,
+    smem: u32,
+}
+const SPLIT: Tile = Tile { rows: 128, smem: (6 * (128 * 64 + 2 * 128 * 64) + 128 * 128 * 4 + 2 * 6 * 8) as u32 };
+const HI: Tile = Tile { rows: 256, smem: (4 * (128 * 64 + 256 * 64) + 256 * 128 * 4 + 2 * 4 * 8) as u32 };
+
+/// A CUDA tensor map (the driver's `CUtensorMap`: 128 opaque bytes), passed by value to the
+/// kernels' `__grid_constant__ CUtensorMap` parameters.
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+struct TensorMap([u64; 16]);
+// SAFETY: plain bytes the driver encoded, the layout of the kernel parameter they fill.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// Whether the calls `tmmg_bf16` would take go to the wgmma kernels on `dev`: a build for
+/// sm_90 on a device of capability 9.0 that lets a block opt in to the kernels' shared memory,
+/// unless `TANDEM_BF16_WGMMA=0`.
+pub(crate) fn takes(dev: &CudaDevice) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("TANDEM_BF16_WGMMA").map_or(true, |v| v != "0"));
+    on && tandem_kernels::CUBIN_CAP == 90
+        && dev.cuda_stream().context().compute_capability().is_ok_and(|c| c == (9, 0))
+        && max_shared_optin(dev) >= HI.smem.max(SPLIT.smem) as usize
+}
+
+/// Whether the grid is a block per SM (`TANDEM_BF16_WGMMA_GRID=sms`) rather than per tile.
+fn persistent() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_BF16_WGMMA_GRID").as_deref() == Ok("sms"))
+}
+
+/// The tensor map of a bf16 `[rows, k]` matrix at device address `addr` (16-byte aligned, `k`
+/// a multiple of 8): boxes of 32 values x `box_rows` rows in the 64-byte swizzle, rows past
+/// the matrix read as zeros.
+fn tensor_map(addr: u64, rows: usize, k: usize, box_rows: usize) -> Result<TensorMap> {
+    let mut map = TensorMap([0; 16]);
+    let dims = [k as u64, rows as u64];
+    let strides = [k as u64 * 2];
+    let boxd = [32u32, box_rows as u32];
+    let estr = [1u32, 1];
+    // SAFETY: `map` is 128 writable bytes aligned to 128 (the driver asks for 64); the arrays
+    // hold rank 2 dimensions, box sizes and element strides and rank - 1 strides; the driver
+    // only encodes the address (the kernels read it while the caller holds the matrix).
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            (&mut map as *mut TensorMap).cast::<sys::CUtensorMap>(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            addr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(ModelError::Input(format!(
+            "bf16 wgmma matmul: cannot encode a tensor map of [{rows}, {k}] at {addr:#x} ({r:?})"
+        )));
+    }
+    Ok(map)
+}
+
+/// `y` `[m, n]` = the activations' halves `xh` (and `xl`: split mode) `[m, k]` times W `[n, k]`
+/// bf16 at device address `w` (kept alive by the caller; `cuda_tmma::fits`), transposed.
+pub(crate) fn gemm(
+    dev: &CudaDevice,
+    y: CudaSlice<f32>,
+    xh: &CudaSlice<u16>,
+    xl: Option<&CudaSlice<u16>>,
+    w: u64,
+    (m, n, k): (usize, usize, usize),
+) -> Result<Tensor> {
+    let tile = if xl.is_some() { SPLIT } else { HI };
+    let stream = dev.cuda_stream();
+    let tw = tensor_map(w, n, k, BC)?;
+    let th = tensor_map(xh.device_ptr(&stream).0, m, k, tile.rows)?;
+    let tl = match xl {
+        Some(xl) => Some(tensor_map(xl.device_ptr(&stream).0, m, k, tile.rows)?),
+        None => None,
+    };
+    let name = if xl.is_some() { "tmmw_bf16" } else { "tmmw_bf16_h" };
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA_WG))?;
+    allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, tile.smem)?;
+    let tiles = m.div_ceil(tile.rows) * n.div_ceil(BC);
+    let blocks = if persistent() { tiles.min(sm_count(dev)) } else { tiles };
+    let grid = u32::try_from(blocks).map_err(|_| ModelError::Input(format!("bf16 wgmma matmul: {tiles} tiles")))?;
+    let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
+    let mut b = f.builder();
+    b.arg(&y).arg(&tw).arg(&th);
+    if let Some(tl) = &tl {
+        b.arg(tl);
+    }
+    b.arg(&mi).arg(&ni).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.smem };
+    // SAFETY: arguments in tmmw_bf16's order (y, tw, th, tl, m, n, k) or tmmw_bf16_h's (no tl);
+    // y holds m*n f32; the maps cover W (n rows of k bf16) and xh / xl (m rows of k bf16), all
+    // alive for the launch (the caller holds W, xh and xl until after it is queued on this
+    // stream); 384 threads a block, `tile.smem` bytes of dynamic shared memory (allowed above).
+    unsafe { run(&mut b, cfg, name)? };
+    drop(b);
+    Ok(tensor(y, dev, (m, n)))
+}
