@@ -13,14 +13,23 @@ use super::{KvDtype, LayerCacheSpec, PagedKvStore, RecurrentSnapshot, RecurrentS
 use crate::error::{ModelError, Result};
 
 pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
-    let flat = t.flatten_all()?;
     Ok(match t.dtype() {
-        DType::U8 => flat.to_vec1::<u8>()?,
-        DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::F32 => flat.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::U8 => host_vec::<u8>(t)?,
+        DType::F16 => host_vec::<half::f16>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 => host_vec::<half::bf16>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 => host_vec::<f32>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         other => return Err(ModelError::Input(format!("no byte view of a {other:?} KV pool"))),
     })
+}
+
+/// `t`'s elements, flattened, on the host. Off the CPU a device copy of `t` alone comes first:
+/// candle reads a view back by copying its whole buffer to the host (a KV block of a layer's
+/// entire pool; one of a detached checkpoint's states, which share one buffer, of the whole
+/// checkpoint: a 9B checkpoint's 48 states read 48 x 50 MB where 50 MB was asked for).
+pub(super) fn host_vec<S: candle_core::WithDType>(t: &Tensor) -> Result<Vec<S>> {
+    let flat = t.flatten_all()?;
+    let flat = if flat.device().is_cpu() { flat } else { flat.force_contiguous()? };
+    Ok(flat.to_vec1::<S>()?)
 }
 
 impl PagedKvStore {
@@ -43,11 +52,8 @@ impl PagedKvStore {
         let mut out = Vec::with_capacity(self.block_len());
         for l in self.paged_layers() {
             for pool in [&l.k, &l.v] {
-                let block = pool.narrow(0, b as usize * bs, bs)?;
-                // Off the CPU, a copy of the block alone first: reading a view back copies its
-                // whole buffer (the layer's entire pool) to the host.
-                let block = if self.device.is_cpu() { block } else { block.force_contiguous()? };
-                out.extend(bytes_of(&block)?);
+                // bytes_of copies the block alone off the CPU before reading it back.
+                out.extend(bytes_of(&pool.narrow(0, b as usize * bs, bs)?)?);
             }
         }
         Ok(out)

@@ -55,7 +55,7 @@ impl RecurrentState {
     pub fn conv_values(&self) -> Result<Vec<f32>> {
         match self {
             Self::Host { conv, .. } => Ok(conv.clone()),
-            Self::Device { conv, .. } => Ok(conv.flatten_all()?.to_vec1::<f32>()?),
+            Self::Device { conv, .. } => super::persist::host_vec::<f32>(conv),
         }
     }
 
@@ -109,7 +109,7 @@ impl RecurrentState {
     pub fn ssm_values(&self) -> Result<Vec<f32>> {
         match self {
             Self::Host { ssm, .. } => Ok(ssm.clone()),
-            Self::Device { ssm, .. } => Ok(ssm.flatten_all()?.to_vec1::<f32>()?),
+            Self::Device { ssm, .. } => super::persist::host_vec::<f32>(ssm),
         }
     }
 }
