@@ -5,6 +5,7 @@
 # occupancy sections for one launch of each variant. Output in $OUT/gemm-lab*.txt.
 set -uo pipefail
 out=${OUT:-/tmp}
+mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu,clocks.sm --format=csv,noheader | tee "$out/gemm-lab.txt"
 src="crates/tandem-kernels/lab/gemm_${LAB:-bf16}_lab.cu"
 # LAB=tma times cuBLAS's bf16 GEMM beside its kernels where the toolkit links it.

@@ -6,6 +6,7 @@
 # $OUT/wgmma-bits.txt.
 set -uo pipefail
 out=${OUT:-/tmp}
+mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/wgmma-bits.txt"
 nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/wgmmabits \
   crates/tandem-kernels/lab/wgmma_bits_lab.cu 2> "$out/wgmma-bits-nvcc.txt" || { tail -20 "$out/wgmma-bits-nvcc.txt"; exit 1; }

@@ -14,8 +14,9 @@
 //     straight from row-major memory and give the same bits: a k16 product's bits depend on
 //     which 16 values it sums, not on their slots); lane t (= lane % 4) holds the values
 //     4t .. 4t + 3 of each (k-slots 2t, 2t+1, 2t+8, 2t+9; an 8-byte load of the weight row
-//     and of the activation row): A and B use the same slot-to-value map, so the mma's dot
-//     product is over the right pairs;
+//     and of the activation row; the tiled kernels read the standard fragments with ldmatrix,
+//     values 2t, 2t+1, 2t+8, 2t+9 of each set in those slots: the same sets, so the same bits):
+//     A and B use the same slot-to-value map, so the mma's dot product is over the right pairs;
 //   - a step is four mmas into the same accumulator, in order: (first half, hi), (first half,
 //     lo), (second half, hi), (second half, lo);
 //   - the steps are cut into segments of L = min(8, max(1, steps / 8)); partition p (0..7)
@@ -100,15 +101,37 @@ __device__ __forceinline__ uint4 tm_lane(const uint8_t* step, int t) {
 }
 
 // The tiled kernels' staged rows (four 16-byte pieces a row): piece pc of row r is kept at
-// pc ^ tm_swz(r), so that the 8-byte loads of a half-warp (rows g = 0..3, lanes t) fall in
-// 32 distinct banks.
-__device__ __forceinline__ int tm_swz(int r) { return ((r >> 1) & 1) << 1; }
-__device__ __forceinline__ uint4 tm_lane_sw(const uint4* rows, int r, int t) {
-    const uint2* p = reinterpret_cast<const uint2*>(rows + r * 4);
-    const int s = tm_swz(r);
-    const uint2 a = p[(((t >> 1)) ^ s) * 2 + (t & 1)];
-    const uint2 b = p[((2 + (t >> 1)) ^ s) * 2 + (t & 1)];
-    return make_uint4(a.x, a.y, b.x, b.y);
+// pc ^ tm_swz(r), so that the eight rows of one 8 x 8 matrix an ldmatrix reads (16 bytes of
+// each) fall in 32 distinct banks.
+__device__ __forceinline__ int tm_swz(int r) { return (r >> 1) & 3; }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&d)[4], const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a));
+}
+
+// A step's A fragments of 16 staged weight rows from c0, both mmas' (tm_step's wa / wb: .x .y
+// the first's, .z .w the second's), by two ldmatrix: lane t holds values 2t, 2t + 1, 2t + 8,
+// 2t + 9 of each set, the standard fragment of the natural order. The GEMVs' lanes hold
+// 4t .. 4t + 3 instead; an mma's bits depend on which 16 values it sums, not on their slots
+// (lab/wgmma_bits_lab.cu), so both give the chain's bits.
+__device__ __forceinline__ void tm_frag_a(const uint4* rows, int c0, int lane, uint4& wa, uint4& wb) {
+    const int r = c0 + (lane & 7) + ((lane >> 3) & 1) * 8, p = lane >> 4;
+    uint32_t x[4], y[4];
+    ldsm_x4(x, rows + r * 4 + (p ^ tm_swz(r)));
+    ldsm_x4(y, rows + r * 4 + ((2 + p) ^ tm_swz(r)));
+    wa = make_uint4(x[0], x[2], y[0], y[2]);
+    wb = make_uint4(x[1], x[3], y[1], y[3]);
+}
+
+// A step's B fragments of 8 staged activation rows from r0 (tm_step's bh / bl), one ldmatrix.
+__device__ __forceinline__ uint4 tm_frag_b(const uint4* rows, int r0, int lane) {
+    const int r = r0 + (lane & 7), p = lane >> 3;
+    uint32_t x[4];
+    ldsm_x4(x, rows + r * 4 + (p ^ tm_swz(r)));
+    return make_uint4(x[0], x[1], x[2], x[3]);
 }
 
 // One step of the chain: wa / wb this lane's eight weights of columns g and g + 8, bh / bl its
@@ -298,18 +321,14 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
 // (LO false: hs alone).
 template <bool LO>
 __device__ __forceinline__ void tg_step(float (&acc)[2][4][4], const uint4* ws, const uint4* hs, const uint4* ls,
-                                        int wn, int wm, int g, int t) {
+                                        int wn, int wm, int lane) {
     uint4 wa[2], wb[2];
 #pragma unroll
-    for (int a = 0; a < 2; a++) {
-        const int c = wn * 32 + a * 16 + g;
-        wa[a] = tm_lane_sw(ws, c, t);
-        wb[a] = tm_lane_sw(ws, c + 8, t);
-    }
+    for (int a = 0; a < 2; a++) tm_frag_a(ws, wn * 32 + a * 16, lane, wa[a], wb[a]);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const int r = wm * 32 + j * 8 + g;
-        const uint4 bh = tm_lane_sw(hs, r, t), bl = LO ? tm_lane_sw(ls, r, t) : bh;
+        const int r0 = wm * 32 + j * 8;
+        const uint4 bh = tm_frag_b(hs, r0, lane), bl = LO ? tm_frag_b(ls, r0, lane) : bh;
 #pragma unroll
         for (int a = 0; a < 2; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
     }
@@ -413,7 +432,7 @@ __device__ __forceinline__ void tmmg(float* __restrict__ y, const uint4* __restr
                 __syncthreads();
                 // A warp whose 32 rows all lie past m (a batch of fewer than 128 rows)
                 // skips its products: only rows >= m, never stored, would change.
-                if (live) tg_step<LO>(acc, ws[st], hs[st], ls[st], wn, wm, g, t);
+                if (live) tg_step<LO>(acc, ws[st], hs[st], ls[st], wn, wm, lane);
                 __syncthreads();
                 st ^= 1;
             }
@@ -518,15 +537,11 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
                     const uint4* ls = hs + SX;
                     uint4 wa[WA], wb[WA];
 #pragma unroll
-                    for (int a = 0; a < WA; a++) {
-                        const int c = wn * WA * 16 + a * 16 + g;
-                        wa[a] = tm_lane_sw(ws, c, t);
-                        wb[a] = tm_lane_sw(ws, c + 8, t);
-                    }
+                    for (int a = 0; a < WA; a++) tm_frag_a(ws, wn * WA * 16 + a * 16, lane, wa[a], wb[a]);
 #pragma unroll
                     for (int j = 0; j < WJ; j++) {
-                        const int r = wm * WJ * 8 + j * 8 + g;
-                        const uint4 bh = tm_lane_sw(hs, r, t), bl = LO ? tm_lane_sw(ls, r, t) : bh;
+                        const int r0 = wm * WJ * 8 + j * 8;
+                        const uint4 bh = tm_frag_b(hs, r0, lane), bl = LO ? tm_frag_b(ls, r0, lane) : bh;
 #pragma unroll
                         for (int a = 0; a < WA; a++) tm_step<LO>(acc[a][j], wa[a], wb[a], bh, bl);
                     }
