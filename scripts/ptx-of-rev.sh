@@ -13,8 +13,13 @@ mkdir -p "$dir"
 dir=$(realpath "$dir")
 cd "$src/crates/tandem-kernels/cuda"
 stems=${*:-$(ls *.cu | sed 's/\.cu$//')}
+# build.rs's ARCH_SPECIFIC modules (tmma_wg: Hopper's wgmma) take compute_90a at capability 90.
+# A revision without tmma_wg.cu leaves the built one in place: run such an A/B with
+# TANDEM_BF16_WGMMA=0 on both sides (the old chain's tmmg against the new one's).
+cap=${CUDA_COMPUTE_CAP:-90}
 for s in $stems; do
-  nvcc --ptx -O3 -std=c++17 -I. "-arch=compute_${CUDA_COMPUTE_CAP:-90}" -o "$dir/$s.ptx" "$s.cu"
+  arch=$cap; [ "$s" = tmma_wg ] && [ "$cap" = 90 ] && arch=90a
+  nvcc --ptx -O3 -std=c++17 -I. "-arch=compute_$arch" -o "$dir/$s.ptx" "$s.cu"
 done
 rm -rf "$src"
 ls -la "$dir"

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Modules that use an architecture's own features (`cuda/tmma_wg.cu`: Hopper's wgmma and
-/// TMA), compiled for `compute_90a` / `sm_90a` when `CUDA_COMPUTE_CAP` is 90; each guards its
-/// kernels so that a build for any other capability makes an empty module.
+/// TMA), compiled for `compute_90a` / `sm_90a` when `CUDA_COMPUTE_CAP` is 90 (nvcc 12.0 or
+/// newer); each guards its kernels so that a build for any other capability makes an empty
+/// module.
 const ARCH_SPECIFIC: &[&str] = &["tmma_wg"];
 
 fn main() {

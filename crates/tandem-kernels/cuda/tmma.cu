@@ -281,7 +281,7 @@ __device__ void tmv_bf16(float* __restrict__ y, const float4* __restrict__ x, co
     }
 }
 
-// Dynamic shared memory: TM_WARPS * S * TV_STAGE bytes (73,728 for S = 1, 147,456 for S = 2).
+// Dynamic shared memory: TM_WARPS * S * TV_STAGE bytes (69,632 for S = 1, 139,264 for S = 2).
 // SUF empty: the hi + lo chain (LO true); `_h`: the hi halves alone.
 #define TMV(NT, S, SUF, LO)                                                                                   \
     extern "C" __global__ void __launch_bounds__(TM_WARPS * 32)                                              \
@@ -299,7 +299,7 @@ TMV(8, 2, _h, false)
 TMV(16, 2, _h, false)
 
 // tmmg_bf16 (calls of many rows: prefill, batches past 128 rows or on wide matrices; tmmk_bf16
-// below takes the others): the same chain on a block tile of
+// below takes the others; on Hopper tmma_wg.cu's tmmw_bf16 takes tmmg's calls): the same chain on a block tile of
 // 128 rows x 64 columns, the weights and both activation halves of a step staged in shared
 // memory by cp.async (two stages), eight warps of 32 rows x 32 columns each. A warp walks the
 // steps partition by partition (partition p: segments p, p + 8, ..., each in order) with one

@@ -1,7 +1,8 @@
 // tmmw_bf16 / tmmw_bf16_h: tmma.cu's chain on Hopper's wgmma (sm_90a only: build.rs compiles
 // this module for compute_90a when CUDA_COMPUTE_CAP is 90, and to an empty module otherwise),
 // for the calls tmmg_bf16 takes (prefill, wide batches). The same bits as tmmg_bf16 /
-// tmmg_bf16_h for every row (the lab, lab/gemm_bulk_lab.cu, checks them bit for bit).
+// tmmg_bf16_h for every row (the lab, lab/gemm_tma_lab.cu, checks them bit for bit; k is
+// a positive multiple of 32, cuda_tmma.rs' `fits`: with no step the total would stay unwritten).
 //
 // - Operands: W [n, k] bf16 as loaded, and the activations' hi (and lo) halves [m, k] as
 //   bf16_split_rows / bf16_hi_rows write them, both read by TMA tensor maps (encoded by the

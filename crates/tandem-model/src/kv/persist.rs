@@ -12,12 +12,24 @@ use candle_core::{DType, Device, Tensor};
 use super::{KvDtype, LayerCacheSpec, PagedKvStore, RecurrentSnapshot, RecurrentState, WindowRows};
 use crate::error::{ModelError, Result};
 
+/// `t`'s bytes, read back as [`host_vec`] reads a view.
 pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
+    bytes_read(t, Storage::View)
+}
+
+/// Whether a tensor may be a view of a larger buffer or is known to own all of its storage.
+#[derive(Clone, Copy)]
+enum Storage {
+    View,
+    Own,
+}
+
+fn bytes_read(t: &Tensor, s: Storage) -> Result<Vec<u8>> {
     Ok(match t.dtype() {
-        DType::U8 => host_vec::<u8>(t)?,
-        DType::F16 => host_vec::<half::f16>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::BF16 => host_vec::<half::bf16>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::F32 => host_vec::<f32>(t)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::U8 => host_read::<u8>(t, s)?,
+        DType::F16 => host_read::<half::f16>(t, s)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::BF16 => host_read::<half::bf16>(t, s)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 => host_read::<f32>(t, s)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
         other => return Err(ModelError::Input(format!("no byte view of a {other:?} KV pool"))),
     })
 }
@@ -27,8 +39,15 @@ pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
 /// entire pool; one of a detached checkpoint's states, which share one buffer, of the whole
 /// checkpoint: a 9B checkpoint's 48 states read 48 x 50 MB where 50 MB was asked for).
 pub(super) fn host_vec<S: candle_core::WithDType>(t: &Tensor) -> Result<Vec<S>> {
+    host_read(t, Storage::View)
+}
+
+fn host_read<S: candle_core::WithDType>(t: &Tensor, s: Storage) -> Result<Vec<S>> {
     let flat = t.flatten_all()?;
-    let flat = if flat.device().is_cpu() { flat } else { flat.force_contiguous()? };
+    let flat = match s {
+        Storage::View if !flat.device().is_cpu() => flat.force_contiguous()?,
+        _ => flat,
+    };
     Ok(flat.to_vec1::<S>()?)
 }
 
@@ -154,7 +173,8 @@ impl BlockCopy {
         if let Some(t) = self.parts.first() {
             crate::device::bind_thread(t.device());
         }
-        let host: Vec<Vec<u8>> = self.parts.iter().map(bytes_of).collect::<Result<_>>()?;
+        // Each part owns its buffer (copy_blocks made it): read back as it is.
+        let host: Vec<Vec<u8>> = self.parts.iter().map(|p| bytes_read(p, Storage::Own)).collect::<Result<_>>()?;
         let mut out = vec![Vec::new(); self.blocks];
         for part in &host {
             let n = part.len() / self.blocks.max(1);

@@ -83,8 +83,8 @@ fn tk_smem(halves: u32) -> u32 {
 const TV_WARPS: usize = 8;
 const TV_STAGE_BYTES: usize = 16 * 544;
 
-/// Segments in flight per warp in `tmv_bf16_*`: 1 (72 KB a block, two blocks an SM: the
-/// default) or 2 (144 KB, one block an SM; 9B decode 123 against 137 tok/s when last
+/// Segments in flight per warp in `tmv_bf16_*`: 1 (68 KB a block, two blocks an SM: the
+/// default) or 2 (136 KB, one block an SM; 9B decode 123 against 137 tok/s when last
 /// measured, with the activations split by a separate pass),
 /// `TANDEM_BF16_GEMV_STAGES`. Both give the same bits.
 fn gemv_stages() -> usize {
