@@ -384,6 +384,21 @@ mod tests {
     /// A checkpoint of a ring-layer model keeps its window rows bit for bit through bytes, in
     /// every KV format; rows that do not fit the window or the position are refused.
     #[test]
+    fn views_read_back_as_their_own_elements() {
+        // A view (a narrow from an offset, a transpose) reads back its elements alone, in its
+        // own row-major order, whatever the buffer around it holds (off the CPU host_vec copies
+        // it alone first; check-device and the GPU suite's disk tests run that branch).
+        let t = Tensor::arange(0f32, 24., &Device::Cpu).unwrap().reshape((4, 6)).unwrap();
+        let mid = t.narrow(0, 1, 2).unwrap();
+        assert_eq!(host_vec::<f32>(&mid).unwrap(), (6..18).map(|x| x as f32).collect::<Vec<_>>());
+        let cols = t.narrow(1, 2, 2).unwrap().t().unwrap();
+        assert_eq!(host_vec::<f32>(&cols).unwrap(), vec![2., 8., 14., 20., 3., 9., 15., 21.]);
+        let bytes = bytes_of(&cols).unwrap();
+        assert_eq!(bytes.len(), 8 * 4);
+        assert_eq!(&bytes[4..8], &8f32.to_le_bytes());
+    }
+
+    #[test]
     fn window_rows_round_trip_through_bytes() {
         let spec = vec![
             LayerCacheSpec::SlidingWindow { kv_heads: 2, head_dim: 32, window: 8 },
