@@ -224,8 +224,16 @@ impl BlockCopy {
     }
 }
 
+/// Appends `v`'s little-endian bytes: its memory as it is on a little-endian host.
 fn f32_bytes(v: &[f32], out: &mut Vec<u8>) {
-    out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(v));
+    } else {
+        out.reserve(v.len() * 4);
+        for x in v {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
 }
 
 fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
