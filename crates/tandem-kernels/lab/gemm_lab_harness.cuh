@@ -102,9 +102,6 @@ static int gemm_lab_main(const Variant* VARIANTS, int NV) {
             if (*r) r++;
         }
     }
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     printf("| shape | m x n x k |");
     for (int i = 0; i < NV; i++) printf(" %s |", VARIANTS[i].name);
     printf("\n|---|---|");
@@ -114,16 +111,7 @@ static int gemm_lab_main(const Variant* VARIANTS, int NV) {
         split(b, s.m, s.k);
         printf("| %s | %d x %d x %d |", s.what, s.m, s.n, s.k);
         for (int i = 0; i < NV; i++) {
-            const int reps = 10;
-            launch(VARIANTS[i], y1, b, s.m, s.n, s.k);
-            CK(cudaEventRecord(e0));
-            for (int r = 0; r < reps; r++) launch(VARIANTS[i], y1, b, s.m, s.n, s.k);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / reps;
+            const double us = time_us([&] { launch(VARIANTS[i], y1, b, s.m, s.n, s.k); });
             printf(" %.0f us %.0f TF |", us, 2.0 * s.m * s.n * s.k / (us * 1e-6) / 1e12);
         }
         printf("\n");

@@ -111,24 +111,6 @@ struct Shape {
     int m, n, k;
 };
 
-template <class F>
-static double time_us(F f, int reps = 10) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    f();
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; r++) f();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaGetLastError());
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return ms * 1e3 / reps;
-}
-
 int main() {
     CK(cudaSetDevice(0));
     for (int i = 0; i < NV; i++)

@@ -1,5 +1,6 @@
 // Helpers shared by the kernel labs (compiled on the device machine with nvcc, not part of
-// the build): a CUDA error check and deterministic fills of bf16 / f32 buffers.
+// the build): a CUDA error check, deterministic fills of bf16 / f32 buffers, and the mean time
+// of a launch.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -29,3 +30,21 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed) {
     }
 }
 
+// Microseconds a call of f takes on the device, the mean of `reps` after one warm-up call.
+template <class F>
+static double time_us(F f, int reps = 10) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    f();
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < reps; r++) f();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms * 1e3 / reps;
+}
