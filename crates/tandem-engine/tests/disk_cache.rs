@@ -352,7 +352,7 @@ fn two_servers_sharing_a_directory_do_not_corrupt_it() {
 /// the variable is read once a process) write the same entries, byte for byte: block by block
 /// on the engine's thread, copies read back there (the GPU's default), copies read back by the
 /// writer's thread (the CPU's default; on another device only with
-/// `TANDEM_TEST_WRITER_READBACK=1`: it wrote wrong bytes on CUDA on 2026-12-07).
+/// `TANDEM_TEST_WRITER_READBACK=1`: it wrote wrong bytes on CUDA with an earlier copy).
 #[test]
 fn the_read_back_paths_write_the_same_entries() {
     let path = "hybrid/qwen3_5";

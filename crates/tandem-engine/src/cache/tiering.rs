@@ -18,8 +18,11 @@ use crate::cache::CacheBook;
 /// - `batched` (the default on a GPU): the commit's blocks copied together on the device
 ///   ([`PagedKvStore::copy_blocks`]) and read back there and then, one transfer a pool;
 /// - `writer` (the default on the CPU): the copies handed to the disk writer's thread and read
-///   back there, off the engine's thread. On CUDA this wrote wrong bytes on 2026-12-07 (with
-///   the copies then gathered by row index), so a GPU takes `batched` until it is shown right.
+///   back there, off the engine's thread. On CUDA this wrote wrong bytes on 2026-12-07 with
+///   the copies then gathered by row index; with the concatenated copies it writes the same
+///   bytes as the others on an H100 (`the_read_back_paths_write_the_same_entries` with
+///   `TANDEM_TEST_WRITER_READBACK=1`), but its speed there is not measured: a GPU keeps
+///   `batched`.
 ///
 /// [`PagedKvStore::copy_blocks`]: tandem_model::kv::PagedKvStore::copy_blocks
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 
 /// `t`'s bytes, read back as [`host_vec`] reads a view.
 pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
-    bytes_read(t, Storage::View)
+    Ok(HostVec::read(t, Storage::View)?.le_bytes().into_owned())
 }
 
 /// Whether a tensor may be a view of a larger buffer or is known to own all of its storage.
@@ -22,10 +22,6 @@ pub(super) fn bytes_of(t: &Tensor) -> Result<Vec<u8>> {
 enum Storage {
     View,
     Own,
-}
-
-fn bytes_read(t: &Tensor, s: Storage) -> Result<Vec<u8>> {
-    Ok(HostVec::read(t, s)?.le_bytes().into_owned())
 }
 
 /// A tensor's elements read back to the host in their own type, so that their bytes can be
@@ -48,21 +44,24 @@ impl HostVec {
         })
     }
 
-    /// The elements' little-endian bytes: the memory as it is on a little-endian host.
+    /// The elements' little-endian bytes.
     fn le_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
-        fn le<T: bytemuck::Pod, const N: usize>(v: &[T], f: fn(&T) -> [u8; N]) -> std::borrow::Cow<'_, [u8]> {
-            if cfg!(target_endian = "little") {
-                std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
-            } else {
-                std::borrow::Cow::Owned(v.iter().flat_map(f).collect())
-            }
-        }
         match self {
             Self::U8(v) => std::borrow::Cow::Borrowed(v),
-            Self::F16(v) => le(v, |x| x.to_le_bytes()),
-            Self::Bf16(v) => le(v, |x| x.to_le_bytes()),
-            Self::F32(v) => le(v, |x| x.to_le_bytes()),
+            Self::F16(v) => le_bytes(v, |x| x.to_le_bytes()),
+            Self::Bf16(v) => le_bytes(v, |x| x.to_le_bytes()),
+            Self::F32(v) => le_bytes(v, |x| x.to_le_bytes()),
         }
+    }
+}
+
+/// `v`'s little-endian bytes: its memory as it is on a little-endian host, else element by
+/// element through `f`.
+fn le_bytes<T: bytemuck::Pod, const N: usize>(v: &[T], f: fn(&T) -> [u8; N]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        std::borrow::Cow::Owned(v.iter().flat_map(f).collect())
     }
 }
 
@@ -224,16 +223,8 @@ impl BlockCopy {
     }
 }
 
-/// Appends `v`'s little-endian bytes: its memory as it is on a little-endian host.
 fn f32_bytes(v: &[f32], out: &mut Vec<u8>) {
-    if cfg!(target_endian = "little") {
-        out.extend_from_slice(bytemuck::cast_slice(v));
-    } else {
-        out.reserve(v.len() * 4);
-        for x in v {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
-    }
+    out.extend_from_slice(&le_bytes(v, |x| x.to_le_bytes()));
 }
 
 fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
@@ -427,8 +418,6 @@ mod tests {
         assert!(RecurrentSnapshot::from_bytes(&bytes, &other, f32kv, &Device::Cpu).is_err());
     }
 
-    /// A checkpoint of a ring-layer model keeps its window rows bit for bit through bytes, in
-    /// every KV format; rows that do not fit the window or the position are refused.
     #[test]
     fn views_read_back_as_their_own_elements() {
         // A view (a narrow from an offset, a transpose) reads back its elements alone, in its
@@ -444,6 +433,8 @@ mod tests {
         assert_eq!(&bytes[4..8], &8f32.to_le_bytes());
     }
 
+    /// A checkpoint of a ring-layer model keeps its window rows bit for bit through bytes, in
+    /// every KV format; rows that do not fit the window or the position are refused.
     #[test]
     fn window_rows_round_trip_through_bytes() {
         let spec = vec![

@@ -242,6 +242,17 @@ pub(crate) fn max_shared_optin(dev: &candle_core::CudaDevice) -> usize {
     device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 48 * 1024)
 }
 
+/// The device's compute capability (major, minor; (0, 0) where the driver does not say), read
+/// once per device ordinal: kernels built for one architecture's own features (Hopper's wgmma)
+/// are chosen only where it matches.
+pub(crate) fn compute_capability(dev: &candle_core::CudaDevice) -> (usize, usize) {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute_enum as A;
+    (
+        device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0),
+        device_attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0),
+    )
+}
+
 /// A device attribute, read once per (device ordinal, attribute); `fallback` where the driver
 /// does not say.
 fn device_attribute(

@@ -20,7 +20,9 @@ use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
 use crate::ops::cuda_module::LoadKernel as _;
-use crate::ops::cuda_util::{allow_dynamic_shared, i32_of, max_shared_optin, run, sm_count, tensor};
+use crate::ops::cuda_util::{
+    allow_dynamic_shared, compute_capability, i32_of, max_shared_optin, run, sm_count, tensor,
+};
 
 /// Weight columns a block (tmma_wg.cu's `TW_BC`).
 const BC: usize = 128;
@@ -49,7 +51,7 @@ pub(crate) fn takes(dev: &CudaDevice) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("TANDEM_BF16_WGMMA").map_or(true, |v| v != "0"));
     on && tandem_kernels::CUBIN_CAP == 90
-        && dev.cuda_stream().context().compute_capability().is_ok_and(|c| c == (9, 0))
+        && compute_capability(dev) == (9, 0)
         && max_shared_optin(dev) >= HI.smem.max(SPLIT.smem) as usize
 }
 
