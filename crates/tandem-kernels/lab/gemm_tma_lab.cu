@@ -3,7 +3,8 @@
 // consumer warpgroups, partitions folded into a total in shared memory) checked bit for bit
 // against tmmg_bf16 / tmmg_bf16_h on odd and real shapes, then timed on the 9B shape's
 // matrices with a block a tile and persistent (a block an SM), beside tmmg and cuBLAS's bf16
-// GEMM (f32 out) where the lab links against it (LAB_CUBLAS). Not part of the build:
+// GEMM (f32 out) where the lab links against it (LAB_CUBLAS); then the batch kernels
+// (tmmw2k_*) against tmmk_bf16. Not part of the build:
 // `LAB=tma scripts/gpu-gemm-lab.sh` compiles and runs it on the device machine.
 // (The bulk-copy feed from tiled operands, the first form of this kernel, is in git history:
 // gemm_bulk_lab.cu, 2026-12-07.)
@@ -37,8 +38,18 @@ static const Variant VARIANTS[] = {
     {"tmmw_bf16", (const void*)tmmw_bf16, TW_SPLIT_BR, TwShape<TW_SPLIT_BR, TW_SPLIT_ST, true>::SMEM, true, false},
     {"tmmw_bf16 persistent", (const void*)tmmw_bf16, TW_SPLIT_BR, TwShape<TW_SPLIT_BR, TW_SPLIT_ST, true>::SMEM, true,
      true},
+    {"tmmw2_bf16_h", (const void*)tmmw2_bf16_h, 128, TwShape<128, TW2_H_ST, false, true>::SMEM, false, false},
+    {"tmmw2_bf16_h persistent", (const void*)tmmw2_bf16_h, 128, TwShape<128, TW2_H_ST, false, true>::SMEM, false,
+     true},
+    {"tmmw2_bf16", (const void*)tmmw2_bf16, 128, TwShape<128, TW2_SPLIT_ST, true, true>::SMEM, true, false},
+    {"tmmw2_bf16 persistent", (const void*)tmmw2_bf16, 128, TwShape<128, TW2_SPLIT_ST, true, true>::SMEM, true, true},
 };
 static const int NV = sizeof(VARIANTS) / sizeof(VARIANTS[0]);
+
+// Every value v (the signed-zero check's weights: -1 everywhere).
+__global__ void fill_u16(uint16_t* p, size_t n, uint16_t v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
 
 struct Bufs {
     uint16_t *w, *xh, *xl;
@@ -111,6 +122,105 @@ struct Shape {
     int m, n, k;
 };
 
+// The batch GEMM (tmmk_bf16's calls: 17-64 rows): tmmw2k_* against tmmk_bf16, both followed
+// by tmmk_sum, bit for bit, then timed with the weights' bytes per microsecond (these calls
+// are bound by the weights' bytes).
+struct KVariant {
+    const char* name;
+    const void* f;
+    int smem;
+    bool lo;
+};
+static const KVariant KVARIANTS[] = {
+    {"tmmw2k_bf16_1", (const void*)tmmw2k_bf16_1, TwShape<64, TWK_ST1, true, true>::SMEM, true},
+    {"tmmw2k_bf16_2", (const void*)tmmw2k_bf16_2, TwShape<64, TWK_ST2, true, true>::SMEM, true},
+    {"tmmw2k_bf16_h_1", (const void*)tmmw2k_bf16_h_1, TwShape<64, TWK_H_ST1, false, true>::SMEM, false},
+    {"tmmw2k_bf16_h_2", (const void*)tmmw2k_bf16_h_2, TwShape<64, TWK_H_ST2, false, true>::SMEM, false},
+};
+static const int NKV = sizeof(KVARIANTS) / sizeof(KVARIANTS[0]);
+
+static void launch_tmmk(float* y, float* part, const Bufs& b, int m, int n, int k, bool lo) {
+    dim3 grid((m + 63) / 64, (n + 63) / 64, TM_WARPS);
+    if (lo)
+        tmmk_bf16<<<grid, 256, 36864>>>(part, (const uint4*)b.xh, (const uint4*)b.xl, (const uint4*)b.w, m, n, k);
+    else
+        tmmk_bf16_h<<<grid, 256, 24576>>>(part, (const uint4*)b.xh, (const uint4*)b.w, m, n, k);
+    const long long mn = (long long)m * n;
+    tmmk_sum<<<(unsigned)((mn + 255) / 256), 256>>>(y, part, mn);
+}
+static void launch_k(const KVariant& v, float* y, float* part, const Bufs& b, int m, int n, int k) {
+    dim3 grid(((m + 63) / 64) * ((n + TW_BC - 1) / TW_BC), TM_WARPS);
+    const CUtensorMap tw = tensor_map(b.w, n, k, TW_BC), th = tensor_map(b.xh, m, k, 64);
+    if (v.lo) {
+        const CUtensorMap tl = tensor_map(b.xl, m, k, 64);
+        ((TmaKern)v.f)<<<grid, 384, v.smem>>>(part, tw, th, tl, m, n, k);
+    } else {
+        ((TmaKernH)v.f)<<<grid, 384, v.smem>>>(part, tw, th, m, n, k);
+    }
+    const long long mn = (long long)m * n;
+    tmmk_sum<<<(unsigned)((mn + 255) / 256), 256>>>(y, part, mn);
+}
+
+static int skinny(const Bufs& b, float* y0, float* y1, float* part) {
+    for (int i = 0; i < NKV; i++)
+        CK(cudaFuncSetAttribute(KVARIANTS[i].f, cudaFuncAttributeMaxDynamicSharedMemorySize, KVARIANTS[i].smem));
+    const Shape checks[] = {{"odd", 17, 200, 96},       {"odd", 50, 1000, 2080},  {"b64", 64, 12352, 4096},
+                            {"b32", 32, 4096, 12288},   {"b64", 64, 24576, 4096}, {"b100", 100, 4096, 4096}};
+    int fails = 0;
+    for (const Shape& s : checks) {
+        fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 11 + s.n);
+        std::vector<float> ref[2], got((size_t)s.m * s.n);
+        for (int lo = 0; lo < 2; lo++) {
+            prepare_ref(b, s.m, s.k, lo);
+            launch_tmmk(y0, part, b, s.m, s.n, s.k, lo);
+            ref[lo].resize(got.size());
+            CK(cudaMemcpy(ref[lo].data(), y0, got.size() * 4, cudaMemcpyDeviceToHost));
+        }
+        for (int i = 0; i < NKV; i++) {
+            const KVariant& v = KVARIANTS[i];
+            CK(cudaMemset(y1, 0xff, got.size() * 4));
+            prepare_ref(b, s.m, s.k, v.lo);
+            launch_k(v, y1, part, b, s.m, s.n, s.k);
+            CK(cudaGetLastError());
+            CK(cudaMemcpy(got.data(), y1, got.size() * 4, cudaMemcpyDeviceToHost));
+            size_t bad = 0, first = 0;
+            for (size_t e = 0; e < got.size(); e++)
+                if (memcmp(&ref[v.lo][e], &got[e], 4) != 0 && bad++ == 0) first = e;
+            if (bad) {
+                fails++;
+                printf("FAIL %s %s m%d n%d k%d: %zu of %zu differ (first at row %zu col %zu: %g vs %g)\n", v.name,
+                       s.what, s.m, s.n, s.k, bad, got.size(), first / s.n, first % s.n, got[first],
+                       ref[v.lo][first]);
+            }
+        }
+    }
+    printf("skinny bits: %d failures over %d variants x %d shapes\n", fails, NKV,
+           (int)(sizeof(checks) / sizeof(checks[0])));
+    const Shape shapes[] = {{"gdn in_proj", 64, 12352, 4096}, {"ffn gate+up", 64, 24576, 4096},
+                            {"ffn down", 64, 4096, 12288},   {"out_proj", 64, 4096, 4096},
+                            {"gate+up b32", 32, 24576, 4096}, {"gate+up b128", 128, 24576, 4096}};
+    printf("| shape (GB/s of weights) | tmmk_bf16 | tmmk_bf16_h |");
+    for (int i = 0; i < NKV; i++) printf(" %s |", KVARIANTS[i].name);
+    printf("\n");
+    for (const Shape& s : shapes) {
+        fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7);
+        const double bytes = 2.0 * s.n * s.k;
+        printf("| %s %dx%dx%d |", s.what, s.m, s.n, s.k);
+        for (int lo = 1; lo >= 0; lo--) {
+            prepare_ref(b, s.m, s.k, lo);
+            const double us = time_us([&] { launch_tmmk(y1, part, b, s.m, s.n, s.k, lo); });
+            printf(" %.1f us %.0f |", us, bytes / us / 1e3);
+        }
+        for (int i = 0; i < NKV; i++) {
+            prepare_ref(b, s.m, s.k, KVARIANTS[i].lo);
+            const double us = time_us([&] { launch_k(KVARIANTS[i], y1, part, b, s.m, s.n, s.k); });
+            printf(" %.1f us %.0f |", us, bytes / us / 1e3);
+        }
+        printf("\n");
+    }
+    return fails;
+}
+
 int main() {
     CK(cudaSetDevice(0));
     for (int i = 0; i < NV; i++)
@@ -130,12 +240,20 @@ int main() {
 #endif
 
     // Bits: every variant against tmmg_bf16 (split) / tmmg_bf16_h (bf16) on odd and real shapes.
+    // "zeros": activations +0 and weights -1, every product -0 (tmmg's accumulators start at
+    // +0; tmmw2's partitions start with scale-d = 0 and fold with "+ 0.f"), then random again.
     const Shape checks[] = {{"odd", 77, 200, 96},       {"odd", 300, 1000, 2080}, {"one", 1, 64, 32},
                             {"small", 17, 4096, 4096},  {"real", 512, 12352, 4096}, {"down", 333, 4096, 12288},
-                            {"wide", 129, 24576, 4096}};
+                            {"wide", 129, 24576, 4096}, {"zeros", 130, 300, 4096}};
     int fails = 0;
     for (const Shape& s : checks) {
-        fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7 + s.n);
+        const bool zeros = strcmp(s.what, "zeros") == 0;
+        if (zeros) {
+            fill_u16<<<1024, 256>>>(b.w, (size_t)s.n * s.k, 0xBF80);
+            CK(cudaMemset(b.x, 0, (size_t)s.m * s.k * 4));
+        } else {
+            fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7 + s.n);
+        }
         std::vector<float> ref[2];
         for (int lo = 0; lo < 2; lo++) {
             prepare_ref(b, s.m, s.k, lo);
@@ -160,6 +278,12 @@ int main() {
                 printf("FAIL %s %s m%d n%d k%d: %zu of %zu differ (first at row %zu col %zu: %g vs %g)\n", v.name,
                        s.what, s.m, s.n, s.k, bad, a.size(), first / s.n, first % s.n, got[first], a[first]);
             }
+        }
+        if (zeros) {
+            uint32_t u;
+            memcpy(&u, &ref[0][0], 4);
+            printf("zeros: tmmg_bf16_h's y[0] bits %08x\n", u);
+            fill_f32<<<4096, 256>>>(b.x, XE, 99);
         }
     }
     printf("bits: %d failures over %d variants x %d shapes\n", fails, NV, (int)(sizeof(checks) / sizeof(checks[0])));
@@ -205,5 +329,8 @@ int main() {
             time_us([&] { bf16_split_rows<<<(unsigned)((tot + 255) / 256), 256>>>(b.xh, b.xl, b.x, tot); });
         printf(" %.0f us | %.0f us |\n", hu, su);
     }
+    float* part;
+    CK(cudaMalloc(&part, (size_t)TM_WARPS * 128 * 24576 * 4));
+    fails += skinny(b, y0, y1, part);
     return fails ? 1 : 0;
 }

@@ -212,6 +212,10 @@ fn split_gemm(
 ) -> Result<Tensor> {
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let part = alloc_f32(dev, 8 * m * n)?;
+    if super::cuda_tmma_wg::takes_batch(dev) {
+        super::cuda_tmma_wg::batch_partials(dev, &part, xh, xl, w, (m, n, k))?;
+        return sum_partitions(dev, y, part, (m, n));
+    }
     let name = if xl.is_some() { "tmmk_bf16" } else { "tmmk_bf16_h" };
     let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let grid_x = u32::try_from(m.div_ceil(64)).map_err(|_| ModelError::Input("bf16 mma matmul: x too large".into()))?;
@@ -230,6 +234,16 @@ fn split_gemm(
     // partition in z.
     unsafe { run(&mut b, cfg, name)? };
     drop(b);
+    sum_partitions(dev, y, part, (m, n))
+}
+
+/// `y` = the eight partitions' accumulators in `part` added in order (`tmmk_sum`).
+fn sum_partitions(
+    dev: &candle_core::CudaDevice,
+    y: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    part: candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    (m, n): (usize, usize),
+) -> Result<Tensor> {
     let f = dev.kernel("tmmk_sum", tandem_kernels::ptx(tandem_kernels::TMMA))?;
     let mn = (m * n) as i64;
     let blocks =

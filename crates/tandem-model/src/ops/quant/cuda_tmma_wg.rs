@@ -1,5 +1,7 @@
 //! The bf16 GEMM on Hopper's wgmma (`tandem-kernels/cuda/tmma_wg.cu`): `tmmw_bf16` (split
-//! activations, 128 x 128 tiles) and `tmmw_bf16_h` (bf16 activations, 128 x 256 tiles) take
+//! activations, 128 x 128 tiles) and `tmmw_bf16_h` (bf16 activations, 128 x 256 tiles), or
+//! under `TANDEM_BF16_WGMMA=2` `tmmw2_bf16` / `tmmw2_bf16_h` (128 x 128 tiles whose partitions
+//! alternate between two accumulators; not yet run on a GPU, so opt-in), take
 //! the calls [`super::cuda_tmma`] would give `tmmg_bf16` / `tmmg_bf16_h` (prefill, wide
 //! batches) on a device of compute capability 9.0 with a build for it (`CUDA_COMPUTE_CAP=90`,
 //! the default: the module is built for sm_90a there and empty for any other GPU). The chain
@@ -27,14 +29,32 @@ use crate::ops::cuda_util::{
 /// Weight columns a block (tmma_wg.cu's `TW_BC`).
 const BC: usize = 128;
 
-/// A kernel's activation rows a tile and dynamic shared memory (tmma_wg.cu's `TwShape`:
-/// stages of one step's boxes, the total, the mbarriers).
+/// A kernel: its name, activation rows a tile and dynamic shared memory (tmma_wg.cu's
+/// `TwShape`: stages of one step's boxes, the total where it lives there, the mbarriers).
 struct Tile {
+    name: &'static str,
     rows: usize,
     smem: u32,
 }
-const SPLIT: Tile = Tile { rows: 128, smem: (6 * (128 * 64 + 2 * 128 * 64) + 128 * 128 * 4 + 2 * 6 * 8) as u32 };
-const HI: Tile = Tile { rows: 256, smem: (4 * (128 * 64 + 256 * 64) + 256 * 128 * 4 + 2 * 4 * 8) as u32 };
+/// The two-accumulator kernels (`TANDEM_BF16_WGMMA=2`): 128 x 128 tiles, the total in registers.
+const SPLIT2: Tile = Tile { name: "tmmw2_bf16", rows: 128, smem: (9 * (128 * 64 + 2 * 128 * 64) + 2 * 9 * 8) as u32 };
+const HI2: Tile = Tile { name: "tmmw2_bf16_h", rows: 128, smem: (14 * (128 * 64 + 128 * 64) + 2 * 14 * 8) as u32 };
+/// The one-accumulator kernels (the default): the total in shared memory.
+const SPLIT: Tile =
+    Tile { name: "tmmw_bf16", rows: 128, smem: (6 * (128 * 64 + 2 * 128 * 64) + 128 * 128 * 4 + 2 * 6 * 8) as u32 };
+const HI: Tile =
+    Tile { name: "tmmw_bf16_h", rows: 256, smem: (4 * (128 * 64 + 256 * 64) + 256 * 128 * 4 + 2 * 4 * 8) as u32 };
+
+/// `TANDEM_BF16_WGMMA`: 0 (off: tmmg), 2 (the two-accumulator kernels), anything else or unset
+/// the one-accumulator ones.
+fn mode() -> u8 {
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TANDEM_BF16_WGMMA").as_deref() {
+        Ok("0") => 0,
+        Ok("2") => 2,
+        _ => 1,
+    })
+}
 
 /// A CUDA tensor map (the driver's `CUtensorMap`: 128 opaque bytes), passed by value to the
 /// kernels' `__grid_constant__ CUtensorMap` parameters.
@@ -48,11 +68,11 @@ unsafe impl DeviceRepr for TensorMap {}
 /// sm_90 on a device of capability 9.0 that lets a block opt in to the kernels' shared memory,
 /// unless `TANDEM_BF16_WGMMA=0`.
 pub(crate) fn takes(dev: &CudaDevice) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("TANDEM_BF16_WGMMA").map_or(true, |v| v != "0"));
-    on && tandem_kernels::CUBIN_CAP == 90
+    let need = [&SPLIT, &HI, &SPLIT2, &HI2].iter().map(|t| t.smem).max().unwrap_or(u32::MAX);
+    mode() != 0
+        && tandem_kernels::CUBIN_CAP == 90
         && compute_capability(dev) == (9, 0)
-        && max_shared_optin(dev) >= HI.smem.max(SPLIT.smem) as usize
+        && max_shared_optin(dev) >= need as usize
 }
 
 /// Whether the grid is a block per SM (`TANDEM_BF16_WGMMA_GRID=sms`) rather than per tile.
@@ -107,7 +127,12 @@ pub(crate) fn gemm(
     w: u64,
     (m, n, k): (usize, usize, usize),
 ) -> Result<Tensor> {
-    let tile = if xl.is_some() { SPLIT } else { HI };
+    let tile = match (xl.is_some(), mode()) {
+        (true, 2) => &SPLIT2,
+        (false, 2) => &HI2,
+        (true, _) => &SPLIT,
+        (false, _) => &HI,
+    };
     let stream = dev.cuda_stream();
     let tw = tensor_map(w, n, k, BC)?;
     let th = tensor_map(xh.device_ptr(&stream).0, m, k, tile.rows)?;
@@ -115,7 +140,7 @@ pub(crate) fn gemm(
         Some(xl) => Some(tensor_map(xl.device_ptr(&stream).0, m, k, tile.rows)?),
         None => None,
     };
-    let name = if xl.is_some() { "tmmw_bf16" } else { "tmmw_bf16_h" };
+    let name = tile.name;
     let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA_WG))?;
     allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, tile.smem)?;
     let tiles = m.div_ceil(tile.rows) * n.div_ceil(BC);
@@ -129,11 +154,89 @@ pub(crate) fn gemm(
     }
     b.arg(&mi).arg(&ni).arg(&ki);
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.smem };
-    // SAFETY: arguments in tmmw_bf16's order (y, tw, th, tl, m, n, k) or tmmw_bf16_h's (no tl);
+    // SAFETY: arguments in tmmw(2)_bf16's order (y, tw, th, tl, m, n, k) or the _h kernels' (no tl);
     // y holds m*n f32; the maps cover W (n rows of k bf16) and xh / xl (m rows of k bf16), all
     // alive for the launch (the caller holds W, xh and xl until after it is queued on this
     // stream); 384 threads a block, `tile.smem` bytes of dynamic shared memory (allowed above).
     unsafe { run(&mut b, cfg, name)? };
     drop(b);
     Ok(tensor(y, dev, (m, n)))
+}
+
+/// `TANDEM_BF16_WGMMA_BATCH`: the batch calls ([`super::cuda_tmma`]'s split GEMM, 17-128 rows)
+/// on `tmmw2k_bf16_1` (=1: one block an SM, a deep ring of TMA stages) or `tmmw2k_bf16_2` (=2:
+/// two blocks an SM) in place of `tmmk_bf16`; unset or 0, `tmmk_bf16`. Opt-in until the engine
+/// has run it (`lab/gemm_tma_lab.cu` checks its bits against tmmk_bf16 and times both).
+fn batch_mode() -> u8 {
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("TANDEM_BF16_WGMMA_BATCH").as_deref() {
+        Ok("1") => 1,
+        Ok("2") => 2,
+        _ => 0,
+    })
+}
+
+/// Whether the split GEMM's partitions go to the `tmmw2k` kernels on `dev`.
+pub(crate) fn takes_batch(dev: &CudaDevice) -> bool {
+    batch_mode() != 0 && takes(dev)
+}
+
+/// The batch kernels' dynamic shared memory: ST stages of 128 weight rows and 64 activation
+/// rows (twice in split mode) of 64 bytes, and the mbarriers (tmma_wg.cu's `TWK_*`).
+fn batch_smem(lo: bool, mode: u8) -> u32 {
+    let st: usize = match (lo, mode) {
+        (true, 1) => 12,
+        (true, _) => 6,
+        (false, 1) => 16,
+        (false, _) => 8,
+    };
+    let stage = BC * 64 + if lo { 2 } else { 1 } * 64 * 64;
+    (st * stage + 2 * st * 8) as u32
+}
+
+/// Partition z of the chain for every 64-row x 128-column tile into `part` + z m n (`part`
+/// holds 8 m n): what `tmmk_bf16` leaves there, for `tmmk_sum` to add.
+pub(crate) fn batch_partials(
+    dev: &CudaDevice,
+    part: &CudaSlice<f32>,
+    xh: &CudaSlice<u16>,
+    xl: Option<&CudaSlice<u16>>,
+    w: u64,
+    (m, n, k): (usize, usize, usize),
+) -> Result<()> {
+    let mode = batch_mode();
+    let stream = dev.cuda_stream();
+    let tw = tensor_map(w, n, k, BC)?;
+    let th = tensor_map(xh.device_ptr(&stream).0, m, k, 64)?;
+    let tl = match xl {
+        Some(xl) => Some(tensor_map(xl.device_ptr(&stream).0, m, k, 64)?),
+        None => None,
+    };
+    let name = match (xl.is_some(), mode) {
+        (true, 1) => "tmmw2k_bf16_1",
+        (true, _) => "tmmw2k_bf16_2",
+        (false, 1) => "tmmw2k_bf16_h_1",
+        (false, _) => "tmmw2k_bf16_h_2",
+    };
+    let smem = batch_smem(xl.is_some(), mode);
+    let f = dev.kernel(name, tandem_kernels::ptx(tandem_kernels::TMMA_WG))?;
+    allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
+    let tiles = m.div_ceil(64) * n.div_ceil(BC);
+    let grid = u32::try_from(tiles).map_err(|_| ModelError::Input(format!("bf16 wgmma batch: {tiles} tiles")))?;
+    let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
+    let mut b = f.builder();
+    b.arg(part).arg(&tw).arg(&th);
+    if let Some(tl) = &tl {
+        b.arg(tl);
+    }
+    b.arg(&mi).arg(&ni).arg(&ki);
+    let cfg = LaunchConfig { grid_dim: (grid, 8, 1), block_dim: (384, 1, 1), shared_mem_bytes: smem };
+    // SAFETY: arguments in tmmw2k_bf16_*'s order (part, tw, th, tl, m, n, k) or the _h
+    // kernels' (no tl); part holds 8*m*n f32; the maps cover W (n rows of k bf16) and xh / xl
+    // (m rows of k bf16), alive for the launch (the caller holds them until it is queued on
+    // this stream); 384 threads a block, `smem` bytes of dynamic shared memory (allowed above),
+    // one block per tile and partition (grid y).
+    unsafe { run(&mut b, cfg, name)? };
+    drop(b);
+    Ok(())
 }
