@@ -20,7 +20,7 @@
 // - Tiles: block b walks tiles b, b + gridDim.x, ... (row tile fastest, so neighbours share a
 //   weight tile); with a grid of every tile a block runs one, with fewer (a block an SM) the
 //   ring runs on across tiles so the next tile's first loads overlap the last one's folds.
-// - tmmw2_bf16 / tmmw2_bf16_h (TANDEM_BF16_WGMMA=2, cuda_tmma_wg.rs): 128 x 128 tiles whose
+// - tmmw2_bf16 / tmmw2_bf16_h (calls of up to 512 rows, cuda_tmma_wg.rs): 128 x 128 tiles whose
 //   partitions alternate between two accumulators, with the total in registers (tw_consume2).
 //   A partition's fold waits only for its own last step while the next partition's first step
 //   runs, where tw_consume's fold waits for every wgmma in flight (the tensor cores idle) and

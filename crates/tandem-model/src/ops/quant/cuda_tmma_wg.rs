@@ -1,19 +1,23 @@
-//! The bf16 GEMM on Hopper's wgmma (`tandem-kernels/cuda/tmma_wg.cu`): `tmmw_bf16` (split
-//! activations, 128 x 128 tiles) and `tmmw_bf16_h` (bf16 activations, 128 x 256 tiles), or
-//! under `TANDEM_BF16_WGMMA=2` `tmmw2_bf16` / `tmmw2_bf16_h` (128 x 128 tiles whose partitions
-//! alternate between two accumulators; not yet run on a GPU, so opt-in), take
-//! the calls [`super::cuda_tmma`] would give `tmmg_bf16` / `tmmg_bf16_h` (prefill, wide
-//! batches) on a device of compute capability 9.0 with a build for it (`CUDA_COMPUTE_CAP=90`,
-//! the default: the module is built for sm_90a there and empty for any other GPU). The chain
-//! is tmma.cu's, so every row has the bits it has in every other call size (check-device's
-//! `dense_matmul rows` rows; `lab/gemm_tma_lab.cu` compares the kernels with tmmg bit for bit).
+//! The bf16 GEMM on Hopper's wgmma (`tandem-kernels/cuda/tmma_wg.cu`) takes the calls
+//! [`super::cuda_tmma`] would give `tmmg_bf16` / `tmmg_bf16_h` (prefill, wide batches) on a
+//! device of compute capability 9.0 with a build for it (`CUDA_COMPUTE_CAP=90`, the default:
+//! the module is built for sm_90a there and empty for any other GPU): calls of up to
+//! [`TW2_ROWS`] rows (a server's 512-token prefill chunks) on `tmmw2_bf16` / `tmmw2_bf16_h`
+//! (128 x 128 tiles whose partitions alternate between two accumulators), longer ones on
+//! `tmmw_bf16` (split activations, 128 x 128 tiles) / `tmmw_bf16_h` (bf16 activations, 128 x
+//! 256), whose partitions fold through shared memory. And `tmmk_bf16`'s batch calls (17-128
+//! rows) go to `tmmw2k_bf16_*`, one chain partition a block on a ring of TMA stages. The
+//! chain is tmma.cu's, so every row has the bits it has in every other call size
+//! (check-device's `dense_matmul rows` rows; `lab/gemm_tma_lab.cu` compares the kernels with
+//! tmmg and tmmk bit for bit).
 //!
 //! Both operands are read by TMA tensor maps that this module encodes per call (a host-side
 //! function of the driver, no device work): W as loaded, the activations' halves as
 //! `bf16_split_rows` / `bf16_hi_rows` write them, boxes of one 32-value step x the tile's rows
-//! in the 64-byte swizzle. `TANDEM_BF16_WGMMA=0` keeps those calls on `tmmg_bf16`, for
-//! comparisons; `TANDEM_BF16_WGMMA_GRID=sms` runs a block per SM walking the tiles
-//! (persistent) instead of a block per tile.
+//! in the 64-byte swizzle. `TANDEM_BF16_WGMMA=0` keeps the prefill calls on `tmmg_bf16`, `=1`
+//! sends all of them to `tmmw_bf16`, `=2` all to `tmmw2_bf16`, for comparisons;
+//! `TANDEM_BF16_WGMMA_GRID=sms` runs a block per SM walking the tiles (persistent) instead of a
+//! block per tile. `TANDEM_BF16_WGMMA_BATCH=0` keeps the batch calls on `tmmk_bf16`.
 
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -36,23 +40,31 @@ struct Tile {
     rows: usize,
     smem: u32,
 }
-/// The two-accumulator kernels (`TANDEM_BF16_WGMMA=2`): 128 x 128 tiles, the total in registers.
+/// The two-accumulator kernels (calls of up to [`TW2_ROWS`] rows): 128 x 128 tiles, the
+/// total in registers.
 const SPLIT2: Tile = Tile { name: "tmmw2_bf16", rows: 128, smem: (9 * (128 * 64 + 2 * 128 * 64) + 2 * 9 * 8) as u32 };
 const HI2: Tile = Tile { name: "tmmw2_bf16_h", rows: 128, smem: (14 * (128 * 64 + 128 * 64) + 2 * 14 * 8) as u32 };
-/// The one-accumulator kernels (the default): the total in shared memory.
+/// The one-accumulator kernels (longer calls): the total in shared memory.
 const SPLIT: Tile =
     Tile { name: "tmmw_bf16", rows: 128, smem: (6 * (128 * 64 + 2 * 128 * 64) + 128 * 128 * 4 + 2 * 6 * 8) as u32 };
 const HI: Tile =
     Tile { name: "tmmw_bf16_h", rows: 256, smem: (4 * (128 * 64 + 256 * 64) + 256 * 128 * 4 + 2 * 4 * 8) as u32 };
 
-/// `TANDEM_BF16_WGMMA`: 0 (off: tmmg), 2 (the two-accumulator kernels), anything else or unset
-/// the one-accumulator ones.
+/// The longest call the two-accumulator kernels take by default. Measured on an H100
+/// (2026-12-07, PERFORMANCE.md): at 512 rows they are 1.19x (split) / 1.36x (bf16
+/// activations) the one-accumulator kernels on the 9B gate+up matrix, at 4,096 rows 0.98x /
+/// 0.96x in a whole prefill; 513-4,095 rows are not measured.
+pub(crate) const TW2_ROWS: usize = 512;
+
+/// `TANDEM_BF16_WGMMA`: 0 (off: tmmg), 1 (the one-accumulator kernels for every call), 2 (the
+/// two-accumulator ones for every call); unset (3) by the call's rows ([`TW2_ROWS`]).
 fn mode() -> u8 {
     static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("TANDEM_BF16_WGMMA").as_deref() {
         Ok("0") => 0,
+        Ok("1") => 1,
         Ok("2") => 2,
-        _ => 1,
+        _ => 3,
     })
 }
 
@@ -127,11 +139,16 @@ pub(crate) fn gemm(
     w: u64,
     (m, n, k): (usize, usize, usize),
 ) -> Result<Tensor> {
-    let tile = match (xl.is_some(), mode()) {
-        (true, 2) => &SPLIT2,
-        (false, 2) => &HI2,
-        (true, _) => &SPLIT,
-        (false, _) => &HI,
+    let two = match mode() {
+        1 => false,
+        2 => true,
+        _ => m <= TW2_ROWS,
+    };
+    let tile = match (xl.is_some(), two) {
+        (true, true) => &SPLIT2,
+        (false, true) => &HI2,
+        (true, false) => &SPLIT,
+        (false, false) => &HI,
     };
     let stream = dev.cuda_stream();
     let tw = tensor_map(w, n, k, BC)?;
@@ -164,15 +181,16 @@ pub(crate) fn gemm(
 }
 
 /// `TANDEM_BF16_WGMMA_BATCH`: the batch calls ([`super::cuda_tmma`]'s split GEMM, 17-128 rows)
-/// on `tmmw2k_bf16_1` (=1: one block an SM, a deep ring of TMA stages) or `tmmw2k_bf16_2` (=2:
-/// two blocks an SM) in place of `tmmk_bf16`; unset or 0, `tmmk_bf16`. Opt-in until the engine
-/// has run it (`lab/gemm_tma_lab.cu` checks its bits against tmmk_bf16 and times both).
+/// on `tmmw2k_bf16_2` (unset or 2: two blocks an SM, six TMA stages each) or `tmmw2k_bf16_1`
+/// (=1: one block an SM, twelve stages) in place of `tmmk_bf16` (=0). On an H100 (2026-12-07)
+/// 9B batch 64 at 1K context went from 3,147 to 4,176 tok/s (`_1`), batch 32 and 128 2,712 /
+/// 5,214 (`_1`) and 2,742 / 5,337 (`_2`).
 fn batch_mode() -> u8 {
     static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("TANDEM_BF16_WGMMA_BATCH").as_deref() {
+        Ok("0") => 0,
         Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 0,
+        _ => 2,
     })
 }
 
