@@ -51,6 +51,37 @@ struct TwShape {
 // four consecutive columns stay together (float4 reads for the stores).
 __device__ __forceinline__ int tw_tot_at(int r, int c) { return r * TW_BC + (c ^ (((r >> 1) & 3) << 3)); }
 
+// The ring's mbarriers: full[s] completes when stage s's boxes have landed (one arrival, the
+// producer's, and the bytes), empty[s] when the consumers' 256 threads have read it. Thread
+// 0 initialises them; the caller's __syncthreads publishes them.
+__device__ __forceinline__ void tw_ring_init(uint64_t* full, uint64_t* empty, int st) {
+    if (threadIdx.x != 0) return;
+    for (int s = 0; s < st; s++) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], 256);
+    }
+    mbar_init_fence();
+}
+
+// The producer's part of one tile: the steps gi walks, each into the ring's next stage (G
+// counts the ring's steps) once the consumers have freed it: the weights' column tile ct,
+// the activations' rows from r0.
+template <int ST, int STAGE, int W, int X, bool LO>
+__device__ __forceinline__ void tw_produce(uint8_t* smem, uint64_t* full, uint64_t* empty, TgSteps& gi, int& G,
+                                           const CUtensorMap& tw, const CUtensorMap& th, const CUtensorMap& tl,
+                                           int ct, int r0) {
+    for (; !gi.done(); G++, gi.next()) {
+        const int st = G % ST;
+        if (G >= ST) mbar_wait(&empty[st], ((G / ST) & 1) ^ 1);
+        mbar_expect_tx(&full[st], STAGE);
+        uint8_t* stage = smem + st * STAGE;
+        const int s = gi.step();
+        tma_2d(stage, &tw, s * 32, ct * TW_BC, &full[st]);
+        tma_2d(stage + W, &th, s * 32, r0, &full[st]);
+        if constexpr (LO) tma_2d(stage + W + X, &tl, s * 32, r0, &full[st]);
+    }
+}
+
 // One step of the chain from its stage into acc: each set of 16 values (0 .. 15, then 16 .. 31)
 // one wgmma with the hi halves and (split mode) one with the lo halves, committed as a group;
 // returns once the step before it has finished (wait_group 1), so that step's stage may be
@@ -230,13 +261,7 @@ __device__ __forceinline__ void tmmw(float* __restrict__ y, const CUtensorMap& t
     float* tot = reinterpret_cast<float*>(smem + ST * S::STAGE);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + ST * S::STAGE + S::TOT);
     uint64_t* empty = full + ST;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 256);
-        }
-        mbar_init_fence();
-    }
+    tw_ring_init(full, empty, ST);
     __syncthreads();
     const int steps = k >> 5;
     const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
@@ -253,16 +278,7 @@ __device__ __forceinline__ void tmmw(float* __restrict__ y, const CUtensorMap& t
             const int rt = tile % nrt, ct = tile / nrt;
             TgSteps gi;
             gi.start(L, nseg, steps);
-            for (; !gi.done(); G++, gi.next()) {
-                const int st = G % ST;
-                if (G >= ST) mbar_wait(&empty[st], ((G / ST) & 1) ^ 1);
-                mbar_expect_tx(&full[st], S::STAGE);
-                uint8_t* stage = smem + st * S::STAGE;
-                const int s = gi.step();
-                tma_2d(stage, &tw, s * 32, ct * TW_BC, &full[st]);
-                tma_2d(stage + S::W, &th, s * 32, rt * BR, &full[st]);
-                if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * BR, &full[st]);
-            }
+            tw_produce<ST, S::STAGE, S::W, S::X, LO>(smem, full, empty, gi, G, tw, th, tl, ct, rt * BR);
         }
         return;
     }
@@ -328,13 +344,7 @@ __device__ __forceinline__ void tmmwk(float* __restrict__ part, const CUtensorMa
     uint8_t* smem = tw_smem;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + ST * S::STAGE);
     uint64_t* empty = full + ST;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 256);
-        }
-        mbar_init_fence();
-    }
+    tw_ring_init(full, empty, ST);
     __syncthreads();
     const int steps = k >> 5;
     const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
@@ -346,16 +356,8 @@ __device__ __forceinline__ void tmmwk(float* __restrict__ part, const CUtensorMa
         if (threadIdx.x != 0) return;
         TgSteps gi;
         gi.start_at(L, nseg, steps, p, p + 1);
-        for (int G = 0; !gi.done(); G++, gi.next()) {
-            const int st = G % ST;
-            if (G >= ST) mbar_wait(&empty[st], ((G / ST) & 1) ^ 1);
-            mbar_expect_tx(&full[st], S::STAGE);
-            uint8_t* stage = smem + st * S::STAGE;
-            const int s = gi.step();
-            tma_2d(stage, &tw, s * 32, ct * TW_BC, &full[st]);
-            tma_2d(stage + S::W, &th, s * 32, rt * 64, &full[st]);
-            if constexpr (LO) tma_2d(stage + S::W + S::X, &tl, s * 32, rt * 64, &full[st]);
-        }
+        int G = 0;
+        tw_produce<ST, S::STAGE, S::W, S::X, LO>(smem, full, empty, gi, G, tw, th, tl, ct, rt * 64);
         return;
     }
     const int h = role - 1, ctid = threadIdx.x - 128;

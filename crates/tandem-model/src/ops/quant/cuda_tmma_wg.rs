@@ -17,7 +17,8 @@
 //! in the 64-byte swizzle. `TANDEM_BF16_WGMMA=0` keeps the prefill calls on `tmmg_bf16`, `=1`
 //! sends all of them to `tmmw_bf16`, `=2` all to `tmmw2_bf16`, for comparisons;
 //! `TANDEM_BF16_WGMMA_GRID=sms` runs a block per SM walking the tiles (persistent) instead of a
-//! block per tile. `TANDEM_BF16_WGMMA_BATCH=0` keeps the batch calls on `tmmk_bf16`.
+//! block per tile. `TANDEM_BF16_WGMMA_BATCH=0` keeps the batch calls on `tmmk_bf16`, as
+//! `TANDEM_BF16_WGMMA=0` does with every call.
 
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -181,8 +182,9 @@ pub(crate) fn gemm(
 }
 
 /// `TANDEM_BF16_WGMMA_BATCH`: the batch calls ([`super::cuda_tmma`]'s split GEMM, 17-128 rows)
-/// on `tmmw2k_bf16_2` (unset or 2: two blocks an SM, six TMA stages each) or `tmmw2k_bf16_1`
-/// (=1: one block an SM, twelve stages) in place of `tmmk_bf16` (=0). On an H100 (2026-12-07)
+/// on `tmmw2k_bf16_2` (unset or 2: two blocks an SM, six TMA stages each, eight with bf16
+/// activations) or `tmmw2k_bf16_1` (=1: one block an SM, twelve stages, sixteen) in place of
+/// `tmmk_bf16` (=0). On an H100 (2026-12-07)
 /// 9B batch 64 at 1K context went from 3,147 to 4,176 tok/s (`_1`), batch 32 and 128 2,712 /
 /// 5,214 (`_1`) and 2,742 / 5,337 (`_2`).
 fn batch_mode() -> u8 {
