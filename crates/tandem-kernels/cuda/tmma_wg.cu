@@ -166,6 +166,18 @@ __device__ __forceinline__ int tw_consume(float* __restrict__ y, uint8_t* smem, 
     return G;
 }
 
+// Partitions pp0 .. pp1 - 1 (the first with steps, the others empty) folded into the total:
+// partition 0's accumulator + 0 (a -0 from scale-d = 0 becomes tmmg's +0), a later one added;
+// empty partitions add +0 (once is as good as many).
+__device__ __forceinline__ void tw_fold(float (&tot)[64], const float (&acc)[64], int pp0, int pp1) {
+    const bool pz = pp1 > pp0 + 1;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const float v = pp0 == 0 ? acc[i] + 0.f : tot[i] + acc[i];
+        tot[i] = pz ? v + 0.f : v;
+    }
+}
+
 // The two-accumulator consumer (N = 128: BR = 128, 64 registers an accumulator): partitions
 // alternate between accumulators a and b, and the total stays in registers. A partition's
 // accumulator is folded after the next partition's first step has been issued (its
@@ -187,13 +199,7 @@ __device__ __forceinline__ bool tw_part2(float (&cur)[64], float (&prev)[64], fl
         if (G > G0) mbar_arrive(&empty[(G - 1) % ST]);
         if (first && pending) {
             // The previous partition's last step has finished: its accumulator into the total.
-            const bool pz = pp1 > pp0 + 1;
-#pragma unroll
-            for (int i = 0; i < 64; i++) {
-                // Empty partitions add +0 (once is as good as many).
-                float v = pp0 == 0 ? prev[i] + 0.f : tot[i] + prev[i];
-                tot[i] = pz ? v + 0.f : v;
-            }
+            tw_fold(tot, prev, pp0, pp1);
             pending = false;
         }
         first = false;
@@ -205,12 +211,7 @@ __device__ __forceinline__ bool tw_part2(float (&cur)[64], float (&prev)[64], fl
     pending = true;
     if (!gc.done()) return true;
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    const bool pz = pp1 > pp0 + 1;
-#pragma unroll
-    for (int i = 0; i < 64; i++) {
-        float v = pp0 == 0 ? cur[i] + 0.f : tot[i] + cur[i];
-        tot[i] = pz ? v + 0.f : v;
-    }
+    tw_fold(tot, cur, pp0, pp1);
     pending = false;
     return false;
 }
