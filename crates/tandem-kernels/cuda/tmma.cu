@@ -163,11 +163,10 @@ __device__ __forceinline__ void tv_partition(float (&acc)[NJ][4], const float4* 
                                              const uint8_t* __restrict__ w, uint8_t* stages, int p, int m, int n,
                                              int k, int col0, int row0, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    const int steps = k >> 5;
+    const TmChain ch(k);
+    const int steps = ch.steps, L = ch.L, nseg = ch.nseg;
     const int k4 = k >> 2;  // float4 per activation row
     const long long row_bytes = (long long)k * 2;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
     // Segment number q of the partition (segments p, p + 8, ...) into stage q % S.
     auto load = [&](int q) {
         const int seg = p + q * TM_WARPS;
@@ -378,9 +377,8 @@ __device__ __forceinline__ void tmmg(float* __restrict__ y, const uint4* __restr
     const int wn = warp & 1, wm = warp >> 1;
     const int row0 = blockIdx.x * TG_BM, col0 = blockIdx.y * TG_BN;
     const bool live = row0 + wm * 32 < m;
-    const int steps = k >> 5, k8 = k >> 3;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
+    const TmChain ch(k);
+    const int steps = ch.steps, L = ch.L, nseg = ch.nseg, k8 = k >> 3;
 
     auto load = [&](int s, int st) {
         {  // weights: one piece a thread
@@ -476,9 +474,8 @@ __device__ void tmm_tile(float* __restrict__ y, const uint4* __restrict__ xh, co
     const int wn = warp % WN, wm = warp / WN;
     const int row0 = blockIdx.x * BR, col0 = blockIdx.y * BC;
     const bool live = row0 + wm * WJ * 8 < m;
-    const int steps = k >> 5, k8 = k >> 3;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
+    const TmChain ch(k);
+    const int steps = ch.steps, L = ch.L, nseg = ch.nseg, k8 = k >> 3;
     const int p0 = SPLIT ? blockIdx.z : 0, pe = SPLIT ? p0 + 1 : TM_WARPS;
     if (SPLIT) y += (size_t)p0 * m * n;
 

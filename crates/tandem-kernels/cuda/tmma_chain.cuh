@@ -6,11 +6,20 @@
 #define TM_WARPS 8
 #define TM_MAXL 8
 
+// The chain's shape for rows of k values: its 32-value steps, L steps a segment, nseg segments.
+struct TmChain {
+    int steps, L, nseg;
+    __device__ explicit TmChain(int k)
+        : steps(k >> 5), L(min(TM_MAXL, max(1, (k >> 5) / TM_WARPS))), nseg((steps + L - 1) / L) {}
+};
+
 // The steps in the chain's order: partition p, its segments p, p + 8, ..., each segment's steps.
 // start_at walks partitions p0 .. pe - 1 only (a split call's block).
 struct TgSteps {
     int p, seg, i, L, nseg, steps, pe;
     __device__ void start(int L_, int nseg_, int steps_) { start_at(L_, nseg_, steps_, 0, TM_WARPS); }
+    __device__ void start(const TmChain& c) { start_at(c.L, c.nseg, c.steps, 0, TM_WARPS); }
+    __device__ void start_at(const TmChain& c, int p0, int pe_) { start_at(c.L, c.nseg, c.steps, p0, pe_); }
     __device__ void start_at(int L_, int nseg_, int steps_, int p0, int pe_) {
         L = L_, nseg = nseg_, steps = steps_, p = p0, seg = p0, i = 0, pe = pe_;
         skip();

@@ -51,16 +51,21 @@ struct TwShape {
 // four consecutive columns stay together (float4 reads for the stores).
 __device__ __forceinline__ int tw_tot_at(int r, int c) { return r * TW_BC + (c ^ (((r >> 1) & 3) << 3)); }
 
-// The ring's mbarriers: full[s] completes when stage s's boxes have landed (one arrival, the
-// producer's, and the bytes), empty[s] when the consumers' 256 threads have read it. Thread
-// 0 initialises them; the caller's __syncthreads publishes them.
-__device__ __forceinline__ void tw_ring_init(uint64_t* full, uint64_t* empty, int st) {
-    if (threadIdx.x != 0) return;
-    for (int s = 0; s < st; s++) {
-        mbar_init(&full[s], 1);
-        mbar_init(&empty[s], 256);
+// The ring's mbarriers at `at` (full[st], then empty[st]): full[s] completes when stage s's
+// boxes have landed (one arrival, the producer's, and the bytes), empty[s] when the
+// consumers' 256 threads have read it. Every thread of the block calls this (thread 0
+// initialises them, a block barrier publishes them); returns full.
+__device__ __forceinline__ uint64_t* tw_ring(uint8_t* at, int st) {
+    uint64_t* full = reinterpret_cast<uint64_t*>(at);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < st; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&full[st + s], 256);
+        }
+        mbar_init_fence();
     }
-    mbar_init_fence();
+    __syncthreads();
+    return full;
 }
 
 // The producer's part of one tile: the steps gi walks, each into the ring's next stage (G
@@ -108,7 +113,7 @@ __device__ __forceinline__ void tw_step(float (&acc)[NR], const uint8_t* ws, int
 template <int BR, int ST, bool LO>
 __device__ __forceinline__ int tw_consume(float* __restrict__ y, uint8_t* smem, float* tot, uint64_t* full,
                                           uint64_t* empty, int h, int ctid, int row0, int col0, int m, int n,
-                                          int steps, int L, int nseg, int G0) {
+                                          const TmChain& ch, int G0) {
     using S = TwShape<BR, ST, LO>;
     constexpr int NR = BR / 2;  // accumulator registers a consumer thread
     const int warp = (ctid >> 5) & 3, lane = ctid & 31;
@@ -117,7 +122,7 @@ __device__ __forceinline__ int tw_consume(float* __restrict__ y, uint8_t* smem, 
 #pragma unroll
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
     TgSteps gc;
-    gc.start(L, nseg, steps);
+    gc.start(ch);
     int G = G0;
     for (; !gc.done(); G++) {
         const int st = G % ST;
@@ -220,8 +225,8 @@ __device__ __forceinline__ bool tw_part2(float (&cur)[64], float (&prev)[64], fl
 // store covers 8 consecutive columns of 4 rows: whole 32-byte sectors).
 template <int ST, bool LO>
 __device__ __forceinline__ int tw_consume2(float* __restrict__ y, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                           int h, int ctid, int row0, int col0, int m, int n, int steps, int L,
-                                           int nseg, int G0) {
+                                           int h, int ctid, int row0, int col0, int m, int n, const TmChain& ch,
+                                           int G0) {
     const int warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int g = lane >> 2, t = lane & 3;
     // A partition's first wgmma writes its accumulator without reading it (scale-d = 0), so
@@ -230,7 +235,7 @@ __device__ __forceinline__ int tw_consume2(float* __restrict__ y, uint8_t* smem,
     // (where tmmg's accumulator, started at +0, has +0) becomes +0 in the fold's "+ 0.f".
     float a[64], b[64], tot[64];
     TgSteps gc;
-    gc.start(L, nseg, steps);
+    gc.start(ch);
     int G = G0, pp0 = 0, pp1 = 0;
     bool pending = false;
     while (tw_part2<ST, LO>(a, b, tot, gc, smem, full, empty, h, G, G0, pending, pp0, pp1) &&
@@ -260,13 +265,9 @@ __device__ __forceinline__ void tmmw(float* __restrict__ y, const CUtensorMap& t
     extern __shared__ __align__(1024) uint8_t tw_smem[];
     uint8_t* smem = tw_smem;
     float* tot = reinterpret_cast<float*>(smem + ST * S::STAGE);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + ST * S::STAGE + S::TOT);
+    uint64_t* full = tw_ring(smem + ST * S::STAGE + S::TOT, ST);
     uint64_t* empty = full + ST;
-    tw_ring_init(full, empty, ST);
-    __syncthreads();
-    const int steps = k >> 5;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
+    const TmChain ch(k);
     const int nrt = (m + BR - 1) / BR, tiles = nrt * ((n + TW_BC - 1) / TW_BC);
     const int role = tw_role();
     if (role == 0) {
@@ -278,7 +279,7 @@ __device__ __forceinline__ void tmmw(float* __restrict__ y, const CUtensorMap& t
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int rt = tile % nrt, ct = tile / nrt;
             TgSteps gi;
-            gi.start(L, nseg, steps);
+            gi.start(ch);
             tw_produce<ST, S::STAGE, S::W, S::X, LO>(smem, full, empty, gi, G, tw, th, tl, ct, rt * BR);
         }
         return;
@@ -288,11 +289,11 @@ __device__ __forceinline__ void tmmw(float* __restrict__ y, const CUtensorMap& t
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
             G = tw_consume2<ST, LO>(y, smem, full, empty, role - 1, threadIdx.x - 128, (tile % nrt) * BR,
-                                    (tile / nrt) * TW_BC, m, n, steps, L, nseg, G);
+                                    (tile / nrt) * TW_BC, m, n, ch, G);
     } else {
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
             G = tw_consume<BR, ST, LO>(y, smem, tot, full, empty, role - 1, threadIdx.x - 128, (tile % nrt) * BR,
-                                       (tile / nrt) * TW_BC, m, n, steps, L, nseg, G);
+                                       (tile / nrt) * TW_BC, m, n, ch, G);
     }
 }
 
@@ -343,20 +344,16 @@ __device__ __forceinline__ void tmmwk(float* __restrict__ part, const CUtensorMa
     using S = TwShape<64, ST, LO, true>;
     extern __shared__ __align__(1024) uint8_t tw_smem[];
     uint8_t* smem = tw_smem;
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + ST * S::STAGE);
+    uint64_t* full = tw_ring(smem + ST * S::STAGE, ST);
     uint64_t* empty = full + ST;
-    tw_ring_init(full, empty, ST);
-    __syncthreads();
-    const int steps = k >> 5;
-    const int L = min(TM_MAXL, max(1, steps / TM_WARPS));
-    const int nseg = (steps + L - 1) / L;
+    const TmChain ch(k);
     const int p = blockIdx.y, nrt = (m + 63) / 64;
     const int rt = blockIdx.x % nrt, ct = blockIdx.x / nrt;
     const int role = tw_role();
     if (role == 0) {
         if (threadIdx.x != 0) return;
         TgSteps gi;
-        gi.start_at(L, nseg, steps, p, p + 1);
+        gi.start_at(ch, p, p + 1);
         int G = 0;
         tw_produce<ST, S::STAGE, S::W, S::X, LO>(smem, full, empty, gi, G, tw, th, tl, ct, rt * 64);
         return;
@@ -368,7 +365,7 @@ __device__ __forceinline__ void tmmwk(float* __restrict__ part, const CUtensorMa
 #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = 0.f;
     TgSteps gc;
-    gc.start_at(L, nseg, steps, p, p + 1);
+    gc.start_at(ch, p, p + 1);
     int G = 0;
     for (; !gc.done(); G++, gc.next()) {
         const int st = G % ST;

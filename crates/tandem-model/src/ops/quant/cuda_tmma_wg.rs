@@ -81,11 +81,20 @@ unsafe impl DeviceRepr for TensorMap {}
 /// sm_90 on a device of capability 9.0 that lets a block opt in to the kernels' shared memory,
 /// unless `TANDEM_BF16_WGMMA=0`.
 pub(crate) fn takes(dev: &CudaDevice) -> bool {
-    let need = [&SPLIT, &HI, &SPLIT2, &HI2].iter().map(|t| t.smem).max().unwrap_or(u32::MAX);
     mode() != 0
         && tandem_kernels::CUBIN_CAP == 90
         && compute_capability(dev) == (9, 0)
-        && max_shared_optin(dev) >= need as usize
+        && max_shared_optin(dev) >= MOST_SMEM as usize
+}
+
+/// The most dynamic shared memory any of the kernels asks for (the batch kernels' is less).
+const MOST_SMEM: u32 = max_u32(max_u32(SPLIT.smem, HI.smem), max_u32(SPLIT2.smem, HI2.smem));
+const fn max_u32(a: u32, b: u32) -> u32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
 }
 
 /// Whether the grid is a block per SM (`TANDEM_BF16_WGMMA_GRID=sms`) rather than per tile.
