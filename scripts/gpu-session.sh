@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU machine: the checks and measurements a session owes after kernel changes, in three
+# calls of under 10 minutes each on one warm machine (docs/GPU.md, "Measuring speed"). Binaries
+# from $PACK (scripts/gpu-pack.sh with SUITE=1); carry $PACK and .peer (.peer/llama-src.tar.xz,
+# llama.cpp's source: scripts/gpu-peers.sh).
+#   PART=a: llama.cpp (with llama-server, and the 9B preset as llama.cpp's Q8_0) built detached
+#           beside the GPU suite (scripts/gpu-run.sh: check-device in both modes, device_suite),
+#           then the agent session with the disk tier on and off (scripts/gpu-agent.sh).
+#   PART=b: llama-server on the agent session's prompts (needs call a's /tmp on this machine),
+#           then issue 16's targets 3 and 1 (scripts/gpu-targets.sh PARTS="batch 9b").
+#   PART=c: target 2 (the Q8_0 file beside llama-bench), batch 64 / 128 at two split-column
+#           limits, a batch-64 step profiled, Nsight Compute on the 4K prefill's wgmma GEMM.
+# Each part keeps to LIMIT seconds (default 560) and writes under $OUT.
+set -u
+cd "$(dirname "$0")/.."
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( ${LIMIT:-560} - $(el) )); }
+export PACK=${PACK:-target/gpu-pack}
+OUT=${OUT:-target/gpu-results}; mkdir -p "$OUT"
+. scripts/gpu-env.sh
+[ -x /tmp/tandem-gpu/tandem ] || gpu_unpack tandem
+T=/tmp/tandem-gpu/tandem
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu,driver_version --format=csv,noheader | tee -a "$OUT/smi.txt"
+case ${PART:-a} in
+a)
+  mkdir -p /tmp/peer-res
+  setsid nohup env OUT=/tmp/peer-res PACK="$PACK" SERVER=1 PHASE=prep QUANTS=Q8_0 BUILD_JOBS=12 nice -n 19 \
+    bash scripts/gpu-peers.sh > /tmp/peer-res/prep.log 2>&1 < /dev/null &
+  OUT=$OUT timeout 300 bash scripts/gpu-run.sh > "$OUT/suite.log" 2>&1
+  echo "suite rc $? at $(el) s: $(grep -E 'passed|failed' "$OUT/check-device.md" | tail -1) /" \
+    "$(grep -E 'passed|failed' "$OUT/check-device-bf16.md" | tail -1); $(tail -1 "$OUT/device_suite.log")"
+  l=$(left); [ "$l" -gt 120 ] && { OUT=$OUT/agent-on timeout $(( l > 220 ? 220 : l )) bash scripts/gpu-agent.sh > "$OUT/agent-on.log" 2>&1; echo "agent (disk tier on) rc $? at $(el) s"; }
+  l=$(left); [ "$l" -gt 90 ] && { SERVE_ARGS="--disk-cache-size 0" OUT=$OUT/agent-off timeout "$l" bash scripts/gpu-agent.sh > "$OUT/agent-off.log" 2>&1; echo "agent (disk tier off) rc $? at $(el) s"; }
+  tail -3 /tmp/peer-res/prep.log
+  ;;
+b)
+  for _ in $(seq 240); do [ -e /tmp/ll/prep.done ] && break; sleep 1; done
+  cp -r /tmp/peer-res "$OUT/" 2> /dev/null
+  if [ -x /tmp/ll/bin/llama-server ] && [ -f /tmp/agent-9b-bf16.gguf ]; then
+    PEER_ONLY=1 OUT=$OUT/agent-llama timeout 200 bash scripts/gpu-agent.sh > "$OUT/agent-llama.log" 2>&1
+    echo "agent (llama-server) rc $? at $(el) s"
+  else
+    echo "no llama-server or agent GGUF: run PART=a on this machine first"
+  fi
+  l=$(left); [ "$l" -gt 100 ] && { PARTS="batch 9b" BT=$(( l / 2 )) OUT=$OUT timeout "$l" bash scripts/gpu-targets.sh > "$OUT/targets.log" 2>&1; echo "targets rc $? at $(el) s"; }
+  ;;
+c)
+  if [ -e /tmp/ll/prep.done ] && [ -f /tmp/m-9b-Q8_0.gguf ]; then
+    OUT=$OUT/peers PHASE=bench QUANTS=Q8_0 GEN=64 REPS=2 PROMPT=512 timeout 200 bash scripts/gpu-peers.sh > "$OUT/peers.log" 2>&1
+    echo "peers rc $? at $(el) s"
+  fi
+  for sc in 8192 32768 default; do
+    [ "$(left)" -lt 200 ] && break
+    echo "== TANDEM_BF16_SPLIT_COLS=$sc" | tee -a "$OUT/split-cols.md"
+    if [ $sc = default ]; then e=(); else e=(env TANDEM_BF16_SPLIT_COLS=$sc); fi
+    "${e[@]}" timeout 80 "$T" bench --device cuda --random-hybrid 9b --random-dtype bf16 -p 0 -g 16 -r 1 -d 1024 \
+      --batch 64,128 --bandwidth auto 2>&1 | grep -E "^\| tg|rror" | tee -a "$OUT/split-cols.md"
+  done
+  l=$(left); [ "$l" -gt 150 ] && { MODE=batch BATCH=64 DEPTH=1024 CASES=9b:bf16 NCU_TIMEOUT=120 OUT=$OUT bash scripts/gpu-profile.sh > "$OUT/profile-batch.log" 2>&1; echo "batch profile at $(el) s"; }
+  l=$(left); [ "$l" -gt 90 ] && { TANDEM_BF16_ACTIVATIONS=bf16 MODE=prefill PROMPT=4096 KERNEL=tmmw_bf16_h COUNT=4 \
+    SECTIONS="SpeedOfLight ComputeWorkloadAnalysis WarpStateStats MemoryWorkloadAnalysis Occupancy" NCU_TIMEOUT=$(( l - 10 )) \
+    CASES=9b:bf16 OUT=$OUT bash scripts/gpu-profile.sh > "$OUT/ncu.log" 2>&1; echo "Nsight Compute at $(el) s"; }
+  ;;
+esac
+echo "part ${PART:-a} done at $(el) s"
