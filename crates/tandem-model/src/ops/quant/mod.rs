@@ -103,6 +103,40 @@ fn family_of(eax: u32) -> u32 {
     }
 }
 
+/// The model in cpuid leaf 1's eax: the base model, with the extended model above it for
+/// families 6 and 0xF (every AMD Zen and Intel core).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn model_of(eax: u32) -> u32 {
+    let base = (eax >> 4) & 0xf;
+    if matches!((eax >> 8) & 0xf, 6 | 0xf) {
+        base | (((eax >> 16) & 0xf) << 4)
+    } else {
+        base
+    }
+}
+
+/// Whether family 0x19 with this model is Zen 3 (Milan 0x01, Chagall 0x08, Vermeer 0x21,
+/// Rembrandt 0x44, Cezanne 0x50) rather than Zen 4 (0x10-0x1F, 0x60-0x7F, 0xA0-0xAF).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn zen3_model(model: u32) -> bool {
+    model < 0x10 || (0x20..0x60).contains(&model)
+}
+
+/// Whether the CPU's decode streams best with the tile kernels' prefetches ahead and spread
+/// over a tile's steps (Zen 5's defaults below): AMD family 0x1A (Zen 5) and later, and Zen 3
+/// (family 0x19, [`zen3_model`]; measured on an EPYC Milan, 2026-12-07: one thread
+/// qwen2.5-coder-1.5b Q4_K_M decode 8.4-9.6 -> 13.6-15.8 tok/s, two threads 13.8-17.1 ->
+/// 19.8-23.3). Zen 4, the other half of family 0x19, keeps the tiles unprefetched (measured
+/// there: a prefetch 1-8 tiles ahead lost 15-30%).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amd_prefetch_ahead() -> bool {
+    static YES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *YES.get_or_init(|| {
+        let eax = std::arch::x86_64::__cpuid(1).eax;
+        cpu_is_amd() && (family_of(eax) >= 0x1a || (family_of(eax) == 0x19 && zen3_model(model_of(eax))))
+    })
+}
+
 #[cfg(test)]
 mod family_tests {
     /// cpuid leaf 1 signatures: Zen 4 (EPYC 9004), Zen 5 (EPYC 9005), Sapphire Rapids.
@@ -111,6 +145,23 @@ mod family_tests {
         assert_eq!(super::family_of(0x00a1_0f11), 0x19);
         assert_eq!(super::family_of(0x00b0_0f21), 0x1a);
         assert_eq!(super::family_of(0x0008_06f8), 6);
+    }
+
+    /// Zen 3 and Zen 4 share family 0x19 and differ in the model: EPYC Milan (7003), Ryzen
+    /// 5000 (Vermeer) and Ryzen 5000G (Cezanne) against EPYC 9004 (Genoa), Ryzen 7000
+    /// (Raphael), Ryzen 7040 (Phoenix) and EPYC 9004 Bergamo; Sapphire Rapids' model is 0x8F.
+    #[test]
+    fn zen3_is_told_from_zen4_by_model() {
+        for zen3 in [0x00a0_0f11, 0x00a2_0f10, 0x00a5_0f00] {
+            assert_eq!(super::family_of(zen3), 0x19);
+            assert!(super::zen3_model(super::model_of(zen3)), "{zen3:#x}");
+        }
+        for zen4 in [0x00a1_0f11, 0x00a6_0f12, 0x00a7_0f41, 0x00aa_0f01] {
+            assert_eq!(super::family_of(zen4), 0x19);
+            assert!(!super::zen3_model(super::model_of(zen4)), "{zen4:#x}");
+        }
+        assert_eq!(super::model_of(0x0008_06f8), 0x8f);
+        assert_eq!(super::model_of(0x00a0_0f11), 0x01);
     }
 }
 
@@ -121,29 +172,36 @@ fn prefetch_setting(var: &str, default: usize) -> usize {
 }
 
 /// How many tiles ahead of the one being read the CPU K-quant tile kernels prefetch (into L2)
-/// in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`; 0 off). Default 1 on Intel, 0 on AMD
-/// up to Zen 4, 2 on Zen 5 (family 0x1A) and later. Sapphire Rapids, qwen2.5-coder-1.5b Q4_K_M decode: one ahead +16-18%, 2-16 ahead 3-5% below
-/// one (the hardware prefetcher alone leaves the core waiting at each tile's start). Zen 4 the
-/// other way round, 1 thread: off 21.4-22.3 tok/s, 1 ahead 15.3, 4 ahead 17.5, 8 ahead 18.7
+/// in calls of up to four rows (`TANDEM_KQ_PREFETCH=N`; 0 off). Default 1 on Intel, 2 on Zen 3
+/// and on Zen 5 (family 0x1A) and later ([`amd_prefetch_ahead`]), 0 on other AMD cores (Zen 4,
+/// Zen 2 and older). Sapphire Rapids, qwen2.5-coder-1.5b Q4_K_M decode: one ahead +16-18%, 2-16
+/// ahead 3-5% below one (the hardware prefetcher alone leaves the core waiting at each tile's
+/// start). Zen 4 the other way round, 1 thread: off 21.4-22.3 tok/s, 1 ahead 15.3, 4 ahead 17.5,
+/// 8 ahead 18.7
 /// (issued across the superblock's sub-block loop instead of in one burst, 4 ahead gained 5% on
 /// one thread and lost 5% on two). Zen 5 the other way again: the random MoE preset in Q4_K,
 /// decode tok/s at 0 / 1 / 2 ahead, 1 thread 37.3-38.1 / 49.9-52.0 / 52.6-55.4, 2 threads (0 /
-/// 2 / 3 / 4) 54.6-56.1 / 63.9-68.7 / 57.3-67.4 / 56.9-63.9. Zen 3 follows Zen 4 unmeasured.
+/// 2 / 3 / 4) 54.6-56.1 / 63.9-68.7 / 57.3-67.4 / 56.9-63.9. Zen 3 as Zen 5 (EPYC Milan,
+/// 2026-12-07, coder-1.5b with the spread below, decode tok/s at 0 / 1 / 2 / 4 ahead: 1 thread
+/// 8.4-9.6 / 11.8-14.3 / 13.6-15.8 / 12.9-15.2; 2 threads (0 / 1 / 2 / 3) 13.8-17.1 / 21.5-23.3
+/// / 19.8-20.7 / 21.1-22.9; 2 ahead in one burst 9.8-10.9 on one thread).
 /// (docs/PERFORMANCE.md.)
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn kernel_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let default = match (cpu_is_amd(), cpu_family()) {
+    let default = match (cpu_is_amd(), amd_prefetch_ahead()) {
         (false, _) => 1,
-        (true, f) if f >= 0x1a => 2,
-        (true, _) => 0,
+        (true, true) => 2,
+        (true, false) => 0,
     };
     *N.get_or_init(|| prefetch_setting("TANDEM_KQ_PREFETCH", default))
 }
 
 /// Over how many of a tile's eight sub-block steps the tile kernels spread the prefetch of a
-/// tile's cache lines (`TANDEM_KQ_PREFETCH_SPREAD=N`, 1..8): 8 on AMD family 0x1A (Zen 5) and
-/// later, 1 (every line at the tile's first step) elsewhere. Zen 5, 2026-12-06, decode tok/s
+/// tile's cache lines (`TANDEM_KQ_PREFETCH_SPREAD=N`, 1..8): 8 where [`amd_prefetch_ahead`]
+/// (Zen 3, Zen 5 and later), 1 (every line at the tile's first step) elsewhere. Zen 3 (EPYC
+/// Milan, 2026-12-07), qwen2.5-coder-0.5b (Q5_0 tiles 4 ahead) one thread 18.1-19.0 tok/s in one
+/// burst against 23.4-24.8 spread over 8 steps (21.1-24.6 over 4). Zen 5, 2026-12-06, decode tok/s
 /// with the lines spread against in one burst, interleaved with llama-bench: qwen2.5-coder-1.5b
 /// Q4_K_M 1 thread 29.4-29.8 against 25.4-26.4 (llama.cpp 26.2-26.6), 2 threads 35.9-37.2
 /// against 32.6-33.8; the 0.8B hybrid Q4_K_M 48.2-50.9 against 42.8-47.1; the MoE preset Q4_K
@@ -154,7 +212,7 @@ pub(crate) fn kernel_prefetch() -> usize {
 pub(crate) fn kernel_prefetch_spread() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        let default = if cpu_is_amd() && cpu_family() >= 0x1a { 8 } else { 1 };
+        let default = if amd_prefetch_ahead() { 8 } else { 1 };
         std::env::var("TANDEM_KQ_PREFETCH_SPREAD")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -163,19 +221,21 @@ pub(crate) fn kernel_prefetch_spread() -> usize {
 }
 
 /// How many tiles ahead the Q5_0 tile kernel prefetches in calls of up to four rows
-/// (`TANDEM_Q50_PREFETCH=N`, default 4, 2 on AMD family 0x1A (Zen 5) and later; 0 off). Its
+/// (`TANDEM_Q50_PREFETCH=N`, default 4, 2 where [`amd_prefetch_ahead`]; 0 off). Its
 /// column tiles are short (qwen2.5's 896-value rows: four 2,816-byte tiles), so the hardware
 /// prefetcher alone starts each one cold. Zen 4, qwen2.5-coder-0.5b Q4_K_M decode, tok/s at 0 /
 /// 1 / 2 / 3 / 4 / 8 ahead: 1 thread 23.7 / 35.9 / 40.5 / 41.0 / 43.1 / 41.9; 2 threads (0 / 1
 /// / 2 / 4) 45.4 / 62.1 / 65.7 / 64.2. Zen 5, the same file, two rounds: 1 thread at 0 / 1 / 2
 /// / 3 / 4 / 8 / 16 ahead 39.0-40.1 / 53.1-54.9 / **54.9-56.2** / 53.7-53.9 / 52.6-54.9 /
 /// 52.7-52.9 / 52.0-52.1; 2 threads (2 / 4, three rounds) 68.9-71.7 / 65.7-69.4; gemma3-270m
-/// one thread 89.9-95.0 / 88.2-94.1. Not measured on Intel.
+/// one thread 89.9-95.0 / 88.2-94.1. Zen 3 (EPYC Milan, 2026-12-07), the lines spread, coder-0.5b
+/// 2 threads at 2 / 4 / 6 ahead 36.1-48.0 / 40.9-42.4 / 39.2-41.6 (within the VM's drift),
+/// gemma3-270m one thread (2 / 4) 42.4-42.9 / 39.6-43.6. Not measured on Intel.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn q50_prefetch() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        let default = if cpu_is_amd() && cpu_family() >= 0x1a { 2 } else { 4 };
+        let default = if amd_prefetch_ahead() { 2 } else { 4 };
         prefetch_setting("TANDEM_Q50_PREFETCH", default)
     })
 }

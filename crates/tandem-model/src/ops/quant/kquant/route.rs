@@ -41,18 +41,23 @@ pub fn takes(dtype: GgmlDType, head: bool) -> bool {
 }
 
 /// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
-/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, unless `TANDEM_Q8_KERNEL` picks
-/// another (`ours`: the row-major block kernels, `candle`: candle's). The AVX2 build of the
-/// tiles (`avx2::rows8`) measured no faster than the AVX2 block kernels (Zen 4 forced to AVX2,
-/// random 0.8B hybrid Q8_0: pp256 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), so AVX2 CPUs
-/// keep those; it serves `TANDEM_KQUANT_SIMD=avx2`.
+/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, and on AVX2 CPUs that prefetch the
+/// tiles ahead ([`crate::ops::quant::amd_prefetch_ahead`]: Zen 3), unless `TANDEM_Q8_KERNEL`
+/// picks another (`ours`: the row-major block kernels, `candle`: candle's; `tiles` forces
+/// these). The AVX2 build of the tiles (`avx2::rows8`) measured no faster than the AVX2 block
+/// kernels on a Zen 4 forced to AVX2, without tile prefetches (random 0.8B hybrid Q8_0: pp256
+/// 104 / 101 tok/s, tg32 27.6 / 30.6 on 2 threads), but on Zen 3 with them it prefills 1.2-1.4x
+/// as fast and decodes as fast (EPYC Milan, 2026-12-07, the same file: 2 threads pp256 82-88
+/// against 64-73 tok/s, tg64 20.1-21.4 against 21.1-21.2; 1 thread pp128 50.6-51.8 against
+/// 40.5-40.9, tg32 12.8-13.5 against 12.3-12.9), so other AVX2 CPUs keep the block kernels.
 pub fn q8_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            let other = std::env::var("TANDEM_Q8_KERNEL").is_ok_and(|v| v == "ours" || v == "candle");
-            avx512_kernel() && !other
+        *ON.get_or_init(|| match std::env::var("TANDEM_Q8_KERNEL").as_deref() {
+            Ok("tiles") => available(),
+            Ok("ours" | "candle") => false,
+            _ => avx512_kernel() || (available() && crate::ops::quant::amd_prefetch_ahead()),
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
