@@ -221,11 +221,12 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
     }
 }
 
-/// [`rows`] for Q8_0 tiles ([`Tile8`]), as [`super::avx512::rows8`], half by half. The
-/// stored `w + 128` would overflow `vpmaddubsw`'s i16 pairs, so each group's weights are
-/// taken back to signed and multiplied as `|w|` (unsigned, at most 128) by the activations
-/// under `w`'s sign (`vpsignb`): a pair is at most 2 · 128 · 127 = 32,512, widened at once;
-/// the block's sum is `Σ w · a`, the integer `dpbusd` gives after its `-128 · Σ a`.
+/// [`rows`] for Q8_0 tiles ([`Tile8`]), as [`super::avx512::rows8`]. The stored `w + 128`
+/// would overflow `vpmaddubsw`'s i16 pairs, so each group's weights are taken back to signed
+/// and multiplied as `|w|` (unsigned, at most 128) by the activations under `w`'s sign
+/// (`vpsignb`): a pair is at most 2 · 128 · 127 = 32,512, widened at once; the block's sum is
+/// `Σ w · a`, the integer `dpbusd` gives after its `-128 · Σ a`. One or two rows take both
+/// halves of each stretch at once (as [`rows`]), more rows go half by half.
 ///
 /// # Safety
 /// As [`rows`].
@@ -240,43 +241,80 @@ pub unsafe fn rows8<const R: usize>(
 ) {
     let ahead = ahead::<R>();
     let sp = spread();
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
-    let ones = _mm256_set1_epi16(1);
-    for h in 0..cols.div_ceil(HALF) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        // The first half's pass prefetches the tiles for both.
-        let pa = if h == 0 { ahead } else { 0 };
+    let halves = cols.div_ceil(HALF);
+    if R <= 2 && halves == 2 {
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..nb {
-            let t = &*tiles.add(b);
-            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-            for s in 0..8 {
-                prefetch_part!(tiles, b, pa, s, 8, sp);
-                let mut isum = [_mm256_setzero_si256(); R];
-                for g in 8 * s..8 * s + 8 {
-                    let w =
-                        _mm256_xor_si256(_mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * h) as *const __m256i), flip);
-                    let aw = _mm256_sign_epi8(w, w);
-                    for r in 0..R {
-                        let a = _mm256_set1_epi32((blk[r].add(ACT50_QS + 4 * g) as *const i32).read_unaligned());
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
-                    }
-                }
-                let d = half_f32(t.d[s].as_ptr().add(h * HALF));
-                for r in 0..R {
-                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
-                }
-            }
+            block8::<R, 2>(tiles, ahead, sp, b, 0, rows, &mut acc);
         }
-        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+        for (h, acc) in acc.iter().enumerate() {
+            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
+        }
+    } else {
+        for h in 0..halves {
+            let mut acc = [[_mm256_setzero_ps(); R]; 1];
+            // The first half's pass prefetches the tiles for both.
+            let pa = if h == 0 { ahead } else { 0 };
+            for b in 0..nb {
+                block8::<R, 1>(tiles, pa, sp, b, h, rows, &mut acc);
+            }
+            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
+        }
     }
 }
 
-/// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]), as [`super::avx512::rows50`], half by
-/// half: per 32-value block the integer sum from `-OFFSET · Σ a`, two groups at a time in i16
-/// (at most 8 · 31 · 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`; the
-/// last stretch's padding blocks skipped, as there.
+/// Halves `h0 .. h0 + H` of stretch `b` of a Q8_0 tile times rows `rows`, added to
+/// `acc[half - h0]` in [`super::tile8::dot`]'s order; prefetches tile `b + ahead` along the way.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block8<const R: usize, const H: usize>(
+    tiles: *const Tile8,
+    ahead: usize,
+    sp: usize,
+    b: usize,
+    h0: usize,
+    rows: &[RowPtr; R],
+    acc: &mut [[__m256; R]; H],
+) {
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    let t = &*tiles.add(b);
+    let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+    for s in 0..8 {
+        prefetch_part!(tiles, b, ahead, s, 8, sp);
+        let mut isum = [[_mm256_setzero_si256(); R]; H];
+        for g in 8 * s..8 * s + 8 {
+            let a: [__m256i; R] = std::array::from_fn(|r| {
+                _mm256_set1_epi32((blk[r].add(ACT50_QS + 4 * g) as *const i32).read_unaligned())
+            });
+            // `i` indexes `isum` and picks the half `h0 + i`.
+            #[allow(clippy::needless_range_loop)]
+            for i in 0..H {
+                let w = _mm256_xor_si256(
+                    _mm256_load_si256(t.qs.as_ptr().add(64 * g + 32 * (h0 + i)) as *const __m256i),
+                    flip,
+                );
+                let aw = _mm256_sign_epi8(w, w);
+                for r in 0..R {
+                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a[r], w));
+                    isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        for i in 0..H {
+            let d = half_f32(t.d[s].as_ptr().add((h0 + i) * HALF));
+            for r in 0..R {
+                let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_mul_ps(d, da), acc[i][r]);
+            }
+        }
+    }
+}
+
+/// [`rows`] for Q5_0 and Q4_0 tiles ([`Tile32`]), as [`super::avx512::rows50`]: per 32-value
+/// block the integer sum from `-OFFSET · Σ a`, two groups at a time in i16 (at most 8 · 31 ·
+/// 128 = 31,744: the Q5K bound), then one multiply-add by `d_s · D`; the last stretch's padding
+/// blocks skipped, as there. One or two rows take both halves at once (as [`rows`]).
 ///
 /// # Safety
 /// As [`rows`].
@@ -292,51 +330,92 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
 ) {
     let ahead = ahead50::<R>();
     let sp = spread();
+    let halves = cols.div_ceil(HALF);
+    if R <= 2 && halves == 2 {
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for b in 0..nb {
+            block50::<T, R, 2>(tiles, ahead, sp, b, if b + 1 == nb { last } else { 8 }, 0, rows, &mut acc);
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
+        }
+    } else {
+        for h in 0..halves {
+            let mut acc = [[_mm256_setzero_ps(); R]; 1];
+            // The first half's pass prefetches the tiles for both.
+            let pa = if h == 0 { ahead } else { 0 };
+            for b in 0..nb {
+                block50::<T, R, 1>(tiles, pa, sp, b, if b + 1 == nb { last } else { 8 }, h, rows, &mut acc);
+            }
+            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
+        }
+    }
+}
+
+/// Halves `h0 .. h0 + H` of the first `steps` blocks of stretch `b` of a Q5_0 / Q4_0 tile times
+/// rows `rows`, added to `acc[half - h0]`; prefetches tile `b + ahead` along the way.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block50<T: Tile32, const R: usize, const H: usize>(
+    tiles: *const T,
+    ahead: usize,
+    sp: usize,
+    b: usize,
+    steps: usize,
+    h0: usize,
+    rows: &[RowPtr; R],
+    acc: &mut [[__m256; R]; H],
+) {
     let m4 = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
     let ones = _mm256_set1_epi16(1);
-    for h in 0..cols.div_ceil(HALF) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        // The first half's pass prefetches the tiles for both.
-        let pa = if h == 0 { ahead } else { 0 };
-        for b in 0..nb {
-            let t = &*tiles.add(b);
-            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-            let steps = if b + 1 == nb { last } else { 8 };
-            for s in 0..steps {
-                prefetch_part!(tiles, b, pa, s, steps, sp);
-                let mut isum: [__m256i; R] = std::array::from_fn(|r| {
-                    _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
+    let t = &*tiles.add(b);
+    let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
+    for s in 0..steps {
+        prefetch_part!(tiles, b, ahead, s, steps, sp);
+        let start: [__m256i; R] = std::array::from_fn(|r| {
+            _mm256_set1_epi32(-T::OFFSET * (blk[r].add(ACT50_SUMS + 4 * s) as *const i32).read_unaligned())
+        });
+        let mut isum = [start; H];
+        for g0 in [4 * s, 4 * s + 2] {
+            let mut part = [[_mm256_setzero_si256(); R]; H];
+            for g in g0..g0 + 2 {
+                let a: [[__m256i; 2]; R] = std::array::from_fn(|r| {
+                    let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
+                    [_mm256_set1_epi32(a.read_unaligned()), _mm256_set1_epi32(a.add(1).read_unaligned())]
                 });
-                for g0 in [4 * s, 4 * s + 2] {
-                    let mut part = [_mm256_setzero_si256(); R];
-                    for g in g0..g0 + 2 {
-                        let w = _mm256_load_si256(t.qs().as_ptr().add(64 * g + 32 * h) as *const __m256i);
-                        let mut lo = _mm256_and_si256(w, m4);
-                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                        if T::HIGH {
-                            lo = add_under(lo, (t.high(2 * g) >> (32 * h)) as u32, sixteen);
-                            hi = add_under(hi, (t.high(2 * g + 1) >> (32 * h)) as u32, sixteen);
-                        }
-                        for r in 0..R {
-                            let a = blk[r].add(ACT50_QS + 8 * g) as *const i32;
-                            let pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a.read_unaligned()));
-                            let ph = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a.add(1).read_unaligned()));
-                            part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(pl, ph));
-                        }
+                // `i` indexes `part` and picks the half `h0 + i`.
+                #[allow(clippy::needless_range_loop)]
+                for i in 0..H {
+                    let h = h0 + i;
+                    let w = _mm256_load_si256(t.qs().as_ptr().add(64 * g + 32 * h) as *const __m256i);
+                    let mut lo = _mm256_and_si256(w, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                    if T::HIGH {
+                        lo = add_under(lo, (t.high(2 * g) >> (32 * h)) as u32, sixteen);
+                        hi = add_under(hi, (t.high(2 * g + 1) >> (32 * h)) as u32, sixteen);
                     }
                     for r in 0..R {
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(part[r], ones));
+                        let pl = _mm256_maddubs_epi16(lo, a[r][0]);
+                        let ph = _mm256_maddubs_epi16(hi, a[r][1]);
+                        part[i][r] = _mm256_add_epi16(part[i][r], _mm256_add_epi16(pl, ph));
                     }
                 }
-                let d = half_f32(t.d()[s].as_ptr().add(h * HALF));
+            }
+            for i in 0..H {
                 for r in 0..R {
-                    let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
+                    isum[i][r] = _mm256_add_epi32(isum[i][r], _mm256_madd_epi16(part[i][r], ones));
                 }
             }
         }
-        store(&acc, out.add(h * HALF), ldo, cols - h * HALF);
+        for i in 0..H {
+            let d = half_f32(t.d()[s].as_ptr().add((h0 + i) * HALF));
+            for r in 0..R {
+                let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_mul_ps(d, da), acc[i][r]);
+            }
+        }
     }
 }
 
