@@ -64,6 +64,41 @@ unsafe fn half_f32(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// The pass structure of the 16-column tiles: with one or two rows both halves of each stretch
+/// at once (the tile read once, each activation broadcast serving both, the halves' chains
+/// side by side), with more rows half by half (their accumulators would not fit the 16
+/// registers twice), the first half's pass prefetching for both. `$block` runs stretch `$b`
+/// for halves `$h0 .. $h0 + $H` (`$H` a constant, 2 or 1) into `$acc`, prefetching `$pa`
+/// tiles ahead; the accumulators then go to `out`.
+macro_rules! by_halves {
+    ($R:ident, $nb:expr, $cols:expr, $ahead:expr, $out:expr, $ldo:expr,
+     |$H:ident, $b:ident, $pa:ident, $h0:ident, $acc:ident| $block:expr) => {{
+        let (cols, ahead): (usize, usize) = ($cols, $ahead);
+        let halves = cols.div_ceil(HALF);
+        if $R <= 2 && halves == 2 {
+            let mut all = [[_mm256_setzero_ps(); $R]; 2];
+            for $b in 0..$nb {
+                const $H: usize = 2;
+                let ($pa, $h0, $acc) = (ahead, 0usize, &mut all);
+                $block;
+            }
+            for (h, acc) in all.iter().enumerate() {
+                store(acc, $out.add(h * HALF), $ldo, cols - h * HALF);
+            }
+        } else {
+            for h in 0..halves {
+                let mut one = [[_mm256_setzero_ps(); $R]; 1];
+                for $b in 0..$nb {
+                    const $H: usize = 1;
+                    let ($pa, $h0, $acc) = (if h == 0 { ahead } else { 0 }, h, &mut one);
+                    $block;
+                }
+                store(&one[0], $out.add(h * HALF), $ldo, cols - h * HALF);
+            }
+        }
+    }};
+}
+
 /// `out[r][0..cols]` = the products of the column tile `tiles[0..nb]` (with `high[0..nb]`, the
 /// Q5K fifth bits, where `high` is not null) with rows `rows[0..R]`, as
 /// [`super::avx512::rows`].
@@ -100,37 +135,13 @@ unsafe fn rows45<const R: usize, const Q5: bool>(
     ldo: usize,
     cols: usize,
 ) {
-    let ahead = ahead::<R>();
     let sp = spread();
-    let halves = cols.div_ceil(HALF);
-    if R <= 2 && halves == 2 {
-        // Both halves of each superblock at once: the tile is read once, each activation
-        // broadcast serves both, and the halves' chains run side by side.
-        let mut acc = [[_mm256_setzero_ps(); R]; 2];
-        for b in 0..nb {
-            if Q5 {
-                prefetch_next!(high, b, nb, ahead);
-            }
-            block45::<R, 2, Q5>(tiles, ahead, sp, high.wrapping_add(b), b, 0, rows, &mut acc);
+    by_halves!(R, nb, cols, ahead::<R>(), out, ldo, |H, b, pa, h0, acc| {
+        if Q5 {
+            prefetch_next!(high, b, nb, pa);
         }
-        for (h, acc) in acc.iter().enumerate() {
-            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    } else {
-        // Half by half: the accumulators of more rows would not fit the 16 registers twice.
-        for h in 0..halves {
-            let mut acc = [[_mm256_setzero_ps(); R]; 1];
-            // The first half's pass prefetches the tiles (and fifth bits) for both.
-            let pa = if h == 0 { ahead } else { 0 };
-            for b in 0..nb {
-                if Q5 {
-                    prefetch_next!(high, b, nb, pa);
-                }
-                block45::<R, 1, Q5>(tiles, pa, sp, high.wrapping_add(b), b, h, rows, &mut acc);
-            }
-            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    }
+        block45::<R, H, Q5>(tiles, pa, sp, high.wrapping_add(b), b, h0, rows, acc)
+    });
 }
 
 /// Halves `h0 .. h0 + H` of superblock `b` (tile `tiles[b]`; `hb` its fifth bits for Q5K)
@@ -239,28 +250,10 @@ pub unsafe fn rows8<const R: usize>(
     ldo: usize,
     cols: usize,
 ) {
-    let ahead = ahead::<R>();
     let sp = spread();
-    let halves = cols.div_ceil(HALF);
-    if R <= 2 && halves == 2 {
-        let mut acc = [[_mm256_setzero_ps(); R]; 2];
-        for b in 0..nb {
-            block8::<R, 2>(tiles, ahead, sp, b, 0, rows, &mut acc);
-        }
-        for (h, acc) in acc.iter().enumerate() {
-            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    } else {
-        for h in 0..halves {
-            let mut acc = [[_mm256_setzero_ps(); R]; 1];
-            // The first half's pass prefetches the tiles for both.
-            let pa = if h == 0 { ahead } else { 0 };
-            for b in 0..nb {
-                block8::<R, 1>(tiles, pa, sp, b, h, rows, &mut acc);
-            }
-            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    }
+    by_halves!(R, nb, cols, ahead::<R>(), out, ldo, |H, b, pa, h0, acc| {
+        block8::<R, H>(tiles, pa, sp, b, h0, rows, acc)
+    });
 }
 
 /// Halves `h0 .. h0 + H` of stretch `b` of a Q8_0 tile times rows `rows`, added to
@@ -328,28 +321,10 @@ pub unsafe fn rows50<T: Tile32, const R: usize>(
     ldo: usize,
     cols: usize,
 ) {
-    let ahead = ahead50::<R>();
     let sp = spread();
-    let halves = cols.div_ceil(HALF);
-    if R <= 2 && halves == 2 {
-        let mut acc = [[_mm256_setzero_ps(); R]; 2];
-        for b in 0..nb {
-            block50::<T, R, 2>(tiles, ahead, sp, b, if b + 1 == nb { last } else { 8 }, 0, rows, &mut acc);
-        }
-        for (h, acc) in acc.iter().enumerate() {
-            store(acc, out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    } else {
-        for h in 0..halves {
-            let mut acc = [[_mm256_setzero_ps(); R]; 1];
-            // The first half's pass prefetches the tiles for both.
-            let pa = if h == 0 { ahead } else { 0 };
-            for b in 0..nb {
-                block50::<T, R, 1>(tiles, pa, sp, b, if b + 1 == nb { last } else { 8 }, h, rows, &mut acc);
-            }
-            store(&acc[0], out.add(h * HALF), ldo, cols - h * HALF);
-        }
-    }
+    by_halves!(R, nb, cols, ahead50::<R>(), out, ldo, |H, b, pa, h0, acc| {
+        block50::<T, R, H>(tiles, pa, sp, b, if b + 1 == nb { last } else { 8 }, h0, rows, acc)
+    });
 }
 
 /// Halves `h0 .. h0 + H` of the first `steps` blocks of stretch `b` of a Q5_0 / Q4_0 tile times
