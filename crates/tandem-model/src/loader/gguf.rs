@@ -165,7 +165,12 @@ fn takes_kquant(dtype: candle_core::quantized::GgmlDType, dims: &[usize], head: 
     // stays on the pair kernel.
     let takes = crate::ops::quant::kquant::takes(dtype, head) && device.is_cpu();
     match dims {
-        [_, k] => takes && crate::ops::quant::kquant::available() && crate::ops::quant::kquant::fits(dtype, *k),
+        [_, k] => {
+            takes
+                && crate::ops::quant::kquant::available()
+                && crate::ops::quant::kquant::fits(dtype, *k)
+                && (dtype != candle_core::quantized::GgmlDType::Q8_0 || crate::ops::quant::kquant::q8_tiles_for(*k))
+        }
         _ => false,
     }
 }
@@ -235,9 +240,10 @@ pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
     // pp512 180 vs 123 tok/s, decode 25.2 vs 15.4); elsewhere candle runs its compact
     // blocks and ours win (SmolLM2, k = 576: decode 112 vs 103; qwen2.5-coder-0.5b's tied
     // 151,936 x 896 head: 27.3 vs 22.7). `TANDEM_Q8_KERNEL=ours|candle` forces one side.
-    // Where rows are whole superblocks and `kquant::q8_tiles` holds (the AVX-512 K-quant
-    // kernel, or its AVX2 build on Zen 3, or `TANDEM_Q8_KERNEL=tiles`), Q8_0 matrices go to
-    // its Q8_0 tiles (`kquant::tile8`; the loaders' K-quant path) instead: one
+    // Where `kquant::q8_tiles_for` holds (`kquant::q8_tiles`: the AVX-512 K-quant kernel, or
+    // its AVX2 build on Zen 3, or `TANDEM_Q8_KERNEL=tiles`; rows of whole superblocks, or any
+    // multiple of 32 on the AVX2 build), Q8_0 matrices go to its Q8_0 tiles (`kquant::tile8`;
+    // the loaders' K-quant path) instead: one
     // float operation per block and column where our block kernels spend eight (Zen 4, random
     // 0.8B hybrid, 2 threads: pp512 256 tok/s against 203 on candle's tiles and 140 on ours,
     // tg64 31.8 against 25.6 and 33.5; 1 thread tg32 27.1 against 23.1 on ours).
@@ -247,7 +253,7 @@ pub(crate) fn prefers_own_kernel(ty: QuantType, n: usize, k: usize) -> bool {
         return false;
     }
     if ty == QuantType::Q8_0 {
-        if k.is_multiple_of(256) && crate::ops::quant::kquant::q8_tiles() {
+        if crate::ops::quant::kquant::q8_tiles_for(k) {
             return false;
         }
         let candle_repacks =

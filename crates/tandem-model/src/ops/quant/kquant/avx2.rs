@@ -237,7 +237,10 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
 /// and multiplied as `|w|` (unsigned, at most 128) by the activations under `w`'s sign
 /// (`vpsignb`): a pair is at most 2 · 128 · 127 = 32,512, widened at once; the block's sum is
 /// `Σ w · a`, the integer `dpbusd` gives after its `-128 · Σ a`. One or two rows take both
-/// halves of each stretch at once (as [`rows`]), more rows go half by half.
+/// halves of each stretch at once (as [`rows`]), more rows go half by half. Of the last
+/// stretch only its first `last` blocks are read: rows of a multiple of 32 values but not of
+/// 256 (gemma3's 640) are padded to whole stretches ([`super::tile8::pack8`]) with blocks whose
+/// products are exactly zero, so skipping them changes no bit and saves their bytes.
 ///
 /// # Safety
 /// As [`rows`].
@@ -245,6 +248,7 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
 pub unsafe fn rows8<const R: usize>(
     tiles: *const Tile8,
     nb: usize,
+    last: usize,
     rows: &[RowPtr; R],
     out: *mut f32,
     ldo: usize,
@@ -252,12 +256,14 @@ pub unsafe fn rows8<const R: usize>(
 ) {
     let sp = spread();
     by_halves!(R, nb, cols, ahead::<R>(), out, ldo, |H, b, pa, h0, acc| {
-        block8::<R, H>(tiles, pa, sp, b, h0, rows, acc)
+        block8::<R, H>(tiles, pa, sp, b, if b + 1 == nb { last } else { 8 }, h0, rows, acc)
     });
 }
 
-/// Halves `h0 .. h0 + H` of stretch `b` of a Q8_0 tile times rows `rows`, added to
-/// `acc[half - h0]` in [`super::tile8::dot`]'s order; prefetches tile `b + ahead` along the way.
+/// Halves `h0 .. h0 + H` of the first `steps` blocks of stretch `b` of a Q8_0 tile times rows
+/// `rows`, added to `acc[half - h0]` in [`super::tile8::dot`]'s order; prefetches tile `b +
+/// ahead` along the way.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block8<const R: usize, const H: usize>(
@@ -265,6 +271,7 @@ unsafe fn block8<const R: usize, const H: usize>(
     ahead: usize,
     sp: usize,
     b: usize,
+    steps: usize,
     h0: usize,
     rows: &[RowPtr; R],
     acc: &mut [[__m256; R]; H],
@@ -273,8 +280,8 @@ unsafe fn block8<const R: usize, const H: usize>(
     let ones = _mm256_set1_epi16(1);
     let t = &*tiles.add(b);
     let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].q8.add(b * ACT50_BYTES));
-    for s in 0..8 {
-        prefetch_part!(tiles, b, ahead, s, 8, sp);
+    for s in 0..steps {
+        prefetch_part!(tiles, b, ahead, s, steps, sp);
         let mut isum = [[_mm256_setzero_si256(); R]; H];
         for g in 8 * s..8 * s + 8 {
             let a: [__m256i; R] = std::array::from_fn(|r| {

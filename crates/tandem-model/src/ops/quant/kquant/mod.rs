@@ -28,7 +28,7 @@ pub mod tile8;
 
 pub use grouped::{matmul_grouped, Job};
 use route::block32;
-pub use route::{fits, q50_tiles, q6k_layers, q8_tiles, supports, takes};
+pub use route::{fits, q50_tiles, q6k_layers, q8_tiles, q8_tiles_for, supports, takes};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -223,7 +223,7 @@ impl KQuantMatrix {
     }
 
     /// Superblocks (stretches of 256 values) per row: the last one padded where `k` is not a
-    /// multiple of 256 (Q5_0, Q4_0).
+    /// multiple of 256 (Q8_0, Q5_0, Q4_0).
     fn nb(&self) -> usize {
         self.k.div_ceil(QK_K)
     }
@@ -262,10 +262,12 @@ impl KQuantMatrix {
     pub fn dequantize_row(&self, row: usize, o: &mut [f32]) {
         let nb = self.nb();
         if nb * QK_K != self.k {
-            // Padded stretches (Q5_0, Q4_0): the whole stretches, then the row's own values.
+            // Padded stretches (Q8_0, Q5_0, Q4_0): the whole stretches, then the row's own values.
             let mut whole = vec![0f32; nb * QK_K];
             let (ct, c) = (row / COLS, row % COLS);
-            if self.four0.is_empty() {
+            if !self.eight.is_empty() {
+                values_into(&mut whole, nb, |b, i| tile8::weight(&self.eight[ct * nb + b], c, i));
+            } else if self.four0.is_empty() {
                 values_into(&mut whole, nb, |b, i| tile50::weight(&self.five0[ct * nb + b], c, i));
             } else {
                 values_into(&mut whole, nb, |b, i| tile50::weight(&self.four0[ct * nb + b], c, i));
@@ -431,7 +433,7 @@ impl KQuantMatrix {
             let tiles = self.eight[ct * nb..].as_ptr();
             return match simd {
                 Simd::Avx512 => avx512::rows8::<R>(tiles, nb, rows, out, ldo, cols),
-                Simd::Avx2 => avx2::rows8::<R>(tiles, nb, rows, out, ldo, cols),
+                Simd::Avx2 => avx2::rows8::<R>(tiles, nb, last, rows, out, ldo, cols),
             };
         }
         if simd == Simd::Avx2 {

@@ -27,7 +27,7 @@ pub fn supports(dtype: GgmlDType) -> bool {
 /// Q4K and Q5K always (Q2K tiles hold as many bytes as the file), Q3K for layers (not `head`,
 /// the LM head: it multiplies one row per sequence, where the file's 3.4-bit blocks read fewer
 /// bytes than the 4.6-bit tiles), Q6K only for layers and where [`q6k_layers`], Q8_0 where
-/// [`q8_tiles`] (the caller checks `k` is a multiple of 256), Q5_0 and Q4_0 where
+/// [`q8_tiles`] (the caller checks `k` with [`q8_tiles_for`]), Q5_0 and Q4_0 where
 /// [`q50_tiles`] (any `k` that is a multiple of 32: [`fits`]).
 pub fn takes(dtype: GgmlDType, head: bool) -> bool {
     supports(dtype)
@@ -40,8 +40,8 @@ pub fn takes(dtype: GgmlDType, head: bool) -> bool {
         }
 }
 
-/// Whether Q8_0 matrices whose rows are whole superblocks (k a multiple of 256) load as
-/// [`tile8::Tile8`]s: on CPUs that run the AVX-512 kernel, and on AVX2 CPUs that prefetch the
+/// Whether Q8_0 matrices load as [`tile8::Tile8`]s (rows of whole superblocks; other rows:
+/// [`q8_tiles_for`]): on CPUs that run the AVX-512 kernel, and on AVX2 CPUs that prefetch the
 /// tiles ahead ([`crate::ops::quant::amd_prefetch_ahead`]: Zen 3), unless `TANDEM_Q8_KERNEL`
 /// picks another (`ours`: the row-major block kernels, `candle`: candle's; `tiles` forces
 /// these). The AVX2 build of the tiles (`avx2::rows8`) measured no faster than the AVX2 block
@@ -92,7 +92,24 @@ pub fn fits(dtype: GgmlDType, k: usize) -> bool {
 
 /// Whether `dtype`'s rows may be any multiple of 32 values (padded to whole stretches).
 pub(super) fn block32(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q5_0 | GgmlDType::Q4_0)
+    matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q5_0 | GgmlDType::Q4_0)
+}
+
+/// Whether a Q8_0 matrix of rows of `k` values loads as [`super::tile8::Tile8`]s: where [`q8_tiles`]
+/// holds, for rows of whole superblocks, and for rows of other multiples of 32 (padded, as
+/// gemma3's 640) where the AVX2 kernel runs, whose last stretch reads only the row's own
+/// blocks (`avx2::rows8`). The AVX-512 kernel would read the padding too (bit-neutral, a fifth
+/// more bytes at k = 640, not measured), so there such rows stay on the block kernels.
+pub fn q8_tiles_for(k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        q8_tiles() && k > 0 && k.is_multiple_of(32) && (k.is_multiple_of(QK_K) || super::simd() == Some(Simd::Avx2))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = k;
+        false
+    }
 }
 
 /// Whether a GGUF's Q6K layer matrices load onto this kernel: by default on AVX-512 VNNI CPUs of

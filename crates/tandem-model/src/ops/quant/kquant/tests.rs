@@ -1,8 +1,8 @@
 //! The Q4K / Q5K kernel against its reference (bit for bit), the packing against candle's
 //! dequantisation (exact), rows against calls of other sizes (bit for bit), and the product
 //! against candle's own matmul of the same type (within quantisation noise); every test for
-//! every type (Q2K .. Q6K, Q8_0, Q5_0, Q4_0; Q5_0 and Q4_0 also on rows padded to whole
-//! superblocks).
+//! every type (Q2K .. Q6K, Q8_0, Q5_0, Q4_0; Q8_0, Q5_0 and Q4_0 also on rows padded to
+//! whole superblocks).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -232,19 +232,19 @@ fn largest_sums_equal_the_reference() {
     }
 }
 
-/// Q5_0 and Q4_0 rows of any multiple of 32 values (qwen2.5's 896): padded to whole
-/// superblocks, the packing still keeps every weight, the kernel gives the reference's bits on
+/// Q8_0, Q5_0 and Q4_0 rows of any multiple of 32 values (qwen2.5's 896, gemma3's 640): padded
+/// to whole superblocks, the packing still keeps every weight, the kernel gives the reference's bits on
 /// the padded rows, rows do not depend on the call, and the product is near the f32 one.
 #[test]
-fn q5_0_rows_of_any_length() {
-    for dt in [GgmlDType::Q5_0, GgmlDType::Q4_0] {
+fn block32_types_take_rows_of_any_length() {
+    for dt in [GgmlDType::Q8_0, GgmlDType::Q5_0, GgmlDType::Q4_0] {
         block32_rows_of_any_length(dt);
     }
     assert!(KQuantMatrix::from_bytes(GgmlDType::Q4_0, 4, 48, &[0; 4 * 18]).is_err(), "48 is not a multiple of 32");
 }
 
 fn block32_rows_of_any_length(dt: GgmlDType) {
-    for (n, k) in [(17, 32), (5, 96), (40, 896), (3, 1056)] {
+    for (n, k) in [(17, 32), (5, 96), (40, 896), (3, 1056), (21, 640)] {
         let (bytes, q) = matrix(dt, n, k, 3 * k as u64 + n as u64);
         let w = KQuantMatrix::from_bytes(dt, n, k, &bytes).unwrap();
         let candle = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -18,13 +18,18 @@
 //! acc = fma(f32(i), d_s · d_a,s, acc)                         (from acc = +0.0)
 //! ```
 //!
+//! Rows whose length is a multiple of 32 but not of 256 (gemma3's 640) are padded to whole
+//! stretches as [`super::tile50`]'s are: the missing blocks hold `w = 0` with `d = 0` and the
+//! activation rows' padding is zero blocks, so their products are exactly `+0` and leave every
+//! sum's bits as they are; the kernels skip them ([`super::avx2::rows8`]'s `last`).
+//!
 //! `|i| ≤ 32 · 128 · 127`, so `f32(i)` is exact; the kernels ([`super::avx512::rows8`] by
 //! `dpbusd` on `w + 128`, [`super::avx2::rows8`] by `vpmaddubsw` on `|w|` and the activations
 //! under `w`'s sign) and the reference ([`dot`]) give the same bits, and a row's result never
 //! depends on the call.
 
-use super::tile::{pack_tiles, COLS, QK_K};
-use super::tile50::Act50;
+use super::tile::{COLS, QK_K};
+use super::tile50::{pack_blocks32, Act50};
 
 /// Bytes of one GGUF `block_q8_0`: `d` (f16) and 32 signed values.
 pub const BLOCK8_BYTES: usize = 34;
@@ -50,24 +55,23 @@ impl Tile8 {
     }
 }
 
-/// Packs an `[n, k]` Q8_0 matrix (`n` rows of `k / 32` blocks of [`BLOCK8_BYTES`]) into
-/// tiles, column tile by column tile, superblock stretches in order.
+/// Packs an `[n, k]` Q8_0 matrix (`n` rows of `k / 32` blocks of [`BLOCK8_BYTES`], `k` a
+/// multiple of 32) into `ceil(n / 16) · ceil(k / 256)` tiles, column tile by column tile,
+/// superblock stretches in order, the last one padded (module docs).
 pub fn pack8(bytes: &[u8], n: usize, k: usize) -> Vec<Tile8> {
-    pack_tiles(bytes, n, k, STRETCH8_BYTES, Tile8::zeroed, fill)
+    pack_blocks32(bytes, n, k, BLOCK8_BYTES, Tile8::zeroed, fill)
 }
 
-/// Column `c` of a tile from eight consecutive `block_q8_0`s.
-fn fill(t: &mut Tile8, c: usize, stretch: &[u8]) {
-    for (s, blk) in stretch.chunks_exact(BLOCK8_BYTES).enumerate() {
-        t.d[s][c] = u16::from_le_bytes([blk[0], blk[1]]);
-        for q in 0..8 {
-            let g = 8 * s + q;
-            let mut four = [0u8; 4];
-            for (o, &v) in four.iter_mut().zip(&blk[2 + 4 * q..6 + 4 * q]) {
-                *o = v ^ 0x80;
-            }
-            t.qs[64 * g + 4 * c..][..4].copy_from_slice(&four);
+/// Block `s` of column `c` of a tile from one `block_q8_0`.
+fn fill(t: &mut Tile8, c: usize, s: usize, blk: &[u8]) {
+    t.d[s][c] = u16::from_le_bytes([blk[0], blk[1]]);
+    for q in 0..8 {
+        let g = 8 * s + q;
+        let mut four = [0u8; 4];
+        for (o, &v) in four.iter_mut().zip(&blk[2 + 4 * q..6 + 4 * q]) {
+            *o = v ^ 0x80;
         }
+        t.qs[64 * g + 4 * c..][..4].copy_from_slice(&four);
     }
 }
 
