@@ -10,7 +10,8 @@
 #           then issue 16's targets 3 and 1 (scripts/gpu-targets.sh PARTS="batch 9b").
 #   PART=c: target 2 (the Q8_0 file beside llama-bench), batch 64 / 128 at two split-column
 #           limits, a batch-64 step profiled, Nsight Compute on the 4K prefill's wgmma GEMM.
-# Each part keeps to LIMIT seconds (default 560) and writes under $OUT.
+# Each part keeps to LIMIT seconds (default 560) and writes under $OUT (as one archive,
+# results-PART.tar.xz, where that would be more than the 8 files the device tool brings back).
 set -u
 cd "$(dirname "$0")/.."
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -63,3 +64,8 @@ c)
   ;;
 esac
 echo "part ${PART:-a} done at $(el) s"
+# The device tool brings back at most 8 files from $OUT: past that, one archive of all of them.
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  tar -cJf /tmp/session-results.tar.xz -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+    && mv /tmp/session-results.tar.xz "$OUT/results-${PART:-a}.tar.xz"
+fi
