@@ -24,6 +24,9 @@
 
 typedef void (*TmaKern)(float*, const CUtensorMap, const CUtensorMap, const CUtensorMap, int, int, int);
 typedef void (*TmaKernH)(float*, const CUtensorMap, const CUtensorMap, int, int, int);
+typedef void (*TmaKernK)(float*, float*, unsigned*, const CUtensorMap, const CUtensorMap, const CUtensorMap, int, int,
+                         int);
+typedef void (*TmaKernKH)(float*, float*, unsigned*, const CUtensorMap, const CUtensorMap, int, int, int);
 struct Variant {
     const char* name;
     const void* f;
@@ -153,9 +156,9 @@ static void launch_k(const KVariant& v, float* y, float* part, const Bufs& b, in
     const CUtensorMap tw = tensor_map(b.w, n, k, TW_BC), th = tensor_map(b.xh, m, k, 64);
     if (v.lo) {
         const CUtensorMap tl = tensor_map(b.xl, m, k, 64);
-        ((TmaKern)v.f)<<<grid, 384, v.smem>>>(part, tw, th, tl, m, n, k);
+        ((TmaKernK)v.f)<<<grid, 384, v.smem>>>(part, nullptr, nullptr, tw, th, tl, m, n, k);
     } else {
-        ((TmaKernH)v.f)<<<grid, 384, v.smem>>>(part, tw, th, m, n, k);
+        ((TmaKernKH)v.f)<<<grid, 384, v.smem>>>(part, nullptr, nullptr, tw, th, m, n, k);
     }
     const long long mn = (long long)m * n;
     tmmk_sum<<<(unsigned)((mn + 255) / 256), 256>>>(y, part, mn);

@@ -213,7 +213,10 @@ fn split_gemm(
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let part = alloc_f32(dev, 8 * m * n)?;
     if super::cuda_tmma_wg::takes_batch(dev) {
-        super::cuda_tmma_wg::batch_partials(dev, &part, xh, xl, w, (m, n, k))?;
+        if super::cuda_tmma_wg::batch_partials(dev, &part, &y, xh, xl, w, (m, n, k))? {
+            drop(part);
+            return Ok(tensor(y, dev, (m, n)));
+        }
         return sum_partitions(dev, y, part, (m, n));
     }
     let name = if xl.is_some() { "tmmk_bf16" } else { "tmmk_bf16_h" };

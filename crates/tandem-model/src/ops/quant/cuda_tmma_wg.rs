@@ -211,7 +211,8 @@ pub(crate) fn takes_batch(dev: &CudaDevice) -> bool {
 }
 
 /// The batch kernels' dynamic shared memory: ST stages of 128 weight rows and 64 activation
-/// rows (twice in split mode) of 64 bytes, and the mbarriers (tmma_wg.cu's `TWK_*`).
+/// rows (twice in split mode) of 64 bytes, the mbarriers and the arrival count (tmma_wg.cu's
+/// `TWK_*`, `TwShape`).
 fn batch_smem(lo: bool, mode: u8) -> u32 {
     let st: usize = match (lo, mode) {
         (true, 1) => 12,
@@ -220,19 +221,56 @@ fn batch_smem(lo: bool, mode: u8) -> u32 {
         (false, _) => 8,
     };
     let stage = BC * 64 + if lo { 2 } else { 1 } * 64 * 64;
-    (st * stage + 2 * st * 8) as u32
+    (st * stage + 2 * st * 8 + 16) as u32
+}
+
+/// `TANDEM_BF16_BATCH_SUM=kernel`: the batch kernels' eight partials added by each tile's last
+/// block to finish instead of by `tmmk_sum` in a launch of its own (the default, `launch`).
+/// Both add them in the same order: the same bits. Opt-in until it has run on a GPU: written
+/// 2026-12-08 against a batch-64 step's 128 `tmmk_sum` launches (1.3 ms of 15.9 on an H100,
+/// docs/PERFORMANCE.md), then no device machine could be started to check and time it.
+fn sum_in_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TANDEM_BF16_BATCH_SUM").as_deref() == Ok("kernel"))
+}
+
+/// Tile counters a device keeps for the batch kernels' in-kernel sum: a batch call of at most
+/// 128 rows has 2 ceil(n / 128) tiles, so calls on matrices of up to 262,144 columns (the
+/// split GEMM takes at most 32,768 by default) sum in the kernel; wider ones in `tmmk_sum`.
+const TILE_COUNTERS: usize = 4096;
+
+/// The device address of `dev`'s tile counters, all zero between calls (a call's last block
+/// per tile sets its counter back). Allocated (16 KB) on the device's first batch call and
+/// kept for the process, since captured step graphs hold the address: the first call never
+/// runs inside a capture ([`crate::ops::cuda_graph::capture`] runs the body once first), and
+/// calls on one device queue on its one stream, one after another.
+fn tile_counters(dev: &CudaDevice) -> Result<u64> {
+    type Held = Vec<(candle_core::cuda_backend::DeviceId, CudaSlice<u32>)>;
+    static HELD: std::sync::Mutex<Held> = std::sync::Mutex::new(Vec::new());
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let stream = dev.cuda_stream();
+    if let Some((_, c)) = held.iter().find(|(id, _)| *id == dev.id()) {
+        return Ok(c.device_ptr(&stream).0);
+    }
+    let c = dev.alloc_zeros::<u32>(TILE_COUNTERS).map_err(crate::ops::cuda_util::err("bf16 batch tile counters"))?;
+    let at = c.device_ptr(&stream).0;
+    held.push((dev.id(), c));
+    Ok(at)
 }
 
 /// Partition z of the chain for every 64-row x 128-column tile into `part` + z m n (`part`
-/// holds 8 m n): what `tmmk_bf16` leaves there, for `tmmk_sum` to add.
+/// holds 8 m n): what `tmmk_bf16` leaves there. Where the tiles fit [`TILE_COUNTERS`] (and
+/// [`sum_in_kernel`]), each tile's last block also adds the eight into `y` (m n) and this
+/// returns true; otherwise `y` is untouched and the caller adds them with `tmmk_sum`.
 pub(crate) fn batch_partials(
     dev: &CudaDevice,
     part: &CudaSlice<f32>,
+    y: &CudaSlice<f32>,
     xh: &CudaSlice<u16>,
     xl: Option<&CudaSlice<u16>>,
     w: u64,
     (m, n, k): (usize, usize, usize),
-) -> Result<()> {
+) -> Result<bool> {
     let mode = batch_mode();
     let stream = dev.cuda_stream();
     let tw = tensor_map(w, n, k, BC)?;
@@ -252,20 +290,22 @@ pub(crate) fn batch_partials(
     allow_dynamic_shared(&f, format!("{:?}/{name}", dev.id()), name, smem)?;
     let tiles = m.div_ceil(64) * n.div_ceil(BC);
     let grid = u32::try_from(tiles).map_err(|_| ModelError::Input(format!("bf16 wgmma batch: {tiles} tiles")))?;
+    let cnt: u64 = if sum_in_kernel() && tiles <= TILE_COUNTERS { tile_counters(dev)? } else { 0 };
     let (mi, ni, ki) = (i32_of(m)?, i32_of(n)?, i32_of(k)?);
     let mut b = f.builder();
-    b.arg(part).arg(&tw).arg(&th);
+    b.arg(part).arg(y).arg(&cnt).arg(&tw).arg(&th);
     if let Some(tl) = &tl {
         b.arg(tl);
     }
     b.arg(&mi).arg(&ni).arg(&ki);
     let cfg = LaunchConfig { grid_dim: (grid, 8, 1), block_dim: (384, 1, 1), shared_mem_bytes: smem };
-    // SAFETY: arguments in tmmw2k_bf16_*'s order (part, tw, th, tl, m, n, k) or the _h
-    // kernels' (no tl); part holds 8*m*n f32; the maps cover W (n rows of k bf16) and xh / xl
-    // (m rows of k bf16), alive for the launch (the caller holds them until it is queued on
-    // this stream); 384 threads a block, `smem` bytes of dynamic shared memory (allowed above),
-    // one block per tile and partition (grid y).
+    // SAFETY: arguments in tmmw2k_bf16_*'s order (part, y, cnt, tw, th, tl, m, n, k) or the _h
+    // kernels' (no tl); part holds 8*m*n f32 and y m*n; cnt is null or TILE_COUNTERS u32 of
+    // this device, all zero, for grid x (`tiles`) of them; the maps cover W (n rows of k bf16)
+    // and xh / xl (m rows of k bf16), alive for the launch (the caller holds them until it is
+    // queued on this stream); 384 threads a block, `smem` bytes of dynamic shared memory
+    // (allowed above), one block per tile and partition (grid y).
     unsafe { run(&mut b, cfg, name)? };
     drop(b);
-    Ok(())
+    Ok(cnt != 0)
 }
