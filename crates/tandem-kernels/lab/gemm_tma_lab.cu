@@ -151,15 +151,27 @@ static void launch_tmmk(float* y, float* part, const Bufs& b, int m, int n, int 
     const long long mn = (long long)m * n;
     tmmk_sum<<<(unsigned)((mn + 255) / 256), 256>>>(y, part, mn);
 }
-static void launch_k(const KVariant& v, float* y, float* part, const Bufs& b, int m, int n, int k) {
+// Tile counters for the in-kernel sum (cnt: zero between calls, as the engine keeps them).
+static unsigned* g_cnt = nullptr;
+// fused: each tile's last block adds the partials into y (the engine's TANDEM_BF16_BATCH_SUM=
+// kernel); otherwise tmmk_sum does, in a launch of its own.
+static void launch_k(const KVariant& v, float* y, float* part, const Bufs& b, int m, int n, int k,
+                     bool fused = false) {
     dim3 grid(((m + 63) / 64) * ((n + TW_BC - 1) / TW_BC), TM_WARPS);
+    if (fused && g_cnt == nullptr) {
+        CK(cudaMalloc(&g_cnt, 4096 * sizeof(unsigned)));
+        CK(cudaMemset(g_cnt, 0, 4096 * sizeof(unsigned)));
+    }
+    float* yk = fused ? y : nullptr;
+    unsigned* cnt = fused ? g_cnt : nullptr;
     const CUtensorMap tw = tensor_map(b.w, n, k, TW_BC), th = tensor_map(b.xh, m, k, 64);
     if (v.lo) {
         const CUtensorMap tl = tensor_map(b.xl, m, k, 64);
-        ((TmaKernK)v.f)<<<grid, 384, v.smem>>>(part, nullptr, nullptr, tw, th, tl, m, n, k);
+        ((TmaKernK)v.f)<<<grid, 384, v.smem>>>(part, yk, cnt, tw, th, tl, m, n, k);
     } else {
-        ((TmaKernKH)v.f)<<<grid, 384, v.smem>>>(part, nullptr, nullptr, tw, th, m, n, k);
+        ((TmaKernKH)v.f)<<<grid, 384, v.smem>>>(part, yk, cnt, tw, th, m, n, k);
     }
+    if (fused) return;
     const long long mn = (long long)m * n;
     tmmk_sum<<<(unsigned)((mn + 255) / 256), 256>>>(y, part, mn);
 }
@@ -179,31 +191,34 @@ static int skinny(const Bufs& b, float* y0, float* y1, float* part) {
             ref[lo].resize(got.size());
             CK(cudaMemcpy(ref[lo].data(), y0, got.size() * 4, cudaMemcpyDeviceToHost));
         }
-        for (int i = 0; i < NKV; i++) {
-            const KVariant& v = KVARIANTS[i];
-            CK(cudaMemset(y1, 0xff, got.size() * 4));
-            prepare_ref(b, s.m, s.k, v.lo);
-            launch_k(v, y1, part, b, s.m, s.n, s.k);
-            CK(cudaGetLastError());
-            CK(cudaMemcpy(got.data(), y1, got.size() * 4, cudaMemcpyDeviceToHost));
-            size_t bad = 0, first = 0;
-            for (size_t e = 0; e < got.size(); e++)
-                if (memcmp(&ref[v.lo][e], &got[e], 4) != 0 && bad++ == 0) first = e;
-            if (bad) {
-                fails++;
-                printf("FAIL %s %s m%d n%d k%d: %zu of %zu differ (first at row %zu col %zu: %g vs %g)\n", v.name,
-                       s.what, s.m, s.n, s.k, bad, got.size(), first / s.n, first % s.n, got[first],
-                       ref[v.lo][first]);
+        // Each variant with tmmk_sum and with the in-kernel sum (twice: the counters must be
+        // back at zero after a call).
+        for (int i = 0; i < NKV; i++)
+            for (int f = 0; f < 3; f++) {
+                const KVariant& v = KVARIANTS[i];
+                CK(cudaMemset(y1, 0xff, got.size() * 4));
+                prepare_ref(b, s.m, s.k, v.lo);
+                launch_k(v, y1, part, b, s.m, s.n, s.k, f > 0);
+                CK(cudaGetLastError());
+                CK(cudaMemcpy(got.data(), y1, got.size() * 4, cudaMemcpyDeviceToHost));
+                size_t bad = 0, first = 0;
+                for (size_t e = 0; e < got.size(); e++)
+                    if (memcmp(&ref[v.lo][e], &got[e], 4) != 0 && bad++ == 0) first = e;
+                if (bad) {
+                    fails++;
+                    printf("FAIL %s%s %s m%d n%d k%d: %zu of %zu differ (first at row %zu col %zu: %g vs %g)\n",
+                           v.name, f ? " (in-kernel sum)" : "", s.what, s.m, s.n, s.k, bad, got.size(), first / s.n,
+                           first % s.n, got[first], ref[v.lo][first]);
+                }
             }
-        }
     }
-    printf("skinny bits: %d failures over %d variants x %d shapes\n", fails, NKV,
+    printf("skinny bits: %d failures over %d variants x 3 sums x %d shapes\n", fails, NKV,
            (int)(sizeof(checks) / sizeof(checks[0])));
     const Shape shapes[] = {{"gdn in_proj", 64, 12352, 4096}, {"ffn gate+up", 64, 24576, 4096},
                             {"ffn down", 64, 4096, 12288},   {"out_proj", 64, 4096, 4096},
                             {"gate+up b32", 32, 24576, 4096}, {"gate+up b128", 128, 24576, 4096}};
     printf("| shape (GB/s of weights) | tmmk_bf16 | tmmk_bf16_h |");
-    for (int i = 0; i < NKV; i++) printf(" %s |", KVARIANTS[i].name);
+    for (int i = 0; i < NKV; i++) printf(" %s | %s, in-kernel sum |", KVARIANTS[i].name, KVARIANTS[i].name);
     printf("\n");
     for (const Shape& s : shapes) {
         fill_bf16<<<4096, 256>>>(b.w, (size_t)s.n * s.k, 7);
@@ -214,11 +229,12 @@ static int skinny(const Bufs& b, float* y0, float* y1, float* part) {
             const double us = time_us([&] { launch_tmmk(y1, part, b, s.m, s.n, s.k, lo); });
             printf(" %.1f us %.0f |", us, bytes / us / 1e3);
         }
-        for (int i = 0; i < NKV; i++) {
-            prepare_ref(b, s.m, s.k, KVARIANTS[i].lo);
-            const double us = time_us([&] { launch_k(KVARIANTS[i], y1, part, b, s.m, s.n, s.k); });
-            printf(" %.1f us %.0f |", us, bytes / us / 1e3);
-        }
+        for (int i = 0; i < NKV; i++)
+            for (int f = 0; f < 2; f++) {
+                prepare_ref(b, s.m, s.k, KVARIANTS[i].lo);
+                const double us = time_us([&] { launch_k(KVARIANTS[i], y1, part, b, s.m, s.n, s.k, f == 1); });
+                printf(" %.1f us %.0f |", us, bytes / us / 1e3);
+            }
         printf("\n");
     }
     return fails;
