@@ -12,7 +12,8 @@
 # KERNEL=REGEX (e.g. KERNEL=tmmk_bf16) profiles only the first COUNT (default 2) launches of
 # the kernels it matches, with Nsight Compute's sections SECTIONS (default "SpeedOfLight
 # WarpStateStats MemoryWorkloadAnalysis Occupancy"), the report in $OUT/ncu-<case>-<kernel>.txt:
-# where a kernel's warps stall (shared memory, barriers, the tensor pipe).
+# where a kernel's warps stall (shared memory, barriers, the tensor pipe). SOURCE=1 adds the
+# first launch's stall samples per SASS instruction ($OUT/ncu-<case>-<kernel>-sass.csv).
 # NCU_CACHE=none keeps the caches between kernels (Nsight Compute flushes them by default, which
 # makes small kernels read high): the sum of a step's kernels then compares with its wall time,
 # the difference being the gaps between launches.
@@ -48,6 +49,17 @@ for c in ${CASES:-9b:q8_0}; do
       "${run[@]}" -r 1 ${DEPTH:+-d $DEPTH} > "$rep" 2>&1
     echo "ncu $tag $KERNEL rc=$? ($(wc -l < "$rep") lines in $rep)"
     grep -E "Duration|Throughput|Stall|Issued|Occupancy|Bank" "$rep" | head -40
+    # SOURCE=1: also the first launch's warp-state samples per SASS instruction (where in the
+    # kernel the warps wait), as CSV beside the report (not yet run: the flags are Nsight
+    # Compute's documented `--section SourceCounters`, `-i`, `--page source --print-source sass`).
+    if [ "${SOURCE:-0}" = 1 ]; then
+      src="${rep%.txt}-sass"
+      "${what[@]}" timeout "${NCU_TIMEOUT:-200}" "$NCU" --profile-from-start off --clock-control none \
+        -k "regex:$KERNEL" -c 1 --section SourceCounters --section WarpStateStats -f -o "$src" \
+        /tmp/tandem-gpu/tandem bench --device cuda "${model[@]}" "${run[@]}" -r 1 ${DEPTH:+-d $DEPTH} > "$src.log" 2>&1
+      "$NCU" -i "$src.ncu-rep" --page source --csv --print-source sass > "$src.csv" 2>> "$src.log"
+      echo "ncu source $tag $KERNEL: $(wc -l < "$src.csv") lines in $src.csv"; rm -f "$src.ncu-rep"
+    fi
     continue
   fi
   csv=/tmp/tg/ncu-$tag.csv

@@ -71,7 +71,7 @@ c)
     echo "peers rc $? at $(el) s"
   fi
   l=$(left); [ "$l" -gt 150 ] && { MODE=batch BATCH=64 DEPTH=1024 CASES=9b:bf16 NCU_TIMEOUT=120 OUT=$OUT bash scripts/gpu-profile.sh > "$OUT/profile-batch.log" 2>&1; echo "batch profile at $(el) s"; }
-  l=$(left); [ "$l" -gt 90 ] && { TANDEM_BF16_ACTIVATIONS=bf16 MODE=prefill PROMPT=4096 KERNEL=tmmw_bf16_h COUNT=4 \
+  l=$(left); [ "$l" -gt 90 ] && { SOURCE=1 TANDEM_BF16_ACTIVATIONS=bf16 MODE=prefill PROMPT=4096 KERNEL=tmmw_bf16_h COUNT=4 \
     SECTIONS="SpeedOfLight ComputeWorkloadAnalysis WarpStateStats MemoryWorkloadAnalysis Occupancy" NCU_TIMEOUT=$(( l - 10 )) \
     CASES=9b:bf16 OUT=$OUT bash scripts/gpu-profile.sh > "$OUT/ncu.log" 2>&1; echo "Nsight Compute at $(el) s"; }
   ;;
