@@ -232,6 +232,28 @@ unsafe fn block45<const R: usize, const H: usize, const Q5: bool>(
     }
 }
 
+/// The end of a 32-value block `s` for the Q8_0 / Q5_0 / Q4_0 tiles: each half's exact integer
+/// sums `isum` times `d_s · d_a,s` added to `acc` (one multiply-add per lane, [`super::tile8::dot`]'s
+/// order); `d` is the block's 16 column scales (f16), `blk` the rows' stretches of [`ACT50_BYTES`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_block<const R: usize, const H: usize>(
+    isum: &[[__m256i; R]; H],
+    d: *const u16,
+    h0: usize,
+    blk: &[*const u8; R],
+    s: usize,
+    acc: &mut [[__m256; R]; H],
+) {
+    for i in 0..H {
+        let d = half_f32(d.add((h0 + i) * HALF));
+        for r in 0..R {
+            let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
+            acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_mul_ps(d, da), acc[i][r]);
+        }
+    }
+}
+
 /// [`rows`] for Q8_0 tiles ([`Tile8`]), as [`super::avx512::rows8`]. The stored `w + 128`
 /// would overflow `vpmaddubsw`'s i16 pairs, so each group's weights are taken back to signed
 /// and multiplied as `|w|` (unsigned, at most 128) by the activations under `w`'s sign
@@ -301,13 +323,7 @@ unsafe fn block8<const R: usize, const H: usize>(
                 }
             }
         }
-        for i in 0..H {
-            let d = half_f32(t.d[s].as_ptr().add((h0 + i) * HALF));
-            for r in 0..R {
-                let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
-                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_mul_ps(d, da), acc[i][r]);
-            }
-        }
+        scale_block(&isum, t.d[s].as_ptr(), h0, &blk, s, acc);
     }
 }
 
@@ -391,13 +407,7 @@ unsafe fn block50<T: Tile32, const R: usize, const H: usize>(
                 }
             }
         }
-        for i in 0..H {
-            let d = half_f32(t.d()[s].as_ptr().add((h0 + i) * HALF));
-            for r in 0..R {
-                let da = _mm256_set1_ps((blk[r].add(4 * s) as *const f32).read_unaligned());
-                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_mul_ps(d, da), acc[i][r]);
-            }
-        }
+        scale_block(&isum, t.d()[s].as_ptr(), h0, &blk, s, acc);
     }
 }
 
